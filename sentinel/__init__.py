@@ -1,0 +1,3 @@
+"""Sentinel: observability and reliability for GPU training fleets."""
+
+__version__ = "0.1.0"

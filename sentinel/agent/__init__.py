@@ -1,0 +1,1 @@
+"""The node agent: NVML and host collection, health verdicts, /metrics, event delivery."""

@@ -1,0 +1,62 @@
+"""`sentinel` command line. Each subcommand lives in its own module with a `register` function.
+
+Exit codes everywhere: 0 ok, 1 the check found a problem, 2 bad usage or bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from sentinel import __version__
+from sentinel.exitcodes import ExitCode, InputError
+from sentinel.logs import setup_logging
+
+# Modules that add subcommands; each defines `register(subparsers)` and sets `handler`. They
+# import their machinery inside the handler, so `sentinel agent` never loads burn-in's torch.
+COMMAND_MODULES = (
+    "sentinel.commands.config_cmd",
+)
+
+log = logging.getLogger("sentinel")
+Handler = Callable[[argparse.Namespace], int]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default already exits 2; keep the text
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="sentinel",
+        description="Observability and reliability for GPU training fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
+    parser.add_argument("--log-format", choices=["text", "json"], default=None)
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format or "text", args.log_level or "info")
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return ExitCode.BAD_INPUT
+    try:
+        return int(handler(args))
+    except InputError as e:
+        print(f"sentinel: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    except KeyboardInterrupt:
+        return 130

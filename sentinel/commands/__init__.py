@@ -1,0 +1,1 @@
+"""One module per `sentinel` subcommand: argument parsing and a handler, nothing heavy at import."""

@@ -1,0 +1,148 @@
+"""Configuration: strict pydantic models, read once at the edge from YAML or TOML plus environment.
+
+Unknown keys are errors (a typo must not silently fall back to a default). Environment variables
+override the file: `SENTINEL_<SECTION>__<FIELD>[__<SUBFIELD>]`, e.g.
+`SENTINEL_AGENT__INTERVAL_S=2`. Everything has a default, so no file is needed to start.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sentinel.exitcodes import InputError
+
+ENV_PREFIX = "SENTINEL_"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LogConfig(StrictModel):
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class HealthThresholds(StrictModel):
+    """Limits the health rules judge readings against (sentinel.agent.health)."""
+
+    gpu_temp_degraded_c: float = 85.0
+    gpu_temp_unhealthy_c: float = 92.0
+    mem_temp_degraded_c: float = 95.0
+    mem_temp_unhealthy_c: float = 105.0
+    # NVIDIA retires at most 64 pages per GPU on A100-class parts; drain well before that.
+    retired_pages_unhealthy: int = 48
+    sbe_volatile_degraded: int = 1000
+    pcie_replay_degraded: int = 100
+    nvlink_crc_degraded: int = 100
+    xid_window_s: float = 3600.0
+    xid_escalate_after: int = Field(default=3, ge=2)
+
+
+class SimConfig(StrictModel):
+    gpus: int = Field(default=8, ge=1, le=64)
+    model: str = "NVIDIA H100 80GB HBM3"
+    seed: int = 0
+
+
+class AgentConfig(StrictModel):
+    node_id: str = Field(default_factory=socket.gethostname, min_length=1)
+    listen: str = "127.0.0.1:9410"
+    interval_s: float = Field(default=1.0, gt=0)
+    coordinator_url: str | None = None
+    token_file: Path | None = None
+    spool_dir: Path = Path("/var/lib/sentinel/spool")
+    spool_max_events: int = Field(default=100_000, ge=1)
+    batch_max_events: int = Field(default=500, ge=1)
+    rank_socket: Path | None = Path("/run/sentinel/agent.sock")
+    heartbeat_s: float = Field(default=15.0, gt=0)
+    sim: SimConfig | None = None
+    thresholds: HealthThresholds = HealthThresholds()
+
+
+class SentinelConfig(StrictModel):
+    log: LogConfig = LogConfig()
+    agent: AgentConfig = AgentConfig()
+
+
+def _parse_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            doc: object = tomllib.loads(text)
+        else:
+            doc = yaml.safe_load(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path}: not valid TOML: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise InputError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: the top level must be a mapping of sections")
+    return doc
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Nested dict from `SENTINEL_SECTION__FIELD` variables, for sections the config knows."""
+    sections = set(SentinelConfig.model_fields)
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        if path[0] not in sections or len(path) < 2:
+            continue  # e.g. SENTINEL_RANK_SOCKET, read by the trainer hooks, not a config field
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def config_errors(err: ValidationError) -> list[str]:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"])
+        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
+        lines.append(f"{path}: {e['msg']}{got}")
+    return lines
+
+
+class ConfigError(InputError):
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__(f"{source}: invalid configuration:\n  " + "\n  ".join(errors))
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> SentinelConfig:
+    """Read, merge and validate once. Raises ConfigError listing every problem with its path."""
+    doc = _parse_file(path) if path is not None else {}
+    doc = _merge(doc, _env_overrides(os.environ if env is None else env))
+    try:
+        return SentinelConfig.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(str(path) if path else "environment", config_errors(e)) from None

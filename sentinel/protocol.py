@@ -1,0 +1,265 @@
+"""The wire protocol: versioned JSON messages shared by every part of Sentinel.
+
+Every message carries the protocol version `v`. An event has a unique `id` (ingest is idempotent
+by it), a `source` (node, rank, job), a `kind`, a timestamp and a payload whose shape depends on
+the kind. Commands flow the other way (coordinator -> agent/supervisor -> ranks).
+
+This module is imported by training processes (through `trainer_hooks`), so it depends on
+pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from enum import StrEnum
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+MAX_BATCH_EVENTS = 10_000
+
+_M = TypeVar("_M", bound=BaseModel)
+
+Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")]
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; `str(err)` is the precise reason for the sender."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- verdict vocabulary (agent health rules, coordinator incidents) -------------------------
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+
+
+class Action(StrEnum):
+    """Recommended action, ordered from least to most disruptive."""
+
+    NONE = "none"
+    RESTART_JOB = "restart_job"
+    RESET_GPU = "reset_gpu"
+    REBOOT_NODE = "reboot_node"
+    DRAIN_AND_INSPECT = "drain_and_inspect"
+
+
+ACTION_SEVERITY = {a: i for i, a in enumerate(Action)}
+VERDICT_SEVERITY = {v: i for i, v in enumerate(Verdict)}
+
+
+# --- event payloads, one model per kind ------------------------------------------------------
+
+
+class Finding(_Strict):
+    """One reason behind a verdict: which rule fired and what it saw."""
+
+    rule: str
+    verdict: Verdict
+    action: Action
+    detail: str
+
+
+class GpuVerdictPayload(_Strict):
+    gpu: int = Field(ge=0)
+    uuid: str | None = None
+    verdict: Verdict
+    previous: Verdict | None = None
+    action: Action
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class NodeVerdictPayload(_Strict):
+    verdict: Verdict
+    previous: Verdict | None = None
+    action: Action
+    unhealthy_gpus: list[int] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class XidPayload(_Strict):
+    gpu: int = Field(ge=0)
+    uuid: str | None = None
+    xid: int = Field(ge=0)
+    name: str
+    action: Action
+    repeats_in_window: int = Field(default=1, ge=1)
+
+
+class AgentHeartbeatPayload(_Strict):
+    gpus: int = Field(ge=0)
+    verdict: Verdict
+    agent_version: str
+    spooled_events: int = Field(default=0, ge=0)
+
+
+class EventKind(StrEnum):
+    GPU_VERDICT = "gpu.verdict"
+    NODE_VERDICT = "node.verdict"
+    GPU_XID = "gpu.xid"
+    AGENT_HEARTBEAT = "agent.heartbeat"
+
+
+PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
+    EventKind.GPU_VERDICT: GpuVerdictPayload,
+    EventKind.NODE_VERDICT: NodeVerdictPayload,
+    EventKind.GPU_XID: XidPayload,
+    EventKind.AGENT_HEARTBEAT: AgentHeartbeatPayload,
+}
+
+
+# --- envelopes -------------------------------------------------------------------------------
+
+
+class Source(_Strict):
+    """Who speaks. A node agent sets `node`; a training rank adds `rank` and `job`."""
+
+    node: Identifier | None = None
+    rank: int | None = Field(default=None, ge=0)
+    job: Identifier | None = None
+
+    @model_validator(mode="after")
+    def _someone(self) -> Source:
+        if self.node is None and self.job is None:
+            raise ValueError("a source names at least a node or a job")
+        return self
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Event(_Strict):
+    v: Literal[1] = PROTOCOL_VERSION
+    id: Identifier = Field(default_factory=new_id)
+    kind: EventKind
+    source: Source
+    ts: float = Field(default_factory=time.time)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("ts")
+    @classmethod
+    def _finite(cls, ts: float) -> float:
+        if not math.isfinite(ts) or ts < 0:
+            raise ValueError("timestamp must be finite, in seconds since the epoch")
+        return ts
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_matches_kind(cls, payload: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = info.data.get("kind")
+        if kind is None:  # the kind itself failed; that error is reported already
+            return payload
+        try:
+            validated = PAYLOAD_MODELS[kind].model_validate(payload)
+        except ValidationError as e:
+            raise ValueError(f"not a valid {kind} payload: {format_validation_error(e)}") from None
+        # Normalised (enums to values, defaults filled) so that equal events serialize equally.
+        return validated.model_dump(mode="json")
+
+    def typed_payload(self) -> BaseModel:
+        return PAYLOAD_MODELS[self.kind].model_validate(self.payload)
+
+
+class EventBatch(_Strict):
+    v: Literal[1] = PROTOCOL_VERSION
+    events: list[Event] = Field(max_length=MAX_BATCH_EVENTS)
+
+
+class CommandKind(StrEnum):
+    FR_DUMP = "fr.dump"
+    SDC_CHECK = "sdc.check"
+    CHECKPOINT_NOW = "checkpoint.now"
+
+
+class Command(_Strict):
+    """An instruction from the coordinator, to a node agent, a job supervisor or its ranks."""
+
+    v: Literal[1] = PROTOCOL_VERSION
+    id: Identifier = Field(default_factory=new_id)
+    kind: CommandKind
+    target: Source
+    ts: float = Field(default_factory=time.time)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+# --- decoding with precise errors ------------------------------------------------------------
+
+
+def make_event(kind: EventKind, source: Source, payload: BaseModel, **kw: Any) -> Event:
+    return Event(kind=kind, source=source, payload=payload.model_dump(mode="json"), **kw)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """`field.path: message` for every error, joined; what a sender needs to fix its message."""
+    parts = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(message)"
+        parts.append(f"{path}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _load_json(raw: str | bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        doc: object = raw
+    else:
+        try:
+            doc = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProtocolError(f"not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"expected a JSON object, got {type(doc).__name__}")
+    version = doc.get("v")
+    if version is None:
+        raise ProtocolError("missing protocol version field 'v'")
+    if version not in SUPPORTED_VERSIONS:
+        raise ProtocolError(
+            f"unsupported protocol version {version!r} (this build speaks "
+            f"{sorted(SUPPORTED_VERSIONS)})"
+        )
+    return doc
+
+
+def _decode(model: type[_M], raw: str | bytes | dict[str, Any]) -> _M:
+    doc = _load_json(raw)
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        raise ProtocolError(format_validation_error(e)) from None
+
+
+def decode_event(raw: str | bytes | dict[str, Any]) -> Event:
+    return _decode(Event, raw)
+
+
+def decode_batch(raw: str | bytes | dict[str, Any]) -> EventBatch:
+    return _decode(EventBatch, raw)
+
+
+def decode_command(raw: str | bytes | dict[str, Any]) -> Command:
+    return _decode(Command, raw)
+
+
+def encode(message: BaseModel) -> str:
+    """Compact one-line JSON: what goes on a socket line or into a spool file."""
+    return message.model_dump_json()
+

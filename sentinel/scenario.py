@@ -1,0 +1,190 @@
+"""Scenario files: a simulated fleet, a trainer configuration and the faults to inject.
+
+The fault vocabulary is shared by the GPU simulator, burn-in, the reference trainer's fault
+injection and the demo. Only injectors and the drill's own after-the-fact report read a
+scenario; detectors never do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sentinel.config import config_errors
+from sentinel.exitcodes import InputError
+
+NodeName = Annotated[str, Field(pattern=r"^(node|spare)-\d+$")]
+
+
+class _Fault(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EccDbeFault(_Fault):
+    kind: Literal["ecc_dbe"]
+    node: NodeName
+    gpu: int = Field(ge=0)
+    at_step: int = Field(ge=0)
+
+
+class XidFault(_Fault):
+    kind: Literal["xid"]
+    node: NodeName
+    gpu: int = Field(ge=0)
+    xid: int = Field(ge=1)
+    at_step: int = Field(ge=0)
+
+
+class ThermalFault(_Fault):
+    kind: Literal["thermal"]
+    node: NodeName
+    gpu: int = Field(ge=0)
+    temp_c: float = Field(gt=0, le=150)
+    at_step: int = Field(ge=0)
+
+
+class CorruptBatchFault(_Fault):
+    kind: Literal["corrupt_batch"]
+    batch: int = Field(ge=0)
+
+
+class SdcFault(_Fault):
+    kind: Literal["sdc"]
+    rank: int = Field(ge=0)
+    at_step: int = Field(default=0, ge=0)
+
+
+class StragglerFault(_Fault):
+    kind: Literal["straggler"]
+    rank: int = Field(ge=0)
+    slowdown: float = Field(gt=1.0, le=100.0)
+    at_step: int = Field(default=0, ge=0)
+
+
+class HangFault(_Fault):
+    kind: Literal["hang"]
+    rank: int = Field(ge=0)
+    at_step: int = Field(ge=0)
+
+
+class CrashFault(_Fault):
+    kind: Literal["crash"]
+    rank: int = Field(ge=0)
+    at_step: int = Field(ge=0)
+
+
+class LinkDegradedFault(_Fault):
+    kind: Literal["link_degraded"]
+    node: NodeName
+    factor: float = Field(gt=0, lt=1)
+
+
+Fault = Annotated[
+    EccDbeFault
+    | XidFault
+    | ThermalFault
+    | CorruptBatchFault
+    | SdcFault
+    | StragglerFault
+    | HangFault
+    | CrashFault
+    | LinkDegradedFault,
+    Field(discriminator="kind"),
+]
+
+NODE_FAULTS = (EccDbeFault, XidFault, ThermalFault)
+RANK_FAULTS = (SdcFault, StragglerFault, HangFault, CrashFault)
+
+
+class FleetSpec(_Fault):
+    nodes: int = Field(default=4, ge=1, le=1024)
+    gpus_per_node: int = Field(default=2, ge=1, le=16)
+    spares: int = Field(default=1, ge=0, le=64)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_names(self) -> list[str]:
+        return [f"node-{k}" for k in range(self.nodes)]
+
+    def spare_names(self) -> list[str]:
+        return [f"spare-{k}" for k in range(self.spares)]
+
+    def node_of_rank(self, rank: int) -> str:
+        """The node hosting `rank` in the initial mapping (DESIGN.md)."""
+        return f"node-{rank // self.gpus_per_node}"
+
+
+class TrainerSpec(_Fault):
+    tp: int = Field(default=2, ge=1)
+    pp: int = Field(default=2, ge=1)
+    dp: int = Field(default=2, ge=1)
+    steps: int = Field(default=120, ge=1)
+    checkpoint_every: int = Field(default=20, ge=1)
+    seed: int = 7
+
+
+class Scenario(_Fault):
+    name: str = "custom"
+    description: str = ""
+    fleet: FleetSpec = FleetSpec()
+    trainer: TrainerSpec = TrainerSpec()
+    faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _faults_fit_the_fleet(self) -> Scenario:
+        world = self.fleet.world_size
+        if self.trainer.tp * self.trainer.pp * self.trainer.dp != world:
+            raise ValueError(
+                f"trainer tp*pp*dp = {self.trainer.tp * self.trainer.pp * self.trainer.dp} "
+                f"must equal the fleet's GPUs ({self.fleet.nodes} nodes x "
+                f"{self.fleet.gpus_per_node} = {world})"
+            )
+        names = set(self.fleet.node_names()) | set(self.fleet.spare_names())
+        for i, f in enumerate(self.faults):
+            node = getattr(f, "node", None)
+            if node is not None and node not in names:
+                raise ValueError(f"faults[{i}]: {node} is not in the fleet")
+            gpu = getattr(f, "gpu", None)
+            if gpu is not None and gpu >= self.fleet.gpus_per_node:
+                raise ValueError(f"faults[{i}]: gpu {gpu} >= gpus_per_node")
+            rank = getattr(f, "rank", None)
+            if rank is not None and rank >= world:
+                raise ValueError(f"faults[{i}]: rank {rank} >= world size {world}")
+        return self
+
+    def faults_of(self, *kinds: type[_Fault]) -> list[_Fault]:
+        return [f for f in self.faults if isinstance(f, kinds)]
+
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def resolve_scenario_path(name_or_file: str) -> Path:
+    """A path, or the name of a shipped scenario (`scenarios/NAME.yaml`)."""
+    p = Path(name_or_file)
+    if p.exists():
+        return p
+    shipped = SCENARIO_DIR / f"{name_or_file}.yaml"
+    if shipped.exists():
+        return shipped
+    raise InputError(f"no scenario file or shipped scenario named {name_or_file!r}")
+
+
+def load_scenario(name_or_file: str | Path) -> Scenario:
+    path = resolve_scenario_path(str(name_or_file))
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: a scenario is a mapping with fleet, trainer and faults")
+    doc.setdefault("name", path.stem)
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as e:
+        raise InputError(f"{path}: invalid scenario:\n  " + "\n  ".join(config_errors(e))) from None

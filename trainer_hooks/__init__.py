@@ -1,0 +1,1 @@
+"""In-trainer library: step timing, MFU, anomalies, stragglers, SDC checks, hang watchdog."""
