@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(VENV)/bin/sentinel demo
+	$(PY) -m sentinel.sim.agent_demo
 
 test: venv
 	$(PY) -m pytest -q

@@ -43,7 +43,7 @@ def test_every_error_is_reported_with_its_path(tmp_path: Path) -> None:
 
 
 def test_a_typo_in_an_env_override_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="agent.intervl_s: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"agent\.intervl_s: Extra inputs"):
         load_config(None, env={"SENTINEL_AGENT__INTERVL_S": "2"})
 
 
@@ -54,7 +54,9 @@ def test_config_check_cli(tmp_path: Path, sentinel_cmd: list[str]) -> None:
     broken.write_text("agent: [\n")
     ok = subprocess.run([*sentinel_cmd, "config", "check", str(good)], capture_output=True)
     assert ok.returncode == 0
-    res = subprocess.run([*sentinel_cmd, "config", "check", str(bad)], capture_output=True, text=True)
+    res = subprocess.run(
+        [*sentinel_cmd, "config", "check", str(bad)], capture_output=True, text=True
+    )
     assert res.returncode == 2
     assert "agent.interval_s: Input should be a valid number" in res.stderr
     res = subprocess.run(

@@ -18,7 +18,9 @@ from sentinel.protocol import (
 
 
 def _xid_event() -> Event:
-    payload = XidPayload(gpu=1, xid=79, name="GPU has fallen off the bus", action=Action.REBOOT_NODE)
+    payload = XidPayload(
+        gpu=1, xid=79, name="GPU has fallen off the bus", action=Action.REBOOT_NODE
+    )
     return make_event(EventKind.GPU_XID, Source(node="node-1"), payload)
 
 

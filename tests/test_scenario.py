@@ -34,7 +34,10 @@ def test_design_example_parses(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("faults: [{kind: meteor}]", "faults.0"),
-        ("faults: [{kind: ecc_dbe, node: node-9, gpu: 0, at_step: 1}]", "node-9 is not in the fleet"),
+        (
+            "faults: [{kind: ecc_dbe, node: node-9, gpu: 0, at_step: 1}]",
+            "node-9 is not in the fleet",
+        ),
         ("faults: [{kind: hang, rank: 99, at_step: 1}]", "rank 99 >= world size 8"),
         ("trainer: {tp: 3}", "must equal the fleet's GPUs"),
         ("fleet: {nodes: 4, gpus: 2}", "fleet.gpus: Extra inputs are not permitted"),

@@ -1,0 +1,51 @@
+"""Metrics about the agent's own plumbing: event delivery, spool, the rank socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from sentinel.agent.delivery import Deliverer
+from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.agent.spool import Spool
+
+
+def delivery_families(spool: Spool, deliverer: Deliverer) -> Iterator[Metric]:
+    stats = deliverer.stats
+    yield GaugeMetricFamily(
+        "sentinel_agent_spooled_events", "Events on disk awaiting delivery.", value=len(spool)
+    )
+    yield CounterMetricFamily(
+        "sentinel_agent_spool_dropped_events",
+        "Oldest events dropped because the spool was full.",
+        value=spool.dropped,
+    )
+    yield CounterMetricFamily(
+        "sentinel_agent_delivered_events",
+        "Events acknowledged by the coordinator.",
+        value=stats.delivered,
+    )
+    yield CounterMetricFamily(
+        "sentinel_agent_rejected_events",
+        "Events the coordinator refused as malformed.",
+        value=stats.rejected,
+    )
+    yield CounterMetricFamily(
+        "sentinel_agent_delivery_failures",
+        "Delivery attempts that failed (retried).",
+        value=stats.failures,
+    )
+
+
+def rank_socket_families(server: RankSocketServer) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "sentinel_agent_rank_messages",
+        "Valid events received from training ranks.",
+        value=server.received,
+    )
+    yield CounterMetricFamily(
+        "sentinel_agent_rank_garbage_lines",
+        "Lines from ranks dropped as invalid.",
+        value=server.garbage,
+    )

@@ -1,0 +1,90 @@
+"""The local Unix socket training ranks write JSON-line protocol events to.
+
+The agent relays what it receives like its own events and re-exports rank metrics. A line that
+is not a valid event for this node is counted and dropped, never fatal, and never closes the
+connection: a rank's bug must not cost the node its monitoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from sentinel.protocol import Event, ProtocolError, decode_event
+
+log = logging.getLogger("sentinel.agent.ranks")
+
+MAX_LINE_BYTES = 1 << 20
+
+
+class RankSocketServer:
+    def __init__(self, path: Path, node_id: str, on_event: Callable[[Event], None]) -> None:
+        self.path = path
+        self.node_id = node_id
+        self.on_event = on_event
+        self.received = 0
+        self.garbage = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._logged_reasons: set[str] = set()
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a stale socket from a previous run
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=str(self.path), limit=MAX_LINE_BYTES
+        )
+        # Ranks run as the job's user, often not the agent's: group-writable, not world.
+        os.chmod(self.path, 0o660)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def handle_line(self, line: bytes) -> Event | None:
+        """Validate one line; relay it if it is a valid event from a rank on this node."""
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            event = decode_event(line)
+            if event.source.node != self.node_id:
+                raise ProtocolError(
+                    f"source.node {event.source.node!r} is not this node ({self.node_id!r})"
+                )
+        except ProtocolError as e:
+            self._drop(str(e))
+            return None
+        self.received += 1
+        self.on_event(event)
+        return event
+
+    def _drop(self, reason: str) -> None:
+        self.garbage += 1
+        key = reason[:80]
+        if key not in self._logged_reasons and len(self._logged_reasons) < 100:
+            self._logged_reasons.add(key)  # one log line per kind of garbage, not per line
+            log.warning("dropped a rank message", extra={"reason": reason})
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than MAX_LINE_BYTES; its tail is dropped as garbage too
+                    self._drop("line longer than 1 MiB")
+                    continue
+                if not line:
+                    break
+                self.handle_line(line)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            writer.close()

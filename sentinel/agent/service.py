@@ -1,0 +1,261 @@
+"""The agent daemon: wires collection, health, /metrics, rank socket and delivery together.
+
+Lifecycle is explicit: `start()` brings every part up, `stop()` takes them down in reverse.
+Collection runs in one dedicated thread so that a slow NVML call (a GPU falling off the bus can
+stall the driver for seconds) never stalls /metrics or the rank socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.core import Metric
+
+from sentinel import __version__
+from sentinel.agent.delivery import Deliverer
+from sentinel.agent.health import HealthEvaluator
+from sentinel.agent.host import HostSource
+from sentinel.agent.metrics import AgentCollector
+from sentinel.agent.monitor import NodeMonitor
+from sentinel.agent.pipeline_metrics import delivery_families, rank_socket_families
+from sentinel.agent.rank_metrics import RankMetrics
+from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.agent.readings import GpuBackend
+from sentinel.agent.spool import Spool
+from sentinel.agent.systemd import Notifier
+from sentinel.config import AgentConfig, ConfigError, load_config
+from sentinel.protocol import AgentHeartbeatPayload, Event, EventKind, make_event
+
+log = logging.getLogger("sentinel.agent")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"listen address {listen!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class AgentMetrics:
+    """The agent's own cost and plumbing, as real prometheus_client metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.collection_seconds = Histogram(
+            "sentinel_agent_collection_duration_seconds",
+            "Time of one collection sweep (GPUs, host, health).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+            registry=registry,
+        )
+        self.collection_errors = Counter(
+            "sentinel_agent_collection_errors", "Sweeps that failed.", registry=registry
+        )
+        self.events = Counter(
+            "sentinel_agent_events", "Events emitted, by kind.", ["kind"], registry=registry
+        )
+        self.build = Gauge(
+            "sentinel_agent_build_info", "Agent version.", ["version"], registry=registry
+        )
+        self.build.labels(__version__).set(1)
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        backend: GpuBackend,
+        host: HostSource | None,
+        *,
+        config_path: Path | None = None,
+        notifier: Notifier | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.backend = backend
+        self.notifier = notifier or Notifier()
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        self.evaluator = HealthEvaluator(cfg.thresholds)
+        self.monitor = NodeMonitor(cfg.node_id, backend, host, self.evaluator)
+        self.ranks = RankMetrics()
+        self.spool: Spool | None = None
+        self.deliverer: Deliverer | None = None
+        if cfg.coordinator_url:
+            self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
+            token = cfg.token_file.read_text().strip() if cfg.token_file else None
+            self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
+        self.rank_server = (
+            RankSocketServer(cfg.rank_socket, cfg.node_id, self._on_rank_event)
+            if cfg.rank_socket
+            else None
+        )
+        self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
+        self.stopped = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.metrics_port: int | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.collect_once()  # /metrics has data from the first scrape on
+        await self._start_http()
+        if self.rank_server is not None:
+            await self.rank_server.start()
+        self._tasks = [
+            asyncio.create_task(self._collect_loop(), name="collect"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+        ]
+        if self.deliverer is not None:
+            self._tasks.append(asyncio.create_task(self.deliverer.run(), name="deliver"))
+        self.notifier.ready(f"watching {self.backend.gpu_count()} GPUs")
+        log.info(
+            "agent ready",
+            extra={
+                "node": self.cfg.node_id,
+                "gpus": self.backend.gpu_count(),
+                "metrics": f"http://{self.cfg.listen.rpartition(':')[0]}:{self.metrics_port}/metrics",
+            },
+        )
+
+    async def stop(self) -> None:
+        self.notifier.stopping()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.rank_server is not None:
+            await self.rank_server.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._executor.shutdown(wait=True)
+        if self.spool is not None:
+            self.spool.close()  # events not yet delivered stay on disk for the next start
+        self.backend.close()
+        log.info("agent stopped")
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopped.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        await self.start()
+        try:
+            await self.stopped.wait()
+        finally:
+            await self.stop()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config file; thresholds and intervals apply from the next sweep."""
+        self.notifier.reloading()
+        try:
+            cfg = load_config(self.config_path).agent if self.config_path else self.cfg
+        except ConfigError as e:
+            log.error("reload refused, keeping the running config", extra={"error": str(e)})
+        else:
+            # Keep identity and endpoints: changing them needs a restart, not a reload.
+            self.cfg = self.cfg.model_copy(
+                update={
+                    "thresholds": cfg.thresholds,
+                    "interval_s": cfg.interval_s,
+                    "heartbeat_s": cfg.heartbeat_s,
+                }
+            )
+            self.evaluator.thresholds = cfg.thresholds
+            log.info("config reloaded", extra={"interval_s": cfg.interval_s})
+        self.notifier.ready()
+
+    # --- work -----------------------------------------------------------------------------
+
+    async def collect_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            snapshot, events = await loop.run_in_executor(self._executor, self.monitor.collect)
+        except Exception:
+            self.metrics.collection_errors.inc()
+            log.exception("collection sweep failed")
+            return
+        self.metrics.collection_seconds.observe(snapshot.sweep_s)
+        self.emit(events)
+
+    def emit(self, events: list[Event]) -> None:
+        for e in events:
+            self.metrics.events.labels(e.kind.value).inc()
+        if self.spool is None or not events:
+            return
+        dropped = self.spool.append(events)
+        if dropped:
+            log.warning("spool full, dropped the oldest events", extra={"dropped": dropped})
+        assert self.deliverer is not None
+        self.deliverer.wake()
+
+    def _on_rank_event(self, event: Event) -> None:
+        self.ranks.observe(event)
+        self.emit([event])
+
+    async def _collect_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            # A fixed cadence, not interval-after-sweep: sweeps do not drift the schedule, and a
+            # late sweep is not followed by a burst of catch-up sweeps.
+            next_at = max(next_at + self.cfg.interval_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+            await self.collect_once()
+            self.notifier.watchdog()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            snap = self.monitor.snapshot
+            if snap is not None:
+                payload = AgentHeartbeatPayload(
+                    gpus=len(snap.readings),
+                    verdict=snap.health.verdict,
+                    agent_version=__version__,
+                    spooled_events=len(self.spool) if self.spool else 0,
+                )
+                self.emit([make_event(EventKind.AGENT_HEARTBEAT, self.monitor.source, payload)])
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        host, port = parse_listen(self.cfg.listen)
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.metrics_port = sockets[0].getsockname()[1] if sockets else port
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        snap = self.monitor.snapshot
+        age = time.time() - snap.ts if snap else None
+        fresh = age is not None and age < 5 * self.cfg.interval_s + 5
+        body = {
+            "ok": fresh,
+            "last_sweep_age_s": age,
+            "verdict": snap.health.verdict.value if snap else None,
+        }
+        return web.json_response(body, status=200 if fresh else 503)
+
+    def _extra_metrics(self) -> Iterator[Metric]:
+        yield from self.ranks.collect(self.cfg.node_id)
+        if self.spool is not None and self.deliverer is not None:
+            yield from delivery_families(self.spool, self.deliverer)
+        if self.rank_server is not None:
+            yield from rank_socket_families(self.rank_server)

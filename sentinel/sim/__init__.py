@@ -1,0 +1,1 @@
+"""The simulated fleet: real Sentinel processes on one machine, with simulated GPUs."""

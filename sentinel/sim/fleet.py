@@ -1,0 +1,139 @@
+"""Launch simulated node agents as real processes and talk to them the way operators would:
+inject hardware faults into their simulated GPUs, scrape their /metrics over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class AgentProcess:
+    node_id: str
+    port: int
+    faults_file: Path
+    rank_socket: Path
+    log_file: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, timeout: float = 2.0) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
+            return bytes(resp.read())
+
+    def scrape(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """Samples by name, parsed with Prometheus' own text-format parser."""
+        out: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for fam in text_string_to_metric_families(self.get("/metrics").decode()):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append((s.labels, s.value))
+        return out
+
+
+class SimFleet:
+    def __init__(
+        self,
+        workdir: Path,
+        nodes: list[str],
+        gpus_per_node: int,
+        interval_s: float = 0.5,
+        coordinator_url: str | None = None,
+        token_file: Path | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.gpus_per_node = gpus_per_node
+        self.interval_s = interval_s
+        self.coordinator_url = coordinator_url
+        self.token_file = token_file
+        self.agents = {
+            n: AgentProcess(
+                node_id=n,
+                port=free_port(),
+                faults_file=workdir / n / "faults.jsonl",
+                rank_socket=workdir / n / "agent.sock",
+                log_file=workdir / n / "agent.log",
+            )
+            for n in nodes
+        }
+
+    def command(self, a: AgentProcess) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
+            "--sim", "--gpus", str(self.gpus_per_node), "--node-id", a.node_id,
+            "--listen", f"127.0.0.1:{a.port}", "--sim-faults", str(a.faults_file),
+            "--rank-socket", str(a.rank_socket), "--spool-dir", str(a.faults_file.parent / "spool"),
+            "--interval", str(self.interval_s),
+        ]  # fmt: skip
+        if self.coordinator_url:
+            cmd += ["--coordinator", self.coordinator_url]
+        return cmd
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        for a in self.agents.values():
+            a.faults_file.parent.mkdir(parents=True, exist_ok=True)
+            a.faults_file.touch()
+            env = dict(os.environ)
+            if self.token_file is not None:
+                env["SENTINEL_AGENT__TOKEN_FILE"] = str(self.token_file)
+            with a.log_file.open("ab") as log:
+                a.proc = subprocess.Popen(self.command(a), stderr=log, stdout=log, env=env)
+        deadline = time.monotonic() + timeout_s
+        for a in self.agents.values():
+            while True:
+                try:
+                    json.loads(a.get("/healthz", timeout=0.5))
+                    break
+                except OSError:
+                    if a.proc is not None and a.proc.poll() is not None:
+                        raise RuntimeError(
+                            f"agent {a.node_id} exited: {a.log_file.read_text()[-2000:]}"
+                        ) from None
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"agent {a.node_id} not ready in {timeout_s}s") from None
+                    time.sleep(0.1)
+
+    def inject(self, node: str, fault: dict[str, object]) -> None:
+        from sentinel.agent.sim import inject
+
+        inject(self.agents[node].faults_file, fault)
+
+    def stop(self, timeout_s: float = 10.0) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for a in self.agents.values():
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGTERM)
+        for a in self.agents.values():
+            if a.proc is None:
+                continue
+            try:
+                codes[a.node_id] = a.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                a.proc.kill()
+                codes[a.node_id] = a.proc.wait()
+        return codes
+
+    def __enter__(self) -> SimFleet:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
