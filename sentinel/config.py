@@ -41,6 +41,8 @@ class HealthThresholds(StrictModel):
     # NVIDIA retires at most 64 pages per GPU on A100-class parts; drain well before that.
     retired_pages_unhealthy: int = 48
     sbe_volatile_degraded: int = 1000
+    dbe_aggregate_degraded: int = Field(default=1, ge=1)
+    remapped_rows_uncorrectable_degraded: int = Field(default=1, ge=1)
     pcie_replay_degraded: int = 100
     nvlink_crc_degraded: int = 100
     xid_window_s: float = 3600.0
