@@ -17,7 +17,10 @@ from sentinel.logs import setup_logging
 
 # Modules that add subcommands; each defines `register(subparsers)` and sets `handler`. They
 # import their machinery inside the handler, so `sentinel agent` never loads burn-in's torch.
-COMMAND_MODULES = ("sentinel.commands.config_cmd",)
+COMMAND_MODULES = (
+    "sentinel.commands.config_cmd",
+    "sentinel.commands.agent_cmd",
+)
 
 log = logging.getLogger("sentinel")
 Handler = Callable[[argparse.Namespace], int]

@@ -165,7 +165,7 @@ async def test_rank_socket_relays_valid_lines_and_counts_garbage(tmp_path: Path)
     assert oct(os.stat(path).st_mode & 0o777) == "0o660"
     good = heartbeat(rank=3)
     other_node = heartbeat(node="node-9", rank=1)
-    reader, writer = await asyncio.open_unix_connection(str(path))
+    _reader, writer = await asyncio.open_unix_connection(str(path))
     lines = [
         encode(good),
         "this is not json",
@@ -183,7 +183,7 @@ async def test_rank_socket_relays_valid_lines_and_counts_garbage(tmp_path: Path)
             break
         await asyncio.sleep(0.01)
     await server.stop()
-    assert [e.id for e in got][0] == good.id
+    assert next(e.id for e in got) == good.id
     assert [e.source.rank for e in got] == [3, 4]
     assert server.garbage >= 4  # bad JSON, bad version, foreign node, the oversized line
     assert not path.exists()

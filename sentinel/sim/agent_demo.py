@@ -21,29 +21,35 @@ WATCH = (
     "sentinel_gpu_xid_errors_total",
     "sentinel_gpu_lost",
     "sentinel_gpu_health_verdict",
+    "sentinel_gpu_health_finding",
     "sentinel_node_health_verdict",
     "sentinel_node_recommended_action",
 )
 
 
-def node_state(a: AgentProcess) -> tuple[str, str]:
+def node_state(a: AgentProcess) -> tuple[str, str, str]:
+    """(verdict, action, firing rules) as read back from the agent's /metrics."""
     samples = a.scrape()
 
-    def active(name: str, label: str) -> str:
-        on = [lbl[label] for lbl, v in samples.get(name, []) if v == 1]
-        return on[0] if on else "?"
+    def active(name: str, label: str) -> list[str]:
+        return [f"{lbl[label]}" for lbl, v in samples.get(name, []) if v == 1]
 
-    return active("sentinel_node_health_verdict", "verdict"), active(
-        "sentinel_node_recommended_action", "action"
-    )
+    rules = [
+        f"gpu {lbl['gpu']}: {lbl['rule']}"
+        for lbl, v in samples.get("sentinel_gpu_health_finding", [])
+        if v == 1
+    ]
+    verdict = active("sentinel_node_health_verdict", "verdict") or ["?"]
+    action = active("sentinel_node_recommended_action", "action") or ["?"]
+    return verdict[0], action[0], ", ".join(rules) or "-"
 
 
 def print_table(fleet: SimFleet, title: str) -> None:
     print(f"\n{title}")
-    print(f"  {'node':<8} {'verdict':<10} recommended action")
+    print(f"  {'node':<8} {'verdict':<10} {'recommended action':<19} why")
     for a in fleet.agents.values():
-        verdict, action = node_state(a)
-        print(f"  {a.node_id:<8} {verdict:<10} {action}")
+        verdict, action, why = node_state(a)
+        print(f"  {a.node_id:<8} {verdict:<10} {action:<19} {why}")
 
 
 def print_scrape(a: AgentProcess, gpu: str) -> None:
@@ -51,8 +57,8 @@ def print_scrape(a: AgentProcess, gpu: str) -> None:
     text = a.get("/metrics").decode()
     for line in text.splitlines():
         if line.startswith(WATCH) and (f'gpu="{gpu}"' in line or "node_" in line):
-            if line.rstrip().endswith(" 0.0") and "verdict" in line:
-                continue  # the inactive members of the verdict state set
+            if line.rstrip().endswith(" 0.0") and ("verdict" in line or "action" in line):
+                continue  # the inactive members of the verdict and action state sets
             print(f"    {line}")
 
 
