@@ -48,7 +48,7 @@ class FakeClock:
 
 
 # One triggering reading per rule row: (rule, changes to a healthy reading, verdict, action).
-RULE_CASES = [
+RULE_CASES: list[tuple[str, dict[str, object], Verdict, Action]] = [
     ("gpu_lost", {"lost": True}, U, Action.REBOOT_NODE),
     ("ecc_dbe_volatile", {"ecc_dbe_volatile": 1, "ecc_dbe_aggregate": 1}, U, Action.RESET_GPU),
     ("ecc_dbe_aggregate", {"ecc_dbe_aggregate": 1}, D, Action.NONE),

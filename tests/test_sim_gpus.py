@@ -232,6 +232,16 @@ def test_half_written_line_waits_for_its_end(tmp_path: Path) -> None:
     assert [e.xid for e in sim.drain_xids()] == [74]
 
 
+def test_a_truncated_faults_file_is_read_again_from_the_start(tmp_path: Path) -> None:
+    _, faults, _, sim = twins(tmp_path)
+    inject(faults, {"kind": "xid", "gpu": 0, "xid": 94})
+    inject(faults, {"kind": "xid", "gpu": 0, "xid": 94})
+    assert len(sim.drain_xids()) == 2
+    faults.write_text("")  # the injector started a fresh file
+    inject(faults, {"kind": "xid", "gpu": 1, "xid": 13})
+    assert [(e.gpu, e.xid) for e in sim.drain_xids()] == [(1, 13)]
+
+
 def test_garbage_lines_are_logged_and_skipped(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
