@@ -71,7 +71,8 @@ def test_h100_readings_are_plausible_and_noisy() -> None:
     assert len({r.uuid for r in sweeps[0]}) == 8 and all(
         r.uuid.startswith("GPU-") for r in readings
     )
-    assert len({r.pci_bus_id for r in sweeps[0]}) == 8
+    assert sweeps[0][0].pci_bus_id == "00000000:18:00.0"
+    assert len({r.pci_bus_id for r in SimulatedGpus(64).sweep()}) == 64
 
 
 def test_energy_grows_with_power_times_time() -> None:

@@ -169,11 +169,11 @@ class SimulatedGpus(GpuBackend):
     def _make_gpu(self, index: int, seed: str, now: float) -> _Gpu:
         rng = random.Random(seed)
         spec = self._spec
-        bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + 0x10 * index
+        domain, bus = divmod(index, len(_HGX_BUSES))  # past eight GPUs: another PCI domain
         return _Gpu(
             index=index,
             uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
-            pci_bus_id=f"00000000:{bus:02X}:00.0",
+            pci_bus_id=f"{domain:08X}:{_HGX_BUSES[bus]:02X}:00.0",
             rng=rng,
             base_temp_c=rng.uniform(40.0, 48.0),
             base_power_w=spec.power_limit_w * rng.uniform(0.6, 0.8),
