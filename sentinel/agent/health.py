@@ -229,6 +229,15 @@ class HealthEvaluator:
         self._seen: dict[tuple[int, int], deque[float]] = {}  # (gpu, xid) -> arrival times
         self._last: dict[tuple[int, int], XidOutcome] = {}  # (gpu, xid) -> latest judgement
 
+    @property
+    def thresholds(self) -> HealthThresholds:
+        return self._thresholds
+
+    @thresholds.setter
+    def thresholds(self, thresholds: HealthThresholds) -> None:
+        """A config reload: the XID memory stays, the new limits apply from the next sweep."""
+        self._thresholds = thresholds
+
     def evaluate(self, readings: Sequence[GpuReading], xids: Sequence[XidEvent]) -> NodeHealth:
         now = self._clock()
         self._expire(now)

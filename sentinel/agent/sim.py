@@ -165,15 +165,19 @@ class SimulatedGpus(GpuBackend):
         self._xids: list[XidEvent] = []
         now = clock()
         self._gpus = [self._make_gpu(i, f"{seed}:{node_id}:{i}", now) for i in range(gpus)]
+        # Faults already in the file struck before this process started (an agent restart): the
+        # GPUs keep their marks (counters, lost, hot), but NVML does not replay past XID events.
+        self._poll_faults()
+        self._xids.clear()
 
     def _make_gpu(self, index: int, seed: str, now: float) -> _Gpu:
         rng = random.Random(seed)
         spec = self._spec
-        bus = _HGX_BUSES[index] if index < len(_HGX_BUSES) else 0x10 + 0x10 * index
+        domain, bus = divmod(index, len(_HGX_BUSES))  # past eight GPUs: another PCI domain
         return _Gpu(
             index=index,
             uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
-            pci_bus_id=f"00000000:{bus:02X}:00.0",
+            pci_bus_id=f"{domain:08X}:{_HGX_BUSES[bus]:02X}:00.0",
             rng=rng,
             base_temp_c=rng.uniform(40.0, 48.0),
             base_power_w=spec.power_limit_w * rng.uniform(0.6, 0.8),
@@ -215,7 +219,7 @@ class SimulatedGpus(GpuBackend):
         temp = min(55.0, max(35.0, g.base_temp_c + rng.gauss(0.0, 1.0)))
         temp_mem = min(65.0, max(38.0, g.base_temp_c + 6.0 + rng.gauss(0.0, 1.0)))
         low, high = 0.43 * spec.power_limit_w, 0.93 * spec.power_limit_w
-        power = min(high, max(low, g.base_power_w + rng.gauss(0.0, 20.0)))
+        power = round(min(high, max(low, g.base_power_w + rng.gauss(0.0, 20.0))), 2)
         util, util_mem = rng.randint(94, 100), rng.randint(35, 60)
         fb_used = (g.fb_used_mib + rng.randint(-64, 64)) * MIB
         tensor = rng.uniform(0.35, 0.55)
@@ -229,7 +233,7 @@ class SimulatedGpus(GpuBackend):
             ident,
             temp_gpu_c=g.thermal_c if g.thermal_c is not None else round(temp, 1),
             temp_mem_c=round(temp_mem, 1),
-            power_w=round(power, 2),
+            power_w=power,
             power_limit_w=spec.power_limit_w,
             energy_mj=int(g.energy_mj),
             sm_clock_mhz=spec.sm_clock_mhz // 2 if thermal else spec.sm_clock_mhz,

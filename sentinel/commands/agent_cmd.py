@@ -84,7 +84,9 @@ def _backend(cfg: AgentConfig, faults: Path | None) -> GpuBackend | None:
     if cfg.sim is not None:
         from sentinel.agent.sim import SimulatedGpus
 
-        return SimulatedGpus(cfg.sim.gpus, cfg.sim.model, seed=cfg.sim.seed, faults_file=faults)
+        return SimulatedGpus(
+            cfg.sim.gpus, cfg.sim.model, seed=cfg.sim.seed, faults_file=faults, node_id=cfg.node_id
+        )
     from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
 
     try:
