@@ -1,0 +1,47 @@
+"""Run NvmlBackend in this process and answer one JSON line per command read from stdin.
+
+Commands: `sweep` (readings), `xids` (drained XID events and how long draining took),
+`errors` (the backend's failed-read counters). End of input closes the backend. Started by
+`fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing at the fake library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
+from sentinel.logs import setup_logging
+
+
+def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
+    if command == "sweep":
+        return {"readings": [dataclasses.asdict(r) for r in backend.sweep()]}
+    if command == "xids":
+        start = time.perf_counter()
+        xids = backend.drain_xids()
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        return {"xids": [dataclasses.asdict(x) for x in xids], "ms": elapsed_ms}
+    if command == "errors":
+        return {"errors": dict(backend.errors)}
+    return {"unknown_command": command}
+
+
+def main() -> int:
+    setup_logging("json", "INFO")
+    try:
+        backend = NvmlBackend()
+    except NvmlUnavailable as exc:
+        print(json.dumps({"unavailable": str(exc)}), flush=True)
+        return 0
+    print(json.dumps({"gpus": backend.gpu_count()}), flush=True)
+    with backend:
+        for line in sys.stdin:
+            print(json.dumps(answer(backend, line.strip())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
