@@ -130,7 +130,8 @@ class NvmlBackend(GpuBackend):
         except nvml.NVMLError as exc:
             raise _init_failure(exc) from exc
         self._closed = False
-        self.errors: Counter[str] = Counter()  # failed field reads, by field: the agent's cost
+        # Reads that failed (not "unsupported": see unsupported()), by field or source.
+        self.errors: Counter[str] = Counter()
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as exc:
@@ -150,6 +151,10 @@ class NvmlBackend(GpuBackend):
 
     def gpu_count(self) -> int:
         return len(self._gpus)
+
+    def unsupported(self, index: int) -> frozenset[str]:
+        """The fields this GPU or its driver cannot give, found so far; never asked again."""
+        return frozenset(self._gpus[index].skip)
 
     def close(self) -> None:
         if self._closed:
@@ -245,10 +250,11 @@ class NvmlBackend(GpuBackend):
     def _note_failure(self, gpu: _Gpu, key: str, code: int) -> None:
         if code == GPU_IS_LOST:
             raise _GpuLost
-        self.errors[key] += 1
         unsupported = code in UNSUPPORTED_CODES
         if unsupported:
             gpu.skip.add(key)
+        else:
+            self.errors[key] += 1
         if key in gpu.logged:
             return
         gpu.logged.add(key)
@@ -286,6 +292,8 @@ class NvmlBackend(GpuBackend):
         )
 
     def _lost_reading(self, gpu: _Gpu) -> GpuReading:
+        if gpu.gpm is not None:  # a sample from before the loss means nothing after it
+            gpu.gpm.primed = False
         if not gpu.lost:
             gpu.lost = True
             self.errors["gpu_lost"] += 1

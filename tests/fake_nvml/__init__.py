@@ -21,17 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pynvml
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "fake_nvml.c"
 DRIVER = HERE / "driver.py"
 ROOT = HERE.parent.parent
 LIBRARY_NAME = "libnvidia-ml.so.1"
 
-NOT_SUPPORTED = 3
-NO_PERMISSION = 4
-DRIVER_NOT_LOADED = 9
-GPU_IS_LOST = 15
-UNKNOWN = 999
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
 
 H100_FB_TOTAL = 85_520_809_984  # 81559 MiB, what NVML reports for an H100 80GB HBM3
 
@@ -121,12 +122,31 @@ class FakeGpu:
         return "\n".join(lines) + "\n"
 
 
-_NUMBER_KEYS = (
-    "temp_gpu temp_mem power_mw power_limit_mw energy_mj clock_sm clock_mem util_gpu util_mem "
-    "fb_total fb_used ecc_sbe_volatile ecc_dbe_volatile ecc_sbe_aggregate ecc_dbe_aggregate "
-    "retired_sbe retired_dbe retired_pending remap_correctable remap_uncorrectable remap_pending "
-    "remap_failure pcie_replay"
-).split()
+_NUMBER_KEYS = [
+    "temp_gpu",
+    "temp_mem",
+    "power_mw",
+    "power_limit_mw",
+    "energy_mj",
+    "clock_sm",
+    "clock_mem",
+    "util_gpu",
+    "util_mem",
+    "fb_total",
+    "fb_used",
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "retired_sbe",
+    "retired_dbe",
+    "retired_pending",
+    "remap_correctable",
+    "remap_uncorrectable",
+    "remap_pending",
+    "remap_failure",
+    "pcie_replay",
+]
 
 
 def write_config(
