@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import pynvml as nvml
 
+from sentinel.agent.nvml_fields import FieldBatch
 from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 
 log = logging.getLogger(__name__)
@@ -52,15 +53,7 @@ _NVLINK_COUNTERS = (  # the fallback: per-link error counters; CRC is flit + dat
     ("nvlink_crc_errors", (nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA)),
 )
 _NVLINK_KEYS = tuple(key for key, _ in _NVLINK_DL_FIELDS)
-_VALUE_MEMBER = {
-    0: "dVal",
-    1: "uiVal",
-    2: "ulVal",
-    3: "ullVal",
-    4: "sllVal",
-    5: "siVal",
-    6: "usVal",
-}
+_MEM_TEMP = "temp_mem_c"
 _MAX_XIDS_PER_DRAIN = 1024
 
 
@@ -94,13 +87,10 @@ class _Gpu:
     skip: set[str] = field(default_factory=set)  # unsupported: never asked again
     logged: set[str] = field(default_factory=set)  # failures already logged once
     links: list[int] = field(default_factory=list)  # NVLink links active at start
-    nvlink_requests: list[tuple[int, int]] = field(default_factory=list)
-    nvlink_by_fields: bool = True
+    nvlink_by_fields: bool = True  # False: the driver lacks the DL fields, use per-link calls
+    fields: FieldBatch | None = None  # memory temperature + NVLink DL counters, one call
+    field_keys: list[str] = field(default_factory=list)  # the reading field of each request
     gpm: _Gpm | None = None
-
-
-def _field_number(fv: Any) -> float | int:
-    return getattr(fv.value, _VALUE_MEMBER.get(fv.valueType, "ullVal"))
 
 
 def _text(value: str | bytes) -> str:
@@ -213,7 +203,7 @@ class NvmlBackend(GpuBackend):
                 break
             if state == nvml.NVML_NVLINK_STATE_ACTIVE:
                 gpu.links.append(link)
-        gpu.nvlink_requests = [(fid, link) for link in gpu.links for _, fid in _NVLINK_DL_FIELDS]
+        self._build_fields(gpu)
         if not gpu.links:
             log.info(
                 "gpu %d: no active NVLink links; NVLink counters reported as missing", gpu.index
@@ -275,7 +265,7 @@ class NvmlBackend(GpuBackend):
             self._read_thermal_power(gpu, out)
             self._read_clocks_memory(gpu, out)
             self._read_memory_errors(gpu, out)
-            self._read_links(gpu, out)
+            self._read_fields(gpu, out)
             self._read_tensor_active(gpu, out)
             procs = self._call(
                 gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle
@@ -306,7 +296,6 @@ class NvmlBackend(GpuBackend):
         h, call = gpu.handle, self._call
         temp = call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
         out["temp_gpu_c"] = None if temp is None else float(temp)
-        out["temp_mem_c"] = self._read_memory_temp(gpu)
         mw = call(gpu, "power_w", nvml.nvmlDeviceGetPowerUsage, h)
         out["power_w"] = None if mw is None else mw / 1000.0
         limit = call(gpu, "power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -316,21 +305,6 @@ class NvmlBackend(GpuBackend):
         out["pcie_replay_count"] = call(
             gpu, "pcie_replay_count", nvml.nvmlDeviceGetPcieReplayCounter, h
         )
-
-    def _read_memory_temp(self, gpu: _Gpu) -> float | None:
-        values = self._call(
-            gpu,
-            "temp_mem_c",
-            nvml.nvmlDeviceGetFieldValues,
-            gpu.handle,
-            [nvml.NVML_FI_DEV_MEMORY_TEMP],
-        )
-        if values is None:
-            return None
-        if values[0].nvmlReturn != nvml.NVML_SUCCESS:
-            self._note_failure(gpu, "temp_mem_c", values[0].nvmlReturn)
-            return None
-        return float(_field_number(values[0]))
 
     def _clock_reasons(self, handle: Any) -> int:
         """Clocks-event reasons; drivers older than R535 only have the throttle-reasons name."""
@@ -392,35 +366,60 @@ class NvmlBackend(GpuBackend):
 
     # ---- NVLink, GPM ----------------------------------------------------------------------
 
-    def _read_links(self, gpu: _Gpu, out: dict[str, Any]) -> None:
-        """NVLink error counters summed over the links that were active at start.
+    def _build_fields(self, gpu: _Gpu) -> None:
+        """The field-value batch: memory temperature, and the DL counters of each active link.
 
-        Summing over a fixed set keeps the sums monotonic (they are counters) when a link
-        goes down later.
+        Summing NVLink counters over the links active at start keeps the sums monotonic (they
+        are counters) when a link goes down later.
         """
-        if not gpu.links:
-            return
+        requests: list[tuple[int, int]] = []
+        gpu.field_keys = []
+        if _MEM_TEMP not in gpu.skip:
+            requests.append((nvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+            gpu.field_keys.append(_MEM_TEMP)
         if gpu.nvlink_by_fields:
-            values = self._call(
-                gpu, "nvlink", nvml.nvmlDeviceGetFieldValues, gpu.handle, gpu.nvlink_requests
-            )
-            if values is None:
-                return
-            code = next((fv.nvmlReturn for fv in values if fv.nvmlReturn), nvml.NVML_SUCCESS)
-            if code == nvml.NVML_SUCCESS:
-                totals = [0] * len(_NVLINK_KEYS)
-                for i, fv in enumerate(values):
-                    totals[i % len(_NVLINK_KEYS)] += int(_field_number(fv))
-                out.update(zip(_NVLINK_KEYS, totals, strict=True))
-                return
-            if code not in UNSUPPORTED_CODES:
-                self._note_failure(gpu, "nvlink", code)
-                return
+            for link in gpu.links:
+                for key, field_id in _NVLINK_DL_FIELDS:
+                    requests.append((field_id, link))
+                    gpu.field_keys.append(key)
+        gpu.fields = FieldBatch(requests) if requests else None
+
+    def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        if gpu.fields is not None:
+            try:
+                results = gpu.fields.read(gpu.handle)
+            except nvml.NVMLError as exc:  # the whole call: every field in it is missing
+                results = [(exc.value, 0)] * len(gpu.field_keys)
+            totals = dict.fromkeys(_NVLINK_KEYS, 0)
+            nvlink_code = nvml.NVML_SUCCESS
+            for key, (code, value) in zip(gpu.field_keys, results, strict=True):
+                if key == _MEM_TEMP:
+                    if code:
+                        self._note_failure(gpu, key, code)
+                    else:
+                        out[key] = float(value)
+                elif code:
+                    nvlink_code = nvlink_code or code
+                else:
+                    totals[key] += int(value)
+            if gpu.nvlink_by_fields and gpu.links:
+                self._nvlink_fields_done(gpu, nvlink_code, totals, out)
+            if _MEM_TEMP in gpu.skip and _MEM_TEMP in gpu.field_keys:
+                self._build_fields(gpu)
+        if gpu.links and not gpu.nvlink_by_fields:
+            self._read_link_counters(gpu, out)
+
+    def _nvlink_fields_done(
+        self, gpu: _Gpu, code: int, totals: dict[str, int], out: dict[str, Any]
+    ) -> None:
+        if code == nvml.NVML_SUCCESS:
+            out.update(totals)
+        elif code in UNSUPPORTED_CODES:
+            log.info("gpu %d: no NVLink DL field values; reading per-link counters", gpu.index)
             gpu.nvlink_by_fields = False
-            log.info(
-                "gpu %d: NVLink DL field values unsupported; using per-link counters", gpu.index
-            )
-        self._read_link_counters(gpu, out)
+            self._build_fields(gpu)
+        else:
+            self._note_failure(gpu, "nvlink", code)
 
     def _read_link_counters(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         """Sum each counter over the links. An unsupported counter (say CRC data) is left out
