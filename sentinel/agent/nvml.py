@@ -358,11 +358,11 @@ class NvmlBackend(GpuBackend):
         out["retired_pages_pending"] = None if pending is None else bool(pending)
         rows = call(gpu, "remapped_rows", nvml.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
-            out["remapped_rows_correctable"], out["remapped_rows_uncorrectable"] = rows[0], rows[1]
-            out["remapped_rows_pending"], out["remapped_rows_failure"] = (
-                bool(rows[2]),
-                bool(rows[3]),
-            )
+            correctable, uncorrectable, rows_pending, failure = rows
+            out["remapped_rows_correctable"] = correctable
+            out["remapped_rows_uncorrectable"] = uncorrectable
+            out["remapped_rows_pending"] = bool(rows_pending)
+            out["remapped_rows_failure"] = bool(failure)
 
     # ---- NVLink, GPM ----------------------------------------------------------------------
 
@@ -487,7 +487,9 @@ class NvmlBackend(GpuBackend):
     def drain_xids(self) -> list[XidEvent]:
         if self._events is None:
             return []
-        by_address = {gpu.address: gpu for gpu in self._gpus if gpu.address is not None}
+        by_address: dict[int | None, _Gpu] = {
+            gpu.address: gpu for gpu in self._gpus if gpu.address is not None
+        }
         found: list[XidEvent] = []
         for _ in range(_MAX_XIDS_PER_DRAIN):  # bounded: a storm cannot stall a sweep
             try:

@@ -45,6 +45,7 @@ def build_library(dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     out = dest_dir / LIBRARY_NAME
     cmd = [gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(out)]
+    cmd.append("-Wl,-soname," + LIBRARY_NAME)  # as the real one has: preloading by path works
     subprocess.run([*cmd, str(SOURCE)], check=True, capture_output=True, text=True)
     return dest_dir
 
