@@ -17,6 +17,7 @@ import pytest
 from fake_nvml import (
     DRIVER,
     DRIVER_NOT_LOADED,
+    NO_PERMISSION,
     NOT_SUPPORTED,
     UNKNOWN,
     BackendProcess,
@@ -33,6 +34,11 @@ Starter = Callable[[], BackendProcess]
 @pytest.fixture(scope="session")
 def fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_library(tmp_path_factory.mktemp("fake-nvml"))
+
+
+@pytest.fixture(scope="session")
+def old_fake_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_library(tmp_path_factory.mktemp("fake-nvml-old"), old_driver=True)
 
 
 @pytest.fixture
@@ -262,6 +268,37 @@ def test_lost_gpu_is_reported_and_the_others_still_flow(start: Starter, config: 
     assert log.count("gpu 1 is lost") == 1
     assert log.count("gpu 3 is lost") == 1
     assert "Traceback" not in log
+
+
+def test_gpu_without_a_handle_reads_empty_not_lost(start: Starter, config: Path) -> None:
+    gpus = [distinct_gpu(i) for i in range(2)]
+    gpus[0].errors = {"handle": NO_PERMISSION}  # e.g. a device cgroup hides it
+    write_config(config, gpus)
+    backend = start()
+    backend.sweep()
+    first, second = backend.sweep()
+    assert first == {**dict.fromkeys(first), "index": 0, "lost": False, "processes": []}
+    assert_matches(second, gpus[1])
+
+
+def test_an_older_driver_without_gpm_or_clocks_event_reasons(
+    old_fake_lib: Path, config: Path, tmp_path: Path
+) -> None:
+    """The functions are missing from the library (FUNCTION_NOT_FOUND): throttle reasons come
+    from the older ClocksThrottleReasons call, tensor activity is reported as missing."""
+    gpus = [distinct_gpu(i) for i in range(2)]
+    write_config(config, gpus)
+    backend = BackendProcess(old_fake_lib, config, tmp_path / "old.log")
+    try:
+        for _ in range(2):
+            for reading, gpu in zip(backend.sweep(), gpus, strict=True):
+                assert_matches(reading, gpu, tensor_active=None)
+        assert backend.ask("errors") == {
+            "errors": {},
+            "unsupported": [["tensor_active"], ["tensor_active"]],
+        }
+    finally:
+        backend.close()
 
 
 def _lost(gpu: FakeGpu) -> dict[str, object]:

@@ -30,6 +30,7 @@ ROOT = HERE.parent.parent
 LIBRARY_NAME = "libnvidia-ml.so.1"
 
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
 DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
@@ -37,8 +38,11 @@ UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
 H100_FB_TOTAL = 85_520_809_984  # 81559 MiB, what NVML reports for an H100 80GB HBM3
 
 
-def build_library(dest_dir: Path) -> Path:
-    """Compile the fake into dest_dir/libnvidia-ml.so.1 and return dest_dir."""
+def build_library(dest_dir: Path, *, old_driver: bool = False) -> Path:
+    """Compile the fake into dest_dir/libnvidia-ml.so.1 and return dest_dir.
+
+    `old_driver` leaves out what drivers before R520 lack (GPM, ClocksEventReasons).
+    """
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise RuntimeError("gcc is needed to build the fake NVML library (apt-get install gcc)")
@@ -46,6 +50,8 @@ def build_library(dest_dir: Path) -> Path:
     out = dest_dir / LIBRARY_NAME
     cmd = [gcc, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(out)]
     cmd.append("-Wl,-soname," + LIBRARY_NAME)  # as the real one has: preloading by path works
+    if old_driver:
+        cmd.append("-DFAKE_NVML_OLD_DRIVER")
     subprocess.run([*cmd, str(SOURCE)], check=True, capture_output=True, text=True)
     return dest_dir
 

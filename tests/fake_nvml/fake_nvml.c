@@ -21,6 +21,7 @@
  *   lost = 1                  every call on this GPU returns NVML_ERROR_GPU_IS_LOST (15)
  *
  * Build: gcc -O2 -shared -fPIC -o libnvidia-ml.so.1 fake_nvml.c
+ * With -DFAKE_NVML_OLD_DRIVER it lacks what older drivers lack (GPM, ClocksEventReasons).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -119,14 +120,14 @@ static const char *const NUMBER_KEYS[V_COUNT] = {
 };
 
 enum error_key {
-    E_UUID, E_NAME, E_PCI, E_TEMP_GPU, E_TEMP_MEM, E_POWER, E_POWER_LIMIT, E_ENERGY, E_CLOCK_SM,
+    E_HANDLE, E_UUID, E_NAME, E_PCI, E_TEMP_GPU, E_TEMP_MEM, E_POWER, E_POWER_LIMIT, E_ENERGY, E_CLOCK_SM,
     E_CLOCK_MEM, E_UTIL, E_MEMORY, E_ECC_SBE_VOLATILE, E_ECC_DBE_VOLATILE, E_ECC_SBE_AGGREGATE,
     E_ECC_DBE_AGGREGATE, E_RETIRED_PAGES, E_RETIRED_PENDING, E_REMAPPED_ROWS, E_CLOCKS_EVENT,
     E_PCIE_REPLAY, E_NVLINK_STATE, E_NVLINK_CRC_FLIT, E_NVLINK_CRC_DATA, E_NVLINK_REPLAY,
     E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_COUNT
 };
 static const char *const ERROR_KEYS[E_COUNT] = {
-    "uuid", "name", "pci", "temp_gpu", "temp_mem", "power", "power_limit", "energy", "clock_sm",
+    "handle", "uuid", "name", "pci", "temp_gpu", "temp_mem", "power", "power_limit", "energy", "clock_sm",
     "clock_mem", "util", "memory", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate",
     "ecc_dbe_aggregate", "retired_pages", "retired_pending", "remapped_rows", "clocks_event",
     "pcie_replay", "nvlink_state", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
@@ -392,6 +393,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (index >= (unsigned int)S->gpus) return NVML_ERROR_INVALID_ARGUMENT;
     if (S->gpu[index].lost) return NVML_ERROR_GPU_IS_LOST;
+    if (S->gpu[index].err[E_HANDLE]) return S->gpu[index].err[E_HANDLE];
     *device = &buffers[0].gpu[index];
     return NVML_SUCCESS;
 }
@@ -537,9 +539,11 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsig
 
 /* ---- throttling, PCIe, NVLink ------------------------------------------------------------- */
 
+#ifndef FAKE_NVML_OLD_DRIVER /* before R535 this was only "ClocksThrottleReasons" */
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *r) {
     return get_ull(d, E_CLOCKS_EVENT, V_CLOCKS_EVENT_REASONS, r);
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *r) {
     return get_ull(d, E_CLOCKS_EVENT, V_CLOCKS_EVENT_REASONS, r);
@@ -568,6 +572,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, 
 }
 
 /* ---- GPM: a sample snapshots tensor_util; a metric reads the later sample's snapshot ------ */
+#ifndef FAKE_NVML_OLD_DRIVER /* GPM arrived with R520 */
 
 nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
     GPU_OR_RETURN(g, d, -1);
@@ -610,6 +615,8 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
     }
     return NVML_SUCCESS;
 }
+
+#endif
 
 /* ---- processes ---------------------------------------------------------------------------- */
 
