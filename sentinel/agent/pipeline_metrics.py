@@ -8,6 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sentinel.agent.delivery import Deliverer
 from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.agent.readings import GpuBackend
 from sentinel.agent.spool import Spool
 
 
@@ -49,3 +50,14 @@ def rank_socket_families(server: RankSocketServer) -> Iterator[Metric]:
         "Lines from ranks dropped as invalid.",
         value=server.garbage,
     )
+
+
+def backend_error_families(backend: GpuBackend) -> Iterator[Metric]:
+    fam = CounterMetricFamily(
+        "sentinel_agent_field_read_errors",
+        "GPU field reads that failed (and are retried), by field.",
+        labels=["field"],
+    )
+    for name, n in sorted(backend.field_errors().items()):
+        fam.add_metric([name], n)
+    yield fam

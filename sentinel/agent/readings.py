@@ -7,6 +7,7 @@ missing field, never a failed sweep. A GPU that has fallen off the bus reads as 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -89,6 +90,10 @@ class GpuBackend(abc.ABC):
     @abc.abstractmethod
     def drain_xids(self) -> list[XidEvent]:
         """XID events since the last call, without blocking."""
+
+    def field_errors(self) -> Mapping[str, int]:
+        """Reads that failed (not unsupported: those are absent fields), by field, since start."""
+        return {}
 
     def sweep(self) -> list[GpuReading]:
         return [self.read(i) for i in range(self.gpu_count())]

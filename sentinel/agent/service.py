@@ -18,16 +18,20 @@ from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import Metric
 
 from sentinel import __version__
 from sentinel.agent.delivery import Deliverer
+from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
 from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.host import HostSource
 from sentinel.agent.metrics import AgentCollector
 from sentinel.agent.monitor import NodeMonitor
-from sentinel.agent.pipeline_metrics import delivery_families, rank_socket_families
+from sentinel.agent.pipeline_metrics import (
+    backend_error_families,
+    delivery_families,
+    rank_socket_families,
+)
 from sentinel.agent.rank_metrics import RankMetrics
 from sentinel.agent.rank_socket import RankSocketServer
 from sentinel.agent.readings import GpuBackend
@@ -105,6 +109,7 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
+        self._renderer = TextRenderer()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -231,7 +236,7 @@ class Agent:
 
     async def _start_http(self) -> None:
         app = web.Application()
-        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -241,6 +246,10 @@ class Agent:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.metrics_port = sockets[0].getsockname()[1] if sockets else port
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = self._renderer.render(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         snap = self.monitor.snapshot
@@ -255,6 +264,7 @@ class Agent:
 
     def _extra_metrics(self) -> Iterator[Metric]:
         yield from self.ranks.collect(self.cfg.node_id)
+        yield from backend_error_families(self.backend)
         if self.spool is not None and self.deliverer is not None:
             yield from delivery_families(self.spool, self.deliverer)
         if self.rank_server is not None:

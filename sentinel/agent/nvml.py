@@ -1,0 +1,511 @@
+"""The real GPU backend: NVML through pynvml (package nvidia-ml-py).
+
+A field the GPU or driver cannot give is `None` in the reading, logged once per (GPU, field),
+and — when the answer is "not supported" — never asked again, so an old GPU costs nothing per
+sweep for what it lacks. A GPU that has fallen off the bus reads as `lost=True`; nothing in
+`read()` raises for one GPU's trouble. XIDs come from an NVML event set polled with a zero
+timeout, so collection never blocks on them.
+
+Cost matters (the target is a full 8-GPU sweep in a few milliseconds): handles, identity, the
+active NVLink links and GPM sample buffers are set up once in `__init__`; NVLink counters for
+all links come from one `nvmlDeviceGetFieldValues` call per GPU where the driver supports the
+per-link DL fields, falling back to `nvmlDeviceGetNvLinkErrorCounter` per link otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml as nvml
+
+from sentinel.agent.nvml_fields import FieldBatch
+from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Answers that mean "this GPU or driver cannot give this field": stop asking for it.
+UNSUPPORTED_CODES = frozenset(
+    {
+        nvml.NVML_ERROR_NOT_SUPPORTED,
+        nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        nvml.NVML_ERROR_NO_PERMISSION,
+        nvml.NVML_ERROR_INVALID_ARGUMENT,
+    }
+)
+GPU_IS_LOST = nvml.NVML_ERROR_GPU_IS_LOST
+
+_NVLINK_DL_FIELDS = (  # (reading field, NVML field id), per link through scopeId
+    ("nvlink_replay_errors", nvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY),
+    ("nvlink_recovery_errors", nvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY),
+    ("nvlink_crc_errors", nvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC),
+)
+_NVLINK_COUNTERS = (  # the fallback: per-link error counters; CRC is flit + data
+    ("nvlink_replay_errors", (nvml.NVML_NVLINK_ERROR_DL_REPLAY,)),
+    ("nvlink_recovery_errors", (nvml.NVML_NVLINK_ERROR_DL_RECOVERY,)),
+    ("nvlink_crc_errors", (nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA)),
+)
+_NVLINK_KEYS = tuple(key for key, _ in _NVLINK_DL_FIELDS)
+_MEM_TEMP = "temp_mem_c"
+_MAX_XIDS_PER_DRAIN = 1024
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine; the message says why and what to do."""
+
+
+class _GpuLost(Exception):
+    """Raised inside `read()` when NVML says the GPU fell off the bus; never escapes it."""
+
+
+@dataclass(slots=True)
+class _Gpm:
+    """Two GPM sample buffers per GPU: each sweep takes one sample and diffs it with the last."""
+
+    previous: Any
+    current: Any
+    request: Any  # c_nvmlGpmMetricsGet_t, reused every sweep (it is ~19 KB)
+    primed: bool = False
+
+
+@dataclass(slots=True)
+class _Gpu:
+    index: int
+    handle: Any = None
+    address: int | None = None  # the handle's pointer value, to map XID events back to a GPU
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    lost: bool = False
+    skip: set[str] = field(default_factory=set)  # unsupported: never asked again
+    logged: set[str] = field(default_factory=set)  # failures already logged once
+    links: list[int] = field(default_factory=list)  # NVLink links active at start
+    nvlink_by_fields: bool = True  # False: the driver lacks the DL fields, use per-link calls
+    fields: FieldBatch | None = None  # memory temperature + NVLink DL counters, one call
+    field_keys: list[str] = field(default_factory=list)  # the reading field of each request
+    gpm: _Gpm | None = None
+
+
+def _text(value: str | bytes) -> str:
+    """pynvml decodes char arrays in its structures in some versions and not in others."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _init_failure(exc: Exception) -> NvmlUnavailable:
+    code = getattr(exc, "value", None)
+    if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        why = "libnvidia-ml.so.1 was not found: is the NVIDIA driver installed?"
+    elif code == nvml.NVML_ERROR_DRIVER_NOT_LOADED:
+        why = "the NVIDIA kernel driver is not loaded (check `nvidia-smi`, `dmesg`)"
+    elif code == nvml.NVML_ERROR_NO_PERMISSION:
+        why = "no permission to open the GPU devices (/dev/nvidia*)"
+    else:
+        why = f"NVML error: {exc}"
+    return NvmlUnavailable(f"cannot use NVML: {why}. To run without GPUs, use --sim.")
+
+
+class NvmlBackend(GpuBackend):
+    """Reads every GPU through NVML. Construct to initialise; `close()` shuts NVML down."""
+
+    def __init__(self) -> None:
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise _init_failure(exc) from exc
+        self._closed = False
+        # Reads that failed (not "unsupported": see unsupported()), by field or source.
+        self.errors: Counter[str] = Counter()
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as exc:
+            nvml.nvmlShutdown()
+            raise _init_failure(exc) from exc
+        self._reasons_fn = nvml.nvmlDeviceGetCurrentClocksEventReasons
+        self._gpus = [_Gpu(index=i) for i in range(count)]
+        for gpu in self._gpus:
+            try:
+                self._attach(gpu)
+            except _GpuLost:
+                self._lost_reading(gpu)
+        self._events = self._create_event_set()
+        log.info("NVML ready", extra={"gpus": count, "driver": self._driver_version()})
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    def field_errors(self) -> Mapping[str, int]:
+        return self.errors
+
+    def unsupported(self, index: int) -> frozenset[str]:
+        """The fields this GPU or its driver cannot give, found so far; never asked again."""
+        return frozenset(self._gpus[index].skip)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for gpu in self._gpus:
+            if gpu.gpm is not None:
+                nvml.nvmlGpmSampleFree(gpu.gpm.previous)
+                nvml.nvmlGpmSampleFree(gpu.gpm.current)
+                gpu.gpm = None
+        if self._events is not None:
+            nvml.nvmlEventSetFree(self._events)
+            self._events = None
+        nvml.nvmlShutdown()
+
+    def __enter__(self) -> NvmlBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _driver_version(self) -> str | None:
+        try:
+            return str(nvml.nvmlSystemGetDriverVersion())
+        except nvml.NVMLError:
+            return None
+
+    def _attach(self, gpu: _Gpu) -> bool:
+        """Get the handle and what never changes while it lives: identity, links, GPM buffers.
+
+        False when no handle could be had; raises _GpuLost when the GPU is off the bus.
+        """
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        except nvml.NVMLError as exc:
+            self._note_failure(gpu, "handle", exc.value)
+            return False
+        gpu.uuid = self._call(gpu, "uuid", nvml.nvmlDeviceGetUUID, handle)
+        gpu.name = self._call(gpu, "name", nvml.nvmlDeviceGetName, handle)
+        pci = self._call(gpu, "pci_bus_id", nvml.nvmlDeviceGetPciInfo, handle)
+        gpu.pci_bus_id = None if pci is None else _text(pci.busId)
+        self._find_links(gpu, handle)
+        self._setup_gpm(gpu, handle)
+        gpu.handle = handle
+        gpu.address = ctypes.cast(handle, ctypes.c_void_p).value
+        return True
+
+    def _find_links(self, gpu: _Gpu, handle: Any) -> None:
+        gpu.links = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except nvml.NVMLError as exc:  # past the last link, or no NVLink at all
+                if exc.value == GPU_IS_LOST:
+                    raise _GpuLost from exc
+                break
+            if state == nvml.NVML_NVLINK_STATE_ACTIVE:
+                gpu.links.append(link)
+        self._build_fields(gpu)
+        if not gpu.links:
+            log.info(
+                "gpu %d: no active NVLink links; NVLink counters reported as missing", gpu.index
+            )
+
+    def _setup_gpm(self, gpu: _Gpu, handle: Any) -> None:
+        if gpu.gpm is not None:  # attached again after being lost: keep the buffers
+            gpu.gpm.primed = False
+            return
+        support = self._call(gpu, "tensor_active", nvml.nvmlGpmQueryDeviceSupport, handle)
+        if support is None:
+            return
+        if not support.isSupportedDevice:
+            self._note_failure(gpu, "tensor_active", nvml.NVML_ERROR_NOT_SUPPORTED)
+            return
+        request = nvml.c_nvmlGpmMetricsGet_t()
+        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.metrics[0].metricId = nvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+        gpu.gpm = _Gpm(nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc(), request)
+
+    # ---- error handling -------------------------------------------------------------------
+
+    def _call(self, gpu: _Gpu, key: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """One NVML call for one field: its value, or None (unsupported or failed)."""
+        if key in gpu.skip:
+            return None
+        try:
+            return fn(*args)
+        except nvml.NVMLError as exc:
+            self._note_failure(gpu, key, exc.value)
+            return None
+
+    def _note_failure(self, gpu: _Gpu, key: str, code: int) -> None:
+        if code == GPU_IS_LOST:
+            raise _GpuLost
+        unsupported = code in UNSUPPORTED_CODES
+        if unsupported:
+            gpu.skip.add(key)
+        else:
+            self.errors[key] += 1
+        if key in gpu.logged:
+            return
+        gpu.logged.add(key)
+        reason = str(nvml.NVMLError(code))
+        if unsupported:
+            log.info("gpu %d: %s unavailable (%s); reported as missing", gpu.index, key, reason)
+        else:
+            log.warning("gpu %d: reading %s failed (%s)", gpu.index, key, reason)
+
+    # ---- one GPU --------------------------------------------------------------------------
+
+    def read(self, index: int) -> GpuReading:
+        gpu = self._gpus[index]
+        out: dict[str, Any] = {}
+        try:
+            if gpu.handle is None and not self._attach(gpu):
+                return GpuReading(index=index)
+            self._read_thermal_power(gpu, out)
+            self._read_clocks_memory(gpu, out)
+            self._read_memory_errors(gpu, out)
+            self._read_fields(gpu, out)
+            self._read_tensor_active(gpu, out)
+            procs = self._call(
+                gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle
+            )
+        except _GpuLost:
+            return self._lost_reading(gpu)
+        if gpu.lost:
+            gpu.lost = False
+            log.warning("gpu %d answers again after being lost", index, extra={"uuid": gpu.uuid})
+        if procs:
+            out["processes"] = tuple(GpuProcess(p.pid, p.usedGpuMemory) for p in procs)
+        return GpuReading(
+            index=index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, **out
+        )
+
+    def _lost_reading(self, gpu: _Gpu) -> GpuReading:
+        if gpu.gpm is not None:  # a sample from before the loss means nothing after it
+            gpu.gpm.primed = False
+        if not gpu.lost:
+            gpu.lost = True
+            self.errors["gpu_lost"] += 1
+            log.error("gpu %d is lost (fallen off the bus)", gpu.index, extra={"uuid": gpu.uuid})
+        return GpuReading(
+            index=gpu.index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, lost=True
+        )
+
+    def _read_thermal_power(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        h, call = gpu.handle, self._call
+        temp = call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+        out["temp_gpu_c"] = None if temp is None else float(temp)
+        mw = call(gpu, "power_w", nvml.nvmlDeviceGetPowerUsage, h)
+        out["power_w"] = None if mw is None else mw / 1000.0
+        limit = call(gpu, "power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        out["power_limit_w"] = None if limit is None else limit / 1000.0
+        out["energy_mj"] = call(gpu, "energy_mj", nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+        out["throttle_reasons"] = call(gpu, "throttle_reasons", self._clock_reasons, h)
+        out["pcie_replay_count"] = call(
+            gpu, "pcie_replay_count", nvml.nvmlDeviceGetPcieReplayCounter, h
+        )
+
+    def _clock_reasons(self, handle: Any) -> int:
+        """Clocks-event reasons; drivers older than R535 only have the throttle-reasons name."""
+        try:
+            return self._reasons_fn(handle)
+        except nvml.NVMLError_FunctionNotFound:
+            if self._reasons_fn is nvml.nvmlDeviceGetCurrentClocksThrottleReasons:
+                raise
+            self._reasons_fn = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            return self._reasons_fn(handle)
+
+    def _read_clocks_memory(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        h, call = gpu.handle, self._call
+        out["sm_clock_mhz"] = call(
+            gpu, "sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM
+        )
+        out["mem_clock_mhz"] = call(
+            gpu, "mem_clock_mhz", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_MEM
+        )
+        util = call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates, h)
+        if util is not None:
+            out["util_gpu_pct"], out["util_mem_pct"] = util.gpu, util.memory
+        mem = call(gpu, "memory_info", nvml.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            out["fb_used_bytes"], out["fb_free_bytes"] = mem.used, mem.free
+            out["fb_total_bytes"] = mem.total
+
+    def _read_memory_errors(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        h, call = gpu.handle, self._call
+        ecc = nvml.nvmlDeviceGetTotalEccErrors
+        sbe, dbe = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        vol, agg = nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC
+        out["ecc_sbe_volatile"] = call(gpu, "ecc_sbe_volatile", ecc, h, sbe, vol)
+        out["ecc_dbe_volatile"] = call(gpu, "ecc_dbe_volatile", ecc, h, dbe, vol)
+        out["ecc_sbe_aggregate"] = call(gpu, "ecc_sbe_aggregate", ecc, h, sbe, agg)
+        out["ecc_dbe_aggregate"] = call(gpu, "ecc_dbe_aggregate", ecc, h, dbe, agg)
+        pages = nvml.nvmlDeviceGetRetiredPages
+        single = call(
+            gpu,
+            "retired_pages_sbe",
+            pages,
+            h,
+            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        double = call(
+            gpu, "retired_pages_dbe", pages, h, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        )
+        out["retired_pages_sbe"] = None if single is None else len(single)
+        out["retired_pages_dbe"] = None if double is None else len(double)
+        pending = call(gpu, "retired_pages_pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        out["retired_pages_pending"] = None if pending is None else bool(pending)
+        rows = call(gpu, "remapped_rows", nvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            correctable, uncorrectable, rows_pending, failure = rows
+            out["remapped_rows_correctable"] = correctable
+            out["remapped_rows_uncorrectable"] = uncorrectable
+            out["remapped_rows_pending"] = bool(rows_pending)
+            out["remapped_rows_failure"] = bool(failure)
+
+    # ---- NVLink, GPM ----------------------------------------------------------------------
+
+    def _build_fields(self, gpu: _Gpu) -> None:
+        """The field-value batch: memory temperature, and the DL counters of each active link.
+
+        Summing NVLink counters over the links active at start keeps the sums monotonic (they
+        are counters) when a link goes down later.
+        """
+        requests: list[tuple[int, int]] = []
+        gpu.field_keys = []
+        if _MEM_TEMP not in gpu.skip:
+            requests.append((nvml.NVML_FI_DEV_MEMORY_TEMP, 0))
+            gpu.field_keys.append(_MEM_TEMP)
+        if gpu.nvlink_by_fields:
+            for link in gpu.links:
+                for key, field_id in _NVLINK_DL_FIELDS:
+                    requests.append((field_id, link))
+                    gpu.field_keys.append(key)
+        gpu.fields = FieldBatch(requests) if requests else None
+
+    def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        if gpu.fields is not None:
+            try:
+                results = gpu.fields.read(gpu.handle)
+            except nvml.NVMLError as exc:  # the whole call: every field in it is missing
+                results = [(exc.value, 0)] * len(gpu.field_keys)
+            totals = dict.fromkeys(_NVLINK_KEYS, 0)
+            nvlink_code = nvml.NVML_SUCCESS
+            for key, (code, value) in zip(gpu.field_keys, results, strict=True):
+                if key == _MEM_TEMP:
+                    if code:
+                        self._note_failure(gpu, key, code)
+                    else:
+                        out[key] = float(value)
+                elif code:
+                    nvlink_code = nvlink_code or code
+                else:
+                    totals[key] += int(value)
+            if gpu.nvlink_by_fields and gpu.links:
+                self._nvlink_fields_done(gpu, nvlink_code, totals, out)
+            if _MEM_TEMP in gpu.skip and _MEM_TEMP in gpu.field_keys:
+                self._build_fields(gpu)
+        if gpu.links and not gpu.nvlink_by_fields:
+            self._read_link_counters(gpu, out)
+
+    def _nvlink_fields_done(
+        self, gpu: _Gpu, code: int, totals: dict[str, int], out: dict[str, Any]
+    ) -> None:
+        if code == nvml.NVML_SUCCESS:
+            out.update(totals)
+        elif code in UNSUPPORTED_CODES:
+            log.info("gpu %d: no NVLink DL field values; reading per-link counters", gpu.index)
+            gpu.nvlink_by_fields = False
+            self._build_fields(gpu)
+        else:
+            self._note_failure(gpu, "nvlink", code)
+
+    def _read_link_counters(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        """Sum each counter over the links. An unsupported counter (say CRC data) is left out
+        of its sum; a failed read makes the sum missing rather than too small."""
+        for key, counters in _NVLINK_COUNTERS:
+            parts: list[int] = []
+            complete = True
+            for counter in counters:
+                name = f"{key}[{counter}]"
+                part = self._link_counter_sum(gpu, name, counter)
+                if part is not None:
+                    parts.append(part)
+                elif name not in gpu.skip:
+                    complete = False
+            out[key] = sum(parts) if parts and complete else None
+
+    def _link_counter_sum(self, gpu: _Gpu, name: str, counter: int) -> int | None:
+        fn = nvml.nvmlDeviceGetNvLinkErrorCounter
+        total = 0
+        for link in gpu.links:
+            value = self._call(gpu, name, fn, gpu.handle, link, counter)
+            if value is None:
+                return None
+            total += value
+        return total
+
+    def _read_tensor_active(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        gpm = gpu.gpm
+        if gpm is None or "tensor_active" in gpu.skip:
+            return
+        if self._call(gpu, "tensor_active", nvml.nvmlGpmSampleGet, gpu.handle, gpm.current) is None:
+            gpm.primed = False
+            return
+        if gpm.primed:
+            gpm.request.sample1, gpm.request.sample2 = gpm.previous, gpm.current
+            if self._call(gpu, "tensor_active", nvml.nvmlGpmMetricsGet, gpm.request) is not None:
+                metric = gpm.request.metrics[0]
+                if metric.nvmlReturn == nvml.NVML_SUCCESS:
+                    out["tensor_active"] = metric.value / 100.0
+                else:
+                    self._note_failure(gpu, "tensor_active", metric.nvmlReturn)
+        gpm.previous, gpm.current = gpm.current, gpm.previous
+        gpm.primed = True
+
+    # ---- XID events -----------------------------------------------------------------------
+
+    def _create_event_set(self) -> Any:
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            log.warning("XID events unavailable: cannot create an NVML event set (%s)", exc)
+            return None
+        for gpu in self._gpus:
+            if gpu.handle is None:
+                continue
+            try:
+                nvml.nvmlDeviceRegisterEvents(
+                    gpu.handle, nvml.nvmlEventTypeXidCriticalError, events
+                )
+            except nvml.NVMLError as exc:
+                self.errors["xid_events"] += 1
+                log.warning("gpu %d: XID events unavailable (%s)", gpu.index, exc)
+        return events
+
+    def drain_xids(self) -> list[XidEvent]:
+        if self._events is None:
+            return []
+        by_address: dict[int | None, _Gpu] = {
+            gpu.address: gpu for gpu in self._gpus if gpu.address is not None
+        }
+        found: list[XidEvent] = []
+        for _ in range(_MAX_XIDS_PER_DRAIN):  # bounded: a storm cannot stall a sweep
+            try:
+                data = nvml.nvmlEventSetWait(self._events, 0)
+            except nvml.NVMLError_Timeout:
+                break
+            except nvml.NVMLError as exc:
+                self.errors["xid_events"] += 1
+                log.warning("reading XID events failed (%s)", exc)
+                break
+            if data.eventType != nvml.nvmlEventTypeXidCriticalError:
+                continue
+            gpu = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value)
+            index, uuid = (gpu.index, gpu.uuid) if gpu is not None else (-1, None)
+            found.append(XidEvent(gpu=index, xid=int(data.eventData), uuid=uuid, ts=time.time()))
+        return found

@@ -1,0 +1,76 @@
+"""Run NvmlBackend in this process and answer one JSON line per command read from stdin.
+
+Commands: `sweep` (readings), `xids` (drained XID events and how long draining took),
+`errors` (the backend's failed-read counters and unsupported fields), `calls` (how many times
+each pynvml device function was called). End of input closes the backend. Started by
+`fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing at the fake library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import pynvml
+
+from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
+from sentinel.logs import setup_logging
+
+CALLS: Counter[str] = Counter()
+
+
+def count_calls(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def counted(*args: Any) -> Any:
+        CALLS[fn.__name__] += 1
+        return fn(*args)
+
+    return counted
+
+
+def count_device_calls() -> None:
+    """Wrap pynvml's per-device functions, so a test can see what the backend asks for."""
+    for name in dir(pynvml):
+        if name.startswith(("nvmlDevice", "nvmlGpm")) and callable(getattr(pynvml, name)):
+            setattr(pynvml, name, count_calls(getattr(pynvml, name)))
+
+
+def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
+    if command == "sweep":
+        return {"readings": [dataclasses.asdict(r) for r in backend.sweep()]}
+    if command == "xids":
+        start = time.perf_counter()
+        xids = backend.drain_xids()
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        return {"xids": [dataclasses.asdict(x) for x in xids], "ms": elapsed_ms}
+    if command == "errors":
+        unsupported = [sorted(backend.unsupported(i)) for i in range(backend.gpu_count())]
+        return {"errors": dict(backend.errors), "unsupported": unsupported}
+    if command == "calls":
+        return {"calls": dict(CALLS)}
+    return {"unknown_command": command}
+
+
+def main() -> int:
+    setup_logging("json", "INFO")
+    count_device_calls()
+    try:
+        backend = NvmlBackend()
+    except NvmlUnavailable as exc:
+        print(json.dumps({"unavailable": str(exc)}), flush=True)
+        return 0
+    print(json.dumps({"gpus": backend.gpu_count()}), flush=True)
+    with backend:
+        for line in sys.stdin:
+            print(json.dumps(answer(backend, line.strip())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

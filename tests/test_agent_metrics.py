@@ -1,0 +1,92 @@
+"""The agent's exposition: what a scrape returns, checked with Prometheus' own parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sentinel.agent.exposition import TextRenderer
+from sentinel.agent.metrics import DCGM_SERIES
+from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
+from sentinel.agent.service import Agent
+from sentinel.agent.sim import SimulatedGpus, inject
+from sentinel.config import AgentConfig
+
+
+def agent_with(backend: GpuBackend) -> Agent:
+    return Agent(AgentConfig(node_id="node-7", rank_socket=None), backend, None)
+
+
+def samples(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
+    text = TextRenderer().render(agent.registry).decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_renderer_is_byte_identical_to_prometheus_client(tmp_path: Path) -> None:
+    faults = tmp_path / "f.jsonl"
+    sim = SimulatedGpus(8, faults_file=faults, node_id="node-7")
+    agent = agent_with(sim)
+    inject(faults, {"kind": "xid", "gpu": 2, "xid": 79})
+    inject(faults, {"kind": "ecc_dbe", "gpu": 1})
+    inject(faults, {"kind": "thermal", "gpu": 4, "temp_c": 97})
+    renderer = TextRenderer()
+    for _ in range(3):  # the second and third renders come from the label cache
+        agent.monitor.collect()
+        assert renderer.render(agent.registry) == generate_latest(agent.registry)
+
+
+def test_every_dcgm_series_has_dcgm_labels_and_units() -> None:
+    agent = agent_with(SimulatedGpus(2, node_id="node-7"))
+    agent.monitor.collect()
+    got = samples(agent)
+    reading = agent.monitor.snapshot.readings[0]  # type: ignore[union-attr]
+    for series in DCGM_SERIES:
+        if series.get(reading) is None:
+            continue
+        rows = got[series.name]
+        assert len(rows) == 2, series.name
+        labels = rows[0][0]
+        assert labels["Hostname"] == "node-7" and labels["device"] == "nvidia0"
+        assert labels["modelName"] == "NVIDIA H100 80GB HBM3" and labels["UUID"].startswith("GPU-")
+    fb_used = {lbl["gpu"]: v for lbl, v in got["DCGM_FI_DEV_FB_USED"]}
+    assert fb_used["0"] == reading.fb_used_bytes / 2**20  # type: ignore[operator]  # MiB
+    power = {lbl["gpu"]: v for lbl, v in got["sentinel_gpu_power_watts"]}
+    assert power["0"] == reading.power_w
+
+
+class PartialBackend(GpuBackend):
+    """A GPU whose driver supports only a few fields, and a second GPU that is lost."""
+
+    def gpu_count(self) -> int:
+        return 2
+
+    def read(self, index: int) -> GpuReading:
+        if index == 1:
+            return GpuReading(index=1, uuid="GPU-b", lost=True)
+        return GpuReading(index=0, uuid="GPU-a", name="Old GPU", temp_gpu_c=50.0, power_w=100.0)
+
+    def drain_xids(self) -> list[XidEvent]:
+        return [XidEvent(gpu=0, xid=13), XidEvent(gpu=0, xid=31), XidEvent(gpu=0, xid=13)]
+
+
+def test_unsupported_fields_are_missing_not_zero_and_xids_count_per_code() -> None:
+    agent = agent_with(PartialBackend())
+    agent.monitor.collect()
+    got = samples(agent)
+    assert [v for lbl, v in got["DCGM_FI_DEV_GPU_TEMP"]] == [50.0]  # GPU 1 lost: no value
+    assert "DCGM_FI_DEV_SM_CLOCK" not in got  # no GPU reports it: no series at all
+    unavailable = {(lbl["gpu"], lbl["field"]) for lbl, _ in got["sentinel_gpu_field_unavailable"]}
+    assert ("0", "sm_clock_mhz") in unavailable and ("0", "temp_gpu_c") not in unavailable
+    assert [v for lbl, v in got["sentinel_gpu_lost"] if lbl["gpu"] == "1"] == [1.0]
+    xids = {lbl["xid"]: v for lbl, v in got["sentinel_gpu_xid_errors_total"]}
+    assert xids == {"13": 2.0, "31": 1.0}  # dcgm-exporter's gauge would show only the last
+    last = {lbl["gpu"]: v for lbl, v in got["DCGM_FI_DEV_XID_ERRORS"]}
+    assert last["0"] == 13.0
+    verdicts = {lbl["verdict"] for lbl, v in got["sentinel_node_health_verdict"] if v == 1}
+    assert verdicts == {"unhealthy"}  # the lost GPU
