@@ -33,6 +33,13 @@ VERDICTS = value_mappings(
     {0: ("healthy", "green"), 1: ("degraded", "orange"), 2: ("unhealthy", "red")}
 )
 VERDICT_STEPS = ((None, "green"), (1, "orange"), (2, "red"))
+# A GPU's counter for an XID code appears with its first occurrence, where increase() sees no
+# change: new series count as well.
+XID = f"sentinel_gpu_xid_errors_total{{{G}}}"
+XID_NEW = (
+    f"sum by (node, gpu, xid) (increase({XID}[2m])) > 0"
+    f" or sum by (node, gpu, xid) ({XID} unless {XID} offset 2m)"
+)
 SEVERITY = (
     f'sum by (node, gpu) (sentinel_gpu_health_verdict{{{G}, verdict="degraded"}})'
     f' + 2 * sum by (node, gpu) (sentinel_gpu_health_verdict{{{G}, verdict="unhealthy"}})'
@@ -53,7 +60,7 @@ def build() -> JSON:
         annotations=[
             prometheus_annotation(
                 "XID",
-                f"sum by (node, gpu, xid) (increase(sentinel_gpu_xid_errors_total{{{G}}}[2m])) > 0",
+                XID_NEW,
                 "red",
                 "XID {{xid}} on {{node}} GPU {{gpu}}",
             )
@@ -328,12 +335,12 @@ def _memory_errors(d: Dashboard) -> None:
     )
     d.add(
         "table",
-        "XIDs by code (last hour)",
+        "XIDs by code (since agent start)",
         "Every XID seen, per code (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS keeps only the last). "
         "79 fallen off the bus, 48 DBE, 94/95 contained/uncontained ECC, 119/120 GSP.",
         [
             Query(
-                f"sort_desc(sum by (node, gpu, xid) (increase(sentinel_gpu_xid_errors_total{{{G}}}[1h])) > 0)",
+                f"sort_desc(max by (node, gpu, xid) (sentinel_gpu_xid_errors_total{{{G}}}))",
                 instant=True,
                 table=True,
             )
@@ -383,8 +390,9 @@ def _memory_errors(d: Dashboard) -> None:
     )
     d.add(
         "stat",
-        "Retired pages",
-        "Framebuffer pages retired (SBE + DBE); 48 or more is unhealthy.",
+        "Retired pages (pre-Ampere GPUs)",
+        "Framebuffer pages retired (SBE + DBE); 48 or more is unhealthy. Ampere and later GPUs "
+        "remap rows instead and report no retired pages.",
         [Query(f"sum(sentinel_gpu_retired_pages_total{{{G}}})")],
         "none",
         ((None, "green"), (1, "orange"), (48, "red")),
