@@ -3,8 +3,9 @@ every dashboard query through Prometheus' HTTP API, and injected faults firing t
 
 Three simulated node agents of 2 GPUs run as processes (two H100 nodes and a V100 one, since
 only pre-Ampere GPUs report retired pages), delivering to a coordinator address nobody answers so
-their spools fill as in an outage. Debian's `prometheus` binary scrapes them every second on a free loopback port with its TSDB in tmp. Dashboard panels whose series come
-from parts that are not in this branch's fleet (the coordinator, trainer hooks, burn-in) are
+their spools fill as in an outage. A burn-in report, turned into text by burnin_metrics, is served
+as node_exporter's textfile collector would. Debian's `prometheus` binary scrapes them every second on a free loopback port with its TSDB in tmp. Dashboard panels whose series come
+from parts that are not in this branch's fleet (the coordinator and trainer hooks) are
 listed in NOT_IN_THIS_FLEET: their queries must still parse, and the test reports them instead of
 failing when they return nothing. Shrink that set as those parts join the fleet under test.
 """
@@ -15,17 +16,21 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from burnin_sample import SAMPLE_REPORT
 
 from sentinel.dashboards import build_all
+from sentinel.dashboards.burnin_metrics import exposition
 from sentinel.dashboards.panels import expressions
 from sentinel.sim.fleet import AgentProcess, SimFleet, free_port
 
@@ -65,20 +70,6 @@ NOT_IN_THIS_FLEET = {
             "Checkpoint save time",
         )
     ),
-    # Burn-in: its report exported for node_exporter's textfile collector.
-    *(
-        ("burn-in", t)
-        for t in (
-            "variable: node",
-            "Burn-in verdict",
-            "Age of the last burn-in",
-            "Nodes excluded",
-            "Link bandwidth matrix",
-            "Collective bus bandwidth by size",
-            "Straggler ranks",
-            "SDC recompute mismatches",
-        )
-    ),
     # The coordinator ("Nodes evicted" answers `or vector(0)` even without it).
     *(
         ("incidents-playbooks", t)
@@ -108,10 +99,12 @@ RULES_NOT_IN_THIS_FLEET = {
     "SentinelCoordinatorDown",
 }
 ALL_VALUES = {"node": ".*", "gpu": ".*", "job": ".*", "rank": ".*", "instance": ".*"}
-# One concrete node/GPU of each model: a panel must answer for at least one of them.
+# Concrete nodes/GPUs (an H100 with a DBE, a V100 with one, the thermal H100 node that fails the
+# burn-in): a panel must answer for at least one of them.
 CONCRETE = [
     ALL_VALUES | {"node": "node-0", "gpu": "0"},
     ALL_VALUES | {"node": "node-2", "gpu": "0"},
+    ALL_VALUES | {"node": "node-1", "gpu": "0"},
 ]
 MODELS = {"node-2": "Tesla V100-SXM2-32GB"}
 
@@ -158,9 +151,10 @@ class PromAPI:
             time.sleep(0.25)
 
 
-def prometheus_config(fleet: SimFleet) -> dict[str, Any]:
+def prometheus_config(fleet: SimFleet, textfile_target: str) -> dict[str, Any]:
     """The shipped scrape.yml with the agent targets swapped for the fleet's, scraped each second.
-    The coordinator job is dropped: there is no coordinator in this fleet."""
+    The coordinator job is dropped: there is no coordinator in this fleet. A `node` job stands in
+    for node_exporter serving the burn-in textfile."""
     config = yaml.safe_load((PROM_DIR / "scrape.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(PROM_DIR / "alerts.yml")]
@@ -168,8 +162,36 @@ def prometheus_config(fleet: SimFleet) -> dict[str, Any]:
     agent.pop("file_sd_configs")
     agent["scrape_interval"], agent["scrape_timeout"] = "1s", "1s"
     agent["static_configs"] = [{"targets": [f"127.0.0.1:{a.port}" for a in fleet.agents.values()]}]
-    config["scrape_configs"] = [agent]
+    node = {"job_name": "node", "static_configs": [{"targets": [textfile_target]}]}
+    config["scrape_configs"] = [agent, node]
     return config
+
+
+@pytest.fixture(scope="module")
+def textfile_exporter() -> Iterator[str]:
+    """Serves the burn-in report's exposition at /metrics, as node_exporter's textfile collector
+    would serve the file `sentinel dashboards burnin-textfile` writes."""
+    body = exposition(SAMPLE_REPORT, time.time() - 600)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +207,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 
 
 @pytest.fixture(scope="module")
-def prom(fleet: SimFleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromAPI]:
+def prom(
+    fleet: SimFleet, textfile_exporter: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PromAPI]:
     assert PROMETHEUS is not None
     work = tmp_path_factory.mktemp("prometheus")
-    (work / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(fleet)))
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(prometheus_config(fleet, textfile_exporter))
+    )
     port = free_port()
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
@@ -231,9 +257,9 @@ def faulted(fleet: SimFleet, prom: PromAPI) -> PromAPI:
 
     def all_up() -> bool:
         active = prom.get("/api/v1/targets")["data"]["activeTargets"]
-        return len(active) == 3 and all(t["health"] == "up" for t in active)
+        return len(active) == 4 and all(t["health"] == "up" for t in active)
 
-    prom.wait("both agents scraped", all_up)
+    prom.wait("the agents and the textfile scraped", all_up)
     fleet.inject("node-0", {"kind": "ecc_dbe", "gpu": 0})
     fleet.inject("node-1", {"kind": "xid", "gpu": 1, "xid": 79})
     fleet.inject("node-1", {"kind": "thermal", "gpu": 0, "temp_c": 96})

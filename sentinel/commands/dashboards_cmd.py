@@ -38,6 +38,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     push.add_argument("--json", action="store_true", help="print what was pushed as JSON")
     push.set_defaults(handler=run_push)
+    textfile = psub.add_parser(
+        "burnin-textfile",
+        help="a burn-in report as Prometheus text for node_exporter's textfile collector",
+        description="Read a `sentinel burnin --json` report and write the sentinel_burnin_* "
+        "series the burn-in dashboard shows. The report's modification time is the run's time.",
+    )
+    textfile.add_argument("report", type=Path, help="burn-in JSON report")
+    textfile.add_argument(
+        "--out",
+        type=Path,
+        help="file to write atomically, e.g. /var/lib/node_exporter/textfile/sentinel_burnin.prom "
+        "(default: stdout)",
+    )
+    textfile.set_defaults(handler=run_burnin_textfile)
 
 
 def _check_url(url: str) -> None:
@@ -101,4 +115,21 @@ def run_push(args: argparse.Namespace) -> int:
         for p in pushed:
             print(f"{p.action:8} {p.title}  (uid {p.uid}, version {p.version}) {p.url}")
         print(f"{len(pushed)} dashboards in folder {args.folder!r} at {args.url}")
+    return ExitCode.OK
+
+
+def run_burnin_textfile(args: argparse.Namespace) -> int:
+    from sentinel.dashboards.burnin_metrics import ReportError, exposition, write_textfile
+
+    try:
+        report = json.loads(args.report.read_text())
+        body = exposition(report, args.report.stat().st_mtime)
+    except (OSError, json.JSONDecodeError, ReportError) as e:
+        raise InputError(f"{args.report}: {e}") from None
+    if args.out is None:
+        sys.stdout.write(body.decode())
+        return ExitCode.OK
+    if not args.out.parent.is_dir():
+        raise InputError(f"--out {args.out}: directory {args.out.parent} does not exist")
+    write_textfile(args.out, body)
     return ExitCode.OK

@@ -1,8 +1,9 @@
 """Burn-in: the gang test before a job gets the fleet.
 
-Source: the burn-in report (`sentinel burnin --json`), exported as `sentinel_burnin_*` series for
-node_exporter's textfile collector: one series per link (`a`, `b`), per collective (`op`,
-`size_bytes`), per node verdict and per straggler/SDC rank, plus the run's timestamp.
+Source: the burn-in report (`sentinel burnin --json`) turned into `sentinel_burnin_*` series by
+`sentinel dashboards burnin-textfile` for node_exporter's textfile collector
+(`sentinel/dashboards/burnin_metrics.py`): one series per link (`a`, `b`), per collective (`op`,
+`size_bytes`), per node verdict and reason, per straggler/SDC rank, and the run's time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sentinel.dashboards.panels import (
     TABLE_TRANSFORM,
     Dashboard,
     Query,
+    bargauge_options,
     query_variable,
     stat_options,
     table_options,
@@ -68,14 +70,8 @@ def build() -> JSON:
     d.add(
         "table",
         "Nodes excluded",
-        "Nodes the burn-in failed, with the reason; they go to the exclude list.",
-        [
-            Query(
-                f'sentinel_burnin_node_verdict{{{N}, verdict="fail"}} == 1',
-                instant=True,
-                table=True,
-            )
-        ],
+        "Nodes the burn-in failed, with each reason; they go to the exclude list.",
+        [Query(f"sentinel_burnin_node_reason{{{N}}} == 1", instant=True, table=True)],
         "none",
         GOOD_LOW,
         w=12,
@@ -113,8 +109,7 @@ def build() -> JSON:
     d.add(
         "barchart",
         "Collective bus bandwidth by size",
-        "busbw (nccl-tests formula) per collective and message size; red when the result was "
-        "wrong.",
+        "busbw (nccl-tests formula) per collective and message size.",
         [
             Query(
                 "sentinel_burnin_collective_busbw_bytes_per_second",
@@ -141,23 +136,52 @@ def build() -> JSON:
             },
         ],
     )
+    d.add(
+        "stat",
+        "Wrong collective results",
+        "Collectives whose result was not exact: a bad GPU, NIC or cable corrupts data in flight.",
+        [Query("count(sentinel_burnin_collective_correct == 0) or vector(0)")],
+        "none",
+        GOOD_LOW,
+        w=12,
+        h=4,
+        options=stat_options(),
+    )
+    d.add(
+        "stat",
+        "Failed links",
+        "Pairwise link tests under the bandwidth threshold.",
+        [Query("count(sentinel_burnin_link_ok == 0) or vector(0)")],
+        "none",
+        GOOD_LOW,
+        w=12,
+        h=4,
+        options=stat_options(),
+    )
     d.row("Stragglers and SDC")
     d.add(
         "table",
         "Straggler ranks",
-        "Ranks whose timed GEMMs ran slower than the gang's median, by how much.",
-        [
-            Query(
-                "sort_desc(sentinel_burnin_straggler_slowdown_ratio)",
-                instant=True,
-                table=True,
-            )
-        ],
-        "percentunit",
-        ((None, "green"), (1.1, "orange"), (1.25, "red")),
-        options=table_options(),
+        "Ranks flagged slow by the timed GEMMs (their nodes fail the burn-in).",
+        [Query("sentinel_burnin_straggler == 1", instant=True, table=True)],
+        "none",
+        GOOD_LOW,
+        w=8,
+        options=table_options("rank"),
         custom=TABLE_CUSTOM,
         transformations=TABLE_TRANSFORM,
+    )
+    d.add(
+        "bargauge",
+        "GEMM time over the median, per rank",
+        "Each rank's timed GEMM over the gang's median: 1.2 is 20% slower than its peers.",
+        [Query("sort_desc(sentinel_burnin_straggler_slowdown_ratio)", "rank {{rank}}", True)],
+        "percentunit",
+        ((None, "green"), (1.1, "orange"), (1.25, "red")),
+        w=8,
+        options=bargauge_options(),
+        min_value=0.8,
+        max_value=1.5,
     )
     d.add(
         "table",
@@ -167,6 +191,7 @@ def build() -> JSON:
         [Query("sentinel_burnin_sdc_mismatch == 1", instant=True, table=True)],
         "none",
         GOOD_LOW,
+        w=8,
         options=table_options("rank"),
         custom=TABLE_CUSTOM,
         transformations=TABLE_TRANSFORM,
