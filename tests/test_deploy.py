@@ -49,6 +49,8 @@ def test_kubernetes_manifests_agree() -> None:
     assert namespaces == {"sentinel"} and ("Namespace", "sentinel") in m
     agent, coord = container(ds), container(dep)
     assert agent["image"] == coord["image"] and ":" in agent["image"]
+    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == agent["image"]
     pod = ds["spec"]["template"]
     assert pod["spec"]["hostPID"] is False
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in agent["env"]
@@ -64,6 +66,11 @@ def test_kubernetes_manifests_agree() -> None:
     mounts = {v["name"]: v["mountPath"] for v in agent["volumeMounts"]}
     sock = Path(agent_yaml["agent"]["rank_socket"])
     assert volumes["rank-socket"]["hostPath"]["path"] == mounts["rank-socket"] == str(sock.parent)
+    # ...and the init container hands the host directories to the agent's (non-root) user.
+    user = agent["securityContext"]["runAsUser"]
+    init_mounts = sorted(v["mountPath"] for v in init["volumeMounts"])
+    assert init["command"] == ["chown", "-R", f"{user}:{user}", *init_mounts]
+    assert sorted(mounts[n] for n in ("rank-socket", "spool")) == init_mounts
     # Agents reach the coordinator's Service, which reaches its container.
     (svc_port,) = svc["spec"]["ports"]
     url = agent_yaml["agent"]["coordinator_url"]
