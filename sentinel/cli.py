@@ -20,6 +20,7 @@ from sentinel.logs import setup_logging
 COMMAND_MODULES = (
     "sentinel.commands.config_cmd",
     "sentinel.commands.agent_cmd",
+    "sentinel.commands.dashboards_cmd",
 )
 
 log = logging.getLogger("sentinel")

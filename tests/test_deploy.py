@@ -1,0 +1,225 @@
+"""deploy/: Kubernetes manifests parse and agree with each other and with Sentinel's config,
+systemd units pass `systemd-analyze verify`, the Slurm scripts pass shellcheck, and the Slurm
+gate drains an unhealthy simulated node through a stand-in `scontrol` and passes a healthy one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sentinel.config import load_config
+from sentinel.sim.fleet import SimFleet, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SLURM = DEPLOY / "slurm"
+_CLUSTER = {"Namespace", "ClusterRole", "ClusterRoleBinding"}  # kinds without a namespace
+
+
+def manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    out = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], path
+            out[(doc["kind"], doc["metadata"]["name"])] = doc
+    return out
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_kubernetes_manifests_agree() -> None:
+    m = manifests()
+    ds, dep = m[("DaemonSet", "sentinel-agent")], m[("Deployment", "sentinel-coordinator")]
+    svc = m[("Service", "sentinel-coordinator")]
+    namespaces = {d["metadata"].get("namespace") for k, d in m.items() if k[0] not in _CLUSTER}
+    assert namespaces == {"sentinel"} and ("Namespace", "sentinel") in m
+    agent, coord = container(ds), container(dep)
+    assert agent["image"] == coord["image"] and ":" in agent["image"]
+    (init,) = ds["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == agent["image"]
+    pod = ds["spec"]["template"]
+    assert pod["spec"]["hostPID"] is False
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in agent["env"]
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+    # Prometheus annotations, container port, probes and the agent's listen address agree.
+    (port,) = agent["ports"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port["containerPort"])
+    assert agent["livenessProbe"]["httpGet"]["port"] == port["name"]
+    agent_yaml = yaml.safe_load(m[("ConfigMap", "sentinel-agent")]["data"]["agent.yaml"])
+    assert agent_yaml["agent"]["listen"].endswith(f":{port['containerPort']}")
+    # The rank socket lives on a hostPath, where training pods can reach it.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {v["name"]: v["mountPath"] for v in agent["volumeMounts"]}
+    sock = Path(agent_yaml["agent"]["rank_socket"])
+    assert volumes["rank-socket"]["hostPath"]["path"] == mounts["rank-socket"] == str(sock.parent)
+    # ...and the init container hands the host directories to the agent's (non-root) user.
+    user = agent["securityContext"]["runAsUser"]
+    init_mounts = sorted(v["mountPath"] for v in init["volumeMounts"])
+    assert init["command"] == ["chown", "-R", f"{user}:{user}", *init_mounts]
+    assert sorted(mounts[n] for n in ("rank-socket", "spool")) == init_mounts
+    # Agents reach the coordinator's Service, which reaches its container.
+    (svc_port,) = svc["spec"]["ports"]
+    url = agent_yaml["agent"]["coordinator_url"]
+    assert url == f"http://{svc['metadata']['name']}.sentinel.svc:{svc_port['port']}"
+    (coord_port,) = coord["ports"]
+    assert svc_port["targetPort"] == coord_port["name"]
+    assert f"--listen=0.0.0.0:{coord_port['containerPort']}" in coord["args"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    claim = dep["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+    assert ("PersistentVolumeClaim", claim) in m
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_agent_configmap_is_a_valid_sentinel_config(tmp_path: Path) -> None:
+    doc = manifests()[("ConfigMap", "sentinel-agent")]["data"]["agent.yaml"]
+    (tmp_path / "agent.yaml").write_text(doc)
+    env = {"SENTINEL_AGENT__NODE_ID": "gpu-node-7"}
+    cfg = load_config(tmp_path / "agent.yaml", env=env)
+    assert cfg.agent.node_id == "gpu-node-7" and cfg.agent.listen == "0.0.0.0:9410"
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze not installed here (CI images may lack systemd); units unverified",
+)
+@pytest.mark.parametrize("unit", ["sentinel-agent.service", "sentinel-coordinator.service"])
+def test_systemd_units_verify(unit: str, tmp_path: Path) -> None:
+    """As shipped, except ExecStart points at this checkout's `sentinel` (verify requires the
+    binary to exist)."""
+    sentinel = shutil.which("sentinel") or str(Path(sys.executable).parent / "sentinel")
+    text = (DEPLOY / "systemd" / unit).read_text()
+    assert "ExecStart=/usr/local/bin/sentinel " in text
+    (tmp_path / unit).write_text(text.replace("/usr/local/bin/sentinel", sentinel))
+    r = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / unit)], capture_output=True, text=True
+    )
+    assert r.returncode == 0 and unit not in r.stderr, r.stderr
+
+
+def test_coordinator_unit_type_matches_the_coordinator() -> None:
+    """Type=notify would hang the start: the coordinator does not send READY=1."""
+    text = (DEPLOY / "systemd" / "sentinel-coordinator.service").read_text()
+    assert "Type=exec" in text and "NoNewPrivileges=yes" in text
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_slurm_scripts_pass_shellcheck() -> None:
+    scripts = sorted(str(p) for p in SLURM.glob("*.sh"))
+    assert len(scripts) == 3
+    r = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True, cwd=SLURM)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert all(os.access(s, os.X_OK) for s in scripts)
+
+
+# The Slurm gate against a simulated node ----------------------------------------------------
+
+
+def stand_in(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/bash\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def slurm_env(tmp_path: Path) -> dict[str, str]:
+    """PATH with a stand-in `scontrol` (records each call, one argument per line) and a stand-in
+    `sentinel` for the optional burn-in (exits with $BURNIN_RC)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(
+        bin_dir, "scontrol", 'printf "%s\\n" "$@" >> "$SCONTROL_LOG"; echo --- >> "$SCONTROL_LOG"'
+    )
+    stand_in(bin_dir, "sentinel", 'echo "burnin stand-in: $*" >&2; exit "${BURNIN_RC:-0}"')
+    return dict(os.environ) | {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+        "SENTINEL_BIN": str(bin_dir / "sentinel"),
+    }
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+    fleet = SimFleet(tmp_path_factory.mktemp("slurm"), ["gpu-node-0"], 2, interval_s=0.3)
+    try:
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def gate(script: str, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SLURM / script)], env=env | extra, capture_output=True, text=True, timeout=60
+    )
+
+
+def scontrol_calls(env: dict[str, str]) -> list[list[str]]:
+    log = Path(env["SCONTROL_LOG"])
+    if not log.exists():
+        return []
+    return [c.strip("\n").split("\n") for c in log.read_text().split("---\n") if c.strip()]
+
+
+def hostname() -> str:
+    return subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+
+
+def test_slurm_gate(agent: SimFleet, slurm_env: dict[str, str]) -> None:
+    """One agent, in order: healthy passes (also with a passing burn-in), a failing burn-in
+    drains, then a DBE makes it unhealthy: the prolog drains and refuses, the epilog drains."""
+    env = slurm_env | {"SENTINEL_AGENT_URL": agent.agents["gpu-node-0"].url}
+    r = gate("prolog.sh", env)
+    assert r.returncode == 0 and "healthy" in r.stderr, r.stderr
+    r = gate("prolog.sh", env, SENTINEL_GATE_BURNIN="1")
+    assert r.returncode == 0 and "burnin stand-in: burnin --quick --json" in r.stderr
+    assert scontrol_calls(env) == []
+
+    r = gate("prolog.sh", env, SENTINEL_GATE_BURNIN="1", BURNIN_RC="1")
+    assert r.returncode == 1
+    ((*head, reason),) = scontrol_calls(env)
+    assert head == ["update", f"NodeName={hostname()}", "State=DRAIN"]
+    assert reason.startswith("Reason=sentinel: quick burn-in failed")
+    Path(env["SCONTROL_LOG"]).unlink()
+
+    agent.inject("gpu-node-0", {"kind": "ecc_dbe", "gpu": 1})
+    deadline = time.monotonic() + 20
+    while json.loads(agent.agents["gpu-node-0"].get("/healthz"))["verdict"] != "unhealthy":
+        assert time.monotonic() < deadline, "agent never judged the DBE"
+        time.sleep(0.2)
+    r = gate("prolog.sh", env)
+    assert r.returncode == 1, r.stderr
+    r = gate("epilog.sh", env)
+    assert r.returncode == 0, r.stderr
+    calls = scontrol_calls(env)
+    assert len(calls) == 2
+    for *head, reason in calls:
+        assert head == ["update", f"NodeName={hostname()}", "State=DRAIN"]
+        assert reason.startswith("Reason=sentinel: unhealthy: gpu1 ecc_dbe_volatile"), reason
+        assert "(action: reset_gpu)" in reason
+
+
+def test_slurm_gate_without_an_agent(slurm_env: dict[str, str]) -> None:
+    env = slurm_env | {"SENTINEL_AGENT_URL": f"http://127.0.0.1:{free_port()}"}
+    r = gate("prolog.sh", env, SENTINEL_GATE_TIMEOUT_S="2")
+    assert r.returncode == 0 and "not gating" in r.stderr
+    assert scontrol_calls(env) == []
+    r = gate("prolog.sh", env, SENTINEL_GATE_TIMEOUT_S="2", SENTINEL_GATE_STRICT="1")
+    assert r.returncode == 1
+    ((*_, reason),) = scontrol_calls(env)
+    assert "not answering" in reason
+    r = subprocess.run([str(SLURM / "sentinel-gate.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "usage" in r.stderr
