@@ -9,11 +9,33 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sentinel.protocol import Event
 
+# rank.step payload field -> (metric, help, scale to base units, counter?)
+STEP_SERIES = (
+    ("step", "sentinel_rank_step", "Last step the rank reported.", 1.0, False),
+    ("loss", "sentinel_rank_loss", "Training loss at the last reported step.", 1.0, False),
+    ("grad_norm", "sentinel_rank_grad_norm", "Gradient norm at the last reported step.", 1.0,
+     False),
+    ("mfu", "sentinel_rank_mfu_ratio", "Model FLOPs utilization (0..1).", 1.0, False),
+    ("step_s", "sentinel_rank_step_seconds", "Step wall time.", 1.0, False),
+    ("compute_s", "sentinel_rank_compute_seconds", "Step time spent computing.", 1.0, False),
+    ("comm_s", "sentinel_rank_comm_seconds", "Step time spent waiting on communication.", 1.0,
+     False),
+    ("tokens_per_s", "sentinel_rank_tokens_per_second", "Tokens processed per second.", 1.0,
+     False),
+    ("tflops", "sentinel_rank_flops_per_second", "Achieved model FLOP/s.", 1e12, False),
+    ("mem_bytes", "sentinel_rank_memory_bytes", "Device memory allocated.", 1.0, False),
+    ("hook_errors", "sentinel_rank_hook_errors", "Errors the hooks caught and swallowed.", 1.0,
+     True),
+    ("dropped_events", "sentinel_rank_dropped_events", "Events the rank could not send.", 1.0,
+     True),
+)  # fmt: skip
+
 
 class RankMetrics:
     def __init__(self) -> None:
         self.events: Counter[tuple[str, int, str]] = Counter()  # (job, rank, kind) -> n
         self.last_seen: dict[tuple[str, int], float] = {}
+        self.last_step: dict[tuple[str, int], dict[str, object]] = {}
 
     def observe(self, event: Event) -> None:
         src = event.source
@@ -22,21 +44,32 @@ class RankMetrics:
         key = (src.job or "", src.rank)
         self.events[(*key, event.kind.value)] += 1
         self.last_seen[key] = max(event.ts, self.last_seen.get(key, 0.0))
+        if event.kind.value == "rank.step":
+            self.last_step[key] = event.payload
 
     def collect(self, node_id: str) -> Iterator[Metric]:
+        labels = ["node", "job", "rank"]
         events = CounterMetricFamily(
-            "sentinel_rank_events",
-            "Events relayed from each rank, by kind.",
-            labels=["node", "job", "rank", "kind"],
-        )
+            "sentinel_rank_events", "Events relayed from each rank, by kind.",
+            labels=[*labels, "kind"],
+        )  # fmt: skip
         for (job, rank, kind), n in sorted(self.events.items()):
             events.add_metric([node_id, job, str(rank), kind], n)
         last = GaugeMetricFamily(
             "sentinel_rank_last_event_timestamp_seconds",
             "When each rank last reported (a stalled rank stops moving this).",
-            labels=["node", "job", "rank"],
+            labels=labels,
         )
         for (job, rank), ts in sorted(self.last_seen.items()):
             last.add_metric([node_id, job, str(rank)], ts)
         yield events
         yield last
+        for field, name, help_, scale, counter in STEP_SERIES:
+            fam = (CounterMetricFamily if counter else GaugeMetricFamily)(
+                name, help_, labels=labels
+            )
+            for (job, rank), payload in sorted(self.last_step.items()):
+                value = payload.get(field)
+                if isinstance(value, int | float):  # null: the rank cannot measure it
+                    fam.add_metric([node_id, job, str(rank)], float(value) * scale)
+            yield fam
