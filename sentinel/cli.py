@@ -19,6 +19,10 @@ from sentinel.logs import setup_logging
 # import their machinery inside the handler, so `sentinel agent` never loads burn-in's torch.
 COMMAND_MODULES = (
     "sentinel.commands.config_cmd",
+    "sentinel.commands.coordinator_cmd",
+    "sentinel.commands.playbooks_cmd",
+    "sentinel.commands.token_cmd",
+    "sentinel.commands.run_cmd",
 )
 
 log = logging.getLogger("sentinel")
