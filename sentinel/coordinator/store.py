@@ -177,8 +177,9 @@ _JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "
 def _row(row: sqlite3.Row) -> dict[str, Any]:
     out = dict(row)
     for key in _JSON_COLUMNS & out.keys():
-        if isinstance(out[key], str):
-            out[key] = json.loads(out[key])
+        value = out[key]
+        if isinstance(value, str) and value[:1] in ("{", "["):  # runs.status is plain text
+            out[key] = json.loads(value)
     return out
 
 
