@@ -25,6 +25,7 @@ from sentinel.coordinator.service import Service
 from sentinel.protocol import ProtocolError, decode_batch, format_validation_error
 
 SERVICE = web.AppKey("service", Service)
+PRINCIPAL = web.RequestKey("principal", Principal)
 METRICS = web.AppKey("metrics", Metrics)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,9 +35,7 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def _principal(request: web.Request) -> Principal:
-    principal = request.get("principal")
-    assert isinstance(principal, Principal)
-    return principal
+    return request[PRINCIPAL]
 
 
 @web.middleware
@@ -51,11 +50,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
             status=401,
             headers={"WWW-Authenticate": 'Bearer realm="sentinel"'},
         )
-    request["principal"] = principal
+    request[PRINCIPAL] = principal
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as e:
-        return _error(413, f"request body over {e.max_size} bytes")
+        return _error(413, f"request body over the {request.app[SERVICE].cfg.max_body_bytes}"
+                      f" byte limit ({e.text})")
 
 
 def _reader(request: web.Request) -> Principal:
