@@ -175,7 +175,7 @@ class Supervisor:
         cid = cmd["id"]
         if cid not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
             self.job.seen_commands.add(cid)
-            log.info("command %s %s", cmd["kind"], cid, extra={"args": cmd["args"]})
+            log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
             await self._execute(cmd["kind"], cmd["args"])
         url = f"{self.cfg.coordinator_url}/v1/commands/{cid}/ack"
         detail = {"generation": self.job.generation, "state": self.job.state}
@@ -242,6 +242,12 @@ class Supervisor:
                 await self.report_status()
                 self.done.set()
 
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed", exc_info=task.exception())
+            self.exit_code = 1
+            self.done.set()
+
     async def run(self) -> int:
         timeout = aiohttp.ClientTimeout(total=self.cfg.poll_wait_s + 30)
         headers = {"Authorization": f"Bearer {self.token}"}
@@ -249,6 +255,8 @@ class Supervisor:
             self._launch()
             tasks = [asyncio.create_task(c) for c in (self._heartbeat(), self._commands(),
                                                       self._watch())]  # fmt: skip
+            for t in tasks:
+                t.add_done_callback(self._task_ended)
             await self.done.wait()
             for t in tasks:
                 t.cancel()

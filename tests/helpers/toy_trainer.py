@@ -41,6 +41,10 @@ def main() -> int:
     start = step
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "node": node, "generation": gen, "start": start, "end": None,
+              "world": int(os.environ["WORLD_SIZE"]), "skip": sorted(skip), "lr": a.lr_scale,
+              "resume_from": str(a.resume_from) if a.resume_from else None}
+    (a.out / f"g{gen}-rank{rank}.json").write_text(json.dumps(record))
     while step < a.steps:
         if (rank, step, gen) in crashes:
             return 3
@@ -52,9 +56,7 @@ def main() -> int:
             tmp.write_text(json.dumps({"step": step, "value": value}))
             os.replace(tmp, a.ckpt_dir / f"step_{step}.json")
         time.sleep(a.step_s)
-    record = {"rank": rank, "node": node, "generation": gen, "start": start, "end": step,
-              "world": int(os.environ["WORLD_SIZE"]), "skip": sorted(skip), "lr": a.lr_scale,
-              "resume_from": str(a.resume_from) if a.resume_from else None, "value": value}
+    record.update(end=step, value=value)
     (a.out / f"g{gen}-rank{rank}.json").write_text(json.dumps(record))
     return 0
 
