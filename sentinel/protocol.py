@@ -345,4 +345,3 @@ def decode_command(raw: str | bytes | dict[str, Any]) -> Command:
 def encode(message: BaseModel) -> str:
     """Compact one-line JSON: what goes on a socket line or into a spool file."""
     return message.model_dump_json()
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
+from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     Event,
     EventKind,
@@ -14,7 +15,6 @@ from sentinel.protocol import (
     XidPayload,
     make_event,
 )
-from sentinel.protocol import Action as RecAction
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,13 +30,28 @@ def xid(node: str, gpu: int = 0, code: int = 48, **kw: object) -> Event:
 
 
 def crash(node: str, rank: int, job: str = "job1", generation: int = 0) -> Event:
-    return make_event(EventKind.RANK_CRASH, Source(node=node, rank=rank, job=job),
-                      RankCrashPayload(exit_code=3, generation=generation))  # fmt: skip
+    return make_event(
+        EventKind.RANK_CRASH,
+        Source(node=node, rank=rank, job=job),
+        RankCrashPayload(exit_code=3, generation=generation),
+    )
 
 
-def job_status(job: str, nodes: list[str], spares: list[str], generation: int = 0,
-               state: str = "running", checkpoints: list[int] | None = None) -> Event:  # fmt: skip
-    payload = JobStatusPayload(state=state, generation=generation, world_size=len(nodes) * 2,
-                               gpus_per_node=2, nodes=nodes, spares=spares,
-                               checkpoints=checkpoints or [])  # fmt: skip
+def job_status(
+    job: str,
+    nodes: list[str],
+    spares: list[str],
+    generation: int = 0,
+    state: str = "running",
+    checkpoints: list[int] | None = None,
+) -> Event:
+    payload = JobStatusPayload(
+        state=state,
+        generation=generation,
+        world_size=len(nodes) * 2,
+        gpus_per_node=2,
+        nodes=nodes,
+        spares=spares,
+        checkpoints=checkpoints or [],
+    )
     return make_event(EventKind.JOB_STATUS, Source(job=job), payload)

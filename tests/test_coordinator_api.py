@@ -1,4 +1,4 @@
-"""The HTTP API in process (aiohttp test server): every auth rule, precise errors, no partial writes."""
+"""The HTTP API in process (aiohttp test server): auth rules, precise errors, no partial writes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
 from coord_util import cfg, xid
+
 from sentinel.coordinator.app import SERVICE, build_app
 from sentinel.coordinator.auth import Role
 from sentinel.protocol import EventBatch, encode
@@ -27,19 +27,26 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def make_token(client: TestClient, role: Role, node: str | None = None,
-                     job: str | None = None) -> str:  # fmt: skip
+async def make_token(
+    client: TestClient, role: Role, node: str | None = None, job: str | None = None
+) -> str:
     service = client.app[SERVICE]
     return (await service.db(service.tokens.create, role, node, job))[1]
 
 
-async def test_admin_token_file_and_unauthenticated_requests(client: TestClient, tmp_path: Path) -> None:
+async def test_admin_token_file_and_unauthenticated_requests(
+    client: TestClient, tmp_path: Path
+) -> None:
     path = tmp_path / "state" / "admin.token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     admin = path.read_text().strip()
     assert (await client.get("/healthz")).status == 200
-    for method, url in (("GET", "/v1/incidents"), ("POST", "/v1/events"), ("GET", "/metrics"),
-                        ("GET", "/v1/commands?job=j")):  # fmt: skip
+    for method, url in (
+        ("GET", "/v1/incidents"),
+        ("POST", "/v1/events"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/commands?job=j"),
+    ):
         assert (await client.request(method, url)).status == 401
         assert (await client.request(method, url, headers=bearer("snt_x_y"))).status == 401
     assert (await client.get("/v1/incidents", headers=bearer(admin))).status == 200
@@ -52,7 +59,10 @@ async def test_scopes(client: TestClient) -> None:
     node1 = await make_token(client, Role.NODE, node="node-1")
     job = await make_token(client, Role.JOB, job="job1")
     op = await make_token(client, Role.OPERATOR)
-    own, other = encode(EventBatch(events=[xid("node-1")])), encode(EventBatch(events=[xid("node-2")]))
+    own, other = (
+        encode(EventBatch(events=[xid("node-1")])),
+        encode(EventBatch(events=[xid("node-2")])),
+    )
     r = await client.post("/v1/events", data=other, headers=bearer(node1))
     assert r.status == 403 and "cannot report as node 'node-2'" in (await r.json())["error"]
     assert (await client.post("/v1/events", data=own, headers=bearer(node1))).status == 200
@@ -87,7 +97,7 @@ async def test_bad_requests_are_refused_whole(client: TestClient) -> None:
     assert "events.1.payload: Value error, not a valid gpu.xid payload" in (await r.json())["error"]
     r = await client.post("/v1/events", data=b"x" * (65 * 1024), headers=h)
     assert r.status == 413
-    events = (await client.get("/v1/incidents", headers=h))
+    events = await client.get("/v1/incidents", headers=h)
     assert await events.json() == []  # nothing of the refused batches was written
     service = client.app[SERVICE]
     assert (await service.db(service.store.one, "SELECT COUNT(*) n FROM events"))["n"] == 0
@@ -106,8 +116,11 @@ async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:
     assert 'sentinel_coordinator_events_total{result="accepted"} 8.0' in text
     assert 'sentinel_coordinator_events_total{result="duplicate"} 8.0' in text
     assert "sentinel_coordinator_eviction_budget_remaining" in text
-    r = await client.post("/v1/actions", json={"incident": 1, "action": "notify",
-                                               "params": {"message": "look"}}, headers=h)  # fmt: skip
+    r = await client.post(
+        "/v1/actions",
+        json={"incident": 1, "action": "notify", "params": {"message": "look"}},
+        headers=h,
+    )
     assert r.status == 200
     r = await client.post("/v1/actions", json={"incident": 1, "action": "fly"}, headers=h)
     assert r.status == 422 and "unknown action 'fly'" in (await r.json())["error"]

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from coord_util import ROOT, job_status, xid
+
 from sentinel.protocol import EventBatch, encode
 
 pytestmark = pytest.mark.slow
@@ -39,12 +39,23 @@ class Coordinator:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
-               "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1"}  # fmt: skip
+        env = {
+            **os.environ,
+            "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
+            "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
+        }
         self.proc = subprocess.Popen(
-            [*SENTINEL, "coordinator", "--listen", f"127.0.0.1:{self.port}", "--state-dir",
-             str(self.state)], env=env, stderr=open(self.state.parent / "coord.log", "ab"),
-        )  # fmt: skip
+            [
+                *SENTINEL,
+                "coordinator",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--state-dir",
+                str(self.state),
+            ],
+            env=env,
+            stderr=open(self.state.parent / "coord.log", "ab"),  # noqa: SIM115
+        )
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -55,14 +66,21 @@ class Coordinator:
         raise RuntimeError("coordinator did not start")
 
     def token(self, *args: str) -> str:
-        out = subprocess.run([*SENTINEL, "token", "create", "--state-dir", str(self.state),
-                              "--json", *args], capture_output=True, text=True, check=True)  # fmt: skip
+        out = subprocess.run(
+            [*SENTINEL, "token", "create", "--state-dir", str(self.state), "--json", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return str(json.loads(out.stdout)["token"])
 
     def call(self, method: str, path: str, token: str, body: bytes | None = None) -> object:
-        req = urllib.request.Request(f"{self.url}{path}", data=body, method=method,
-                                     headers={"Authorization": f"Bearer {token}",
-                                              "Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=body,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
@@ -91,21 +109,54 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:  # t
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(coord: Coordinator, tmp_path: Path) -> None:
+def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
+    coord: Coordinator, tmp_path: Path
+) -> None:
     """Default playbooks rank_crash and gpu_hardware_fault, end to end on a real gang."""
     admin = (coord.state / "admin.token").read_text().strip()
-    job_tok, node_tok = coord.token("--role", "job", "--job", "job1"), coord.token("--role", "node", "--node", "node-1")
+    job_tok, node_tok = (
+        coord.token("--role", "job", "--job", "job1"),
+        coord.token("--role", "node", "--node", "node-1"),
+    )
     (tmp_path / "job.token").write_text(job_tok)
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     sup = subprocess.Popen(
-        [*SENTINEL, "run", "--job-id", "job1", "--coordinator", coord.url, "--token-file",
-         str(tmp_path / "job.token"), "--nodes", "2", "--gpus-per-node", "2", "--spares", "1",
-         "--checkpoint-dir", str(ckpt), "--log-dir", str(tmp_path / "logs"), "--",
-         sys.executable, str(ROOT / "tests/helpers/toy_trainer.py"), "--steps", "60",
-         "--ckpt-dir", str(ckpt), "--out", str(out), "--step-s", "0.05"],
-        env={**os.environ, "TOY_CRASH": "1:12:0"}, stderr=open(tmp_path / "sup.log", "wb"),
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "job1",
+            "--coordinator",
+            coord.url,
+            "--token-file",
+            str(tmp_path / "job.token"),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--spares",
+            "1",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--",
+            sys.executable,
+            str(ROOT / "tests/helpers/toy_trainer.py"),
+            "--steps",
+            "60",
+            "--ckpt-dir",
+            str(ckpt),
+            "--out",
+            str(out),
+            "--step-s",
+            "0.05",
+        ],
+        env={**os.environ, "TOY_CRASH": "1:12:0"},
+        stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
+    )
     try:
+
         def generation() -> int:
             jobs = coord.call("GET", "/v1/jobs", admin)
             assert isinstance(jobs, list)
@@ -120,7 +171,9 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(coord: Coordinat
             sup.kill()
     incidents = coord.call("GET", "/v1/incidents", admin)
     assert [(i["playbook"], i["state"]) for i in incidents] == [  # type: ignore[union-attr]
-        ("rank_crash", "mitigated"), ("gpu_hardware_fault", "mitigated")]
+        ("rank_crash", "mitigated"),
+        ("gpu_hardware_fault", "mitigated"),
+    ]
     g1 = json.loads((out / "g1-rank0.json").read_text())
     assert g1["resume_from"].endswith(f"step_{g1['start']}.json") and g1["start"] >= 10
     last = json.loads((out / "g2-rank3.json").read_text())
@@ -129,8 +182,14 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(coord: Coordinat
     assert (coord.state / "exclude.txt").read_text().split() == ["node-1"]
     audit = coord.call("GET", "/v1/audit?limit=1000", admin)
     whats = [a["what"] for a in audit]  # type: ignore[union-attr]
-    for what in ("action.evict_node", "action.swap_spare", "action.rollback", "action.resume",
-                 "command.ack", "run.done"):  # fmt: skip
+    for what in (
+        "action.evict_node",
+        "action.swap_spare",
+        "action.rollback",
+        "action.resume",
+        "command.ack",
+        "run.done",
+    ):
         assert what in whats
     assert whats.count("action.evict_node") == 1
     job = coord.call("GET", "/v1/jobs", admin)[0]  # type: ignore[index]
@@ -141,8 +200,12 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(coord: Coordin
     admin = (coord.state / "admin.token").read_text().strip()
     fleet = [f"node-{i}" for i in range(8)]
     # a job with no supervisor: the hardware playbook evicts node-5, then waits in `resume`
-    coord.call("POST", "/v1/events", admin,
-               encode(EventBatch(events=[job_status("jobk", fleet, ["spare-0"]), xid("node-5")])).encode())  # fmt: skip
+    coord.call(
+        "POST",
+        "/v1/events",
+        admin,
+        encode(EventBatch(events=[job_status("jobk", fleet, ["spare-0"]), xid("node-5")])).encode(),
+    )
     acked: list[str] = []
     stop = threading.Event()
 
@@ -162,7 +225,10 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(coord: Coordin
         t.start()
     wait_for(lambda: len(acked) > 400, what="load")
     with coord.db() as db:
-        wait_for(lambda: db.execute("SELECT COUNT(*) FROM commands").fetchone()[0] == 1, what="resume step")
+        wait_for(
+            lambda: db.execute("SELECT COUNT(*) FROM commands").fetchone()[0] == 1,
+            what="resume step",
+        )
     assert coord.proc is not None
     coord.proc.send_signal(signal.SIGKILL)
     coord.proc.wait()
@@ -175,10 +241,17 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(coord: Coordin
         stored = {r[0] for r in db.execute("SELECT id FROM events")}
         missing = [i for i in acked if i not in stored]
         assert not missing, f"{len(missing)} acknowledged events lost"
-        assert db.execute("SELECT COUNT(*) FROM commands WHERE kind='job.restart'").fetchone()[0] == 1
-        assert db.execute("SELECT COUNT(*) FROM audit WHERE what='action.evict_node'").fetchone()[0] == 1
+        assert (
+            db.execute("SELECT COUNT(*) FROM commands WHERE kind='job.restart'").fetchone()[0] == 1
+        )
+        assert (
+            db.execute("SELECT COUNT(*) FROM audit WHERE what='action.evict_node'").fetchone()[0]
+            == 1
+        )
         run = db.execute("SELECT status, step_index FROM runs").fetchone()
         assert tuple(run) == ("waiting", 3)  # continued where it stopped: still in `resume`
         # the supervisor never came: its job is visibly lost
-        wait_for(lambda: db.execute("SELECT state FROM jobs").fetchone()[0] == "lost", 10, "job lost")
+        wait_for(
+            lambda: db.execute("SELECT state FROM jobs").fetchone()[0] == "lost", 10, "job lost"
+        )
     assert (coord.state / "exclude.txt").read_text().split() == ["node-5"]

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from coord_util import ROOT, cfg, crash, job_status, xid
+
 from sentinel.coordinator.actions import make_backend
 from sentinel.coordinator.engine import RUN_TRANSITIONS, Engine, RunState, check_run_transition
 from sentinel.coordinator.incidents import (
@@ -37,7 +37,12 @@ def setup(tmp_path: Path, **kw: object) -> tuple[Store, Ingestor, Engine, Clock]
     c = cfg(tmp_path, **kw)
     store = Store(tmp_path / "c.db")
     clock = Clock()
-    return store, Ingestor(store, PLAYBOOKS, c), Engine(store, PLAYBOOKS, c, make_backend(c), clock), clock
+    return (
+        store,
+        Ingestor(store, PLAYBOOKS, c),
+        Engine(store, PLAYBOOKS, c, make_backend(c), clock),
+        clock,
+    )
 
 
 def test_incident_transition_table() -> None:
@@ -77,7 +82,9 @@ def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path
 
 def test_agent_and_trainer_reports_of_one_fault_are_one_incident(tmp_path: Path) -> None:
     store, ingest, _, clock = setup(tmp_path)
-    ingest.ingest(EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock())
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
+    )
     ingest.ingest(EventBatch(events=[xid("node-1", code=79)]), clock())
     # the ranks on that node die of it; the supervisor reports them
     ingest.ingest(EventBatch(events=[crash("node-1", 2), crash("node-1", 3)]), clock())
@@ -118,10 +125,13 @@ def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
 
 def test_repeated_crash_on_one_node_escalates_to_eviction(tmp_path: Path) -> None:
     store, ingest, engine, clock = setup(tmp_path)
-    ingest.ingest(EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock())
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
+    )
     ingest.ingest(EventBatch(events=[crash("node-1", 2)]), clock())
-    ingest.ingest(EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"], 1)]),
-                  clock())  # fmt: skip
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"], 1)]), clock()
+    )
     ingest.ingest(EventBatch(events=[crash("node-1", 3, generation=1)]), clock())
     books = [r["playbook"] for r in store.query("SELECT playbook FROM incidents ORDER BY id")]
     assert books == ["rank_crash", "rank_crash_repeat"]
@@ -144,9 +154,9 @@ def test_slurm_backend_against_a_stand_in_scontrol(tmp_path: Path) -> None:
     """A stand-in `scontrol` executable records its arguments (no Slurm on this machine)."""
     record = tmp_path / "args.txt"
     fake = tmp_path / "scontrol"
-    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {record}\n")
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
     fake.chmod(0o755)
-    store, ingest, engine, clock = setup(tmp_path, eviction_backend="slurm", scontrol=str(fake))
+    _, ingest, engine, clock = setup(tmp_path, eviction_backend="slurm", scontrol=str(fake))
     fleet = [f"node-{i}" for i in range(8)]
     ingest.ingest(EventBatch(events=[job_status("j", fleet, []), xid("node-7")]), clock())
     engine.tick()
@@ -190,8 +200,15 @@ async def test_kubernetes_backend_against_a_local_api_server(tmp_path: Path) -> 
     assert calls[0] == ("GET", "Bearer tok")
     kind, body = calls[1]
     assert kind == "application/strategic-merge-patch+json"
-    assert body == {"spec": {"unschedulable": True, "taints": [
-        {"key": "other"}, {"key": "sentinel.dev/evicted", "value": "true", "effect": "NoSchedule"}]}}
+    assert body == {
+        "spec": {
+            "unschedulable": True,
+            "taints": [
+                {"key": "other"},
+                {"key": "sentinel.dev/evicted", "value": "true", "effect": "NoSchedule"},
+            ],
+        }
+    }
 
 
 def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
@@ -208,9 +225,15 @@ def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
     assert f"{bad}:7: steps.0.target" in text or f"{bad}:6: steps.0" in text
     assert f"{bad}:8: steps.1.action: Value error, unknown action 'fly'" in text
     assert f"{bad}:9: guards.surprise: Extra inputs are not permitted" in text
-    done = subprocess.run([sys.executable, "-m", "sentinel", "playbooks", "check", str(tmp_path)],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "unknown action 'fly'" in done.stderr
-    ok = subprocess.run([sys.executable, "-m", "sentinel", "playbooks", "check", str(ROOT / "playbooks")],
-                        capture_output=True, text=True)  # fmt: skip
+    ok = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(ROOT / "playbooks")],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0 and "gpu_hardware_fault: ok" in ok.stdout

@@ -55,10 +55,21 @@ def run(args: argparse.Namespace) -> int:
     except PlaybookError as e:
         raise InputError("playbooks are invalid:\n  " + "\n  ".join(e.errors)) from None
     admin = cfg.state_dir / "admin.token"
-    log.info("coordinator listening on %s:%d, state in %s", host, port, cfg.state_dir,
-             extra={"playbooks": len(service.playbooks), "backend": cfg.eviction_backend})  # fmt: skip
+    log.info(
+        "coordinator listening on %s:%d, state in %s",
+        host,
+        port,
+        cfg.state_dir,
+        extra={"playbooks": len(service.playbooks), "backend": cfg.eviction_backend},
+    )
     if not admin.exists():
         log.info("no admin token file yet; one is created at %s if no token exists", admin)
-    web.run_app(build_app(cfg, service), host=host, port=port, print=None,
-                handle_signals=True, access_log=None)  # fmt: skip
+    web.run_app(
+        build_app(cfg, service),
+        host=host,
+        port=port,
+        print=None,
+        handle_signals=True,
+        access_log=None,
+    )
     return ExitCode.OK

@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, help="simulated nodes for the local launcher")
     p.add_argument("--gpus-per-node", type=int)
     p.add_argument("--spares", type=int, help="hot spares the coordinator may swap in")
-    p.add_argument("--checkpoint-dir", type=Path, help="where the trainer writes step_N checkpoints")
+    p.add_argument(
+        "--checkpoint-dir", type=Path, help="where the trainer writes step_N checkpoints"
+    )
     p.add_argument("--log-dir", type=Path, help="write each rank's output here")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_COMMAND...")
     p.set_defaults(handler=run)
@@ -37,10 +39,19 @@ def run(args: argparse.Namespace) -> int:
     if not argv:
         raise InputError("no trainer command: use `sentinel run [options] -- TRAINER_COMMAND...`")
     cfg = load_config(args.config).supervisor
-    overrides = {k: v for k, v in {
-        "job_id": args.job_id, "coordinator_url": args.coordinator, "token_file": args.token_file,
-        "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "spares": args.spares,
-        "checkpoint_dir": args.checkpoint_dir}.items() if v is not None}  # fmt: skip
+    overrides = {
+        k: v
+        for k, v in {
+            "job_id": args.job_id,
+            "coordinator_url": args.coordinator,
+            "token_file": args.token_file,
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "spares": args.spares,
+            "checkpoint_dir": args.checkpoint_dir,
+        }.items()
+        if v is not None
+    }
     cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
     token = os.environ.get("SENTINEL_TOKEN")
     if cfg.token_file is not None:

@@ -13,9 +13,11 @@ from sentinel.exitcodes import ExitCode, InputError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("token", help="create, revoke or list coordinator access tokens")
     tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    for name, fn, text in (("create", run_create, "create a token (printed once)"),
-                           ("revoke", run_revoke, "revoke a token by id"),
-                           ("list", run_list, "list tokens (ids and scopes, never secrets)")):  # fmt: skip
+    for name, fn, text in (
+        ("create", run_create, "create a token (printed once)"),
+        ("revoke", run_revoke, "revoke a token by id"),
+        ("list", run_list, "list tokens (ids and scopes, never secrets)"),
+    ):
         t = tsub.add_parser(name, help=text)
         t.add_argument("--config", type=Path)
         t.add_argument("--state-dir", type=Path)
@@ -49,8 +51,17 @@ def run_create(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise InputError(str(e)) from None
     if args.json:
-        print(json.dumps({"id": token_id, "token": secret, "role": args.role,
-                          "node": args.node, "job": args.job}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "id": token_id,
+                    "token": secret,
+                    "role": args.role,
+                    "node": args.node,
+                    "job": args.job,
+                }
+            )
+        )
     else:
         print(f"id {token_id} ({args.role}); the token, shown once:\n{secret}")
     return ExitCode.OK

@@ -8,6 +8,7 @@ allowed in this state, 413 too large, 422 unknown protocol version or invalid me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -54,8 +55,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge as e:
-        return _error(413, f"request body over the {request.app[SERVICE].cfg.max_body_bytes}"
-                      f" byte limit ({e.text})")
+        return _error(
+            413,
+            f"request body over the {request.app[SERVICE].cfg.max_body_bytes}"
+            f" byte limit ({e.text})",
+        )
 
 
 def _reader(request: web.Request) -> Principal:
@@ -91,9 +95,12 @@ async def post_events(request: web.Request) -> web.Response:
     result = await service.ingest(batch)
     metrics.observe_batch(result, time.perf_counter() - t0)
     return web.json_response(
-        {"accepted": result.accepted, "duplicates": result.duplicates,
-         "incidents_opened": result.opened},
-    )  # fmt: skip
+        {
+            "accepted": result.accepted,
+            "duplicates": result.duplicates,
+            "incidents_opened": result.opened,
+        },
+    )
 
 
 # --- commands (long-poll) --------------------------------------------------------------------
@@ -119,10 +126,8 @@ async def get_commands(request: web.Request) -> web.Response:
         if commands or left <= 0:
             return web.json_response({"commands": commands})
         async with service.commands_changed:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(service.commands_changed.wait(), left)
-            except TimeoutError:
-                pass
 
 
 class AckBody(BaseModel):
@@ -135,8 +140,9 @@ async def _json_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
     try:
         raw = await request.json() if request.can_read_body else {}
     except json.JSONDecodeError as e:
-        raise web.HTTPBadRequest(text=json.dumps({"error": f"not valid JSON: {e}"}),
-                                 content_type="application/json") from None  # fmt: skip
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": f"not valid JSON: {e}"}), content_type="application/json"
+        ) from None
     try:
         return model.model_validate(raw)
     except ValidationError as e:
@@ -155,8 +161,9 @@ async def ack_command(request: web.Request) -> web.Response:
         return _error(404, f"no command {cid!r}")
     if not principal.may_target(cmd["target_kind"], cmd["target"]):
         return _error(403, f"{principal} may not acknowledge command {cid!r}")
-    await service.db(queries.ack_command, service.store, cid, body.ok, body.detail, str(principal),
-                     time.time())  # fmt: skip
+    await service.db(
+        queries.ack_command, service.store, cid, body.ok, body.detail, str(principal), time.time()
+    )
     service.kick()
     return web.json_response({"acked": cid})
 
@@ -188,7 +195,9 @@ def _int_id(request: web.Request) -> int:
     try:
         return int(request.match_info["id"])
     except ValueError:
-        raise web.HTTPNotFound(text='{"error": "no such incident"}', content_type="application/json") from None
+        raise web.HTTPNotFound(
+            text='{"error": "no such incident"}', content_type="application/json"
+        ) from None
 
 
 # --- operator --------------------------------------------------------------------------------
@@ -207,8 +216,9 @@ def _operator_route(verb: str) -> Handler:
         principal = _reader(request)
         service = request.app[SERVICE]
         try:
-            doc = await service.db(getattr(queries, verb), service, _int_id(request),
-                                   str(principal), time.time())  # fmt: skip
+            doc = await service.db(
+                getattr(queries, verb), service, _int_id(request), str(principal), time.time()
+            )
         except LookupError as e:
             return _error(404, str(e))
         except ValueError as e:
@@ -225,8 +235,16 @@ async def run_action(request: web.Request) -> web.Response:
     body = await _json_body(request, RunActionBody)
     assert isinstance(body, RunActionBody)
     try:
-        doc = await service.db(queries.run_action, service, body.incident, body.action,
-                               body.params, body.why, str(principal), time.time())  # fmt: skip
+        doc = await service.db(
+            queries.run_action,
+            service,
+            body.incident,
+            body.action,
+            body.params,
+            body.why,
+            str(principal),
+            time.time(),
+        )
     except LookupError as e:
         return _error(404, str(e))
     except ValueError as e:

@@ -48,11 +48,17 @@ class Principal:
             return None
         if self.role == Role.NODE:
             if event.source.node != self.node:
-                return f"event {event.id}: a node token for {self.node!r} cannot report as node {event.source.node!r}"
+                return (
+                    f"event {event.id}: a node token for {self.node!r} cannot report as node"
+                    f" {event.source.node!r}"
+                )
             return None
         if self.role == Role.JOB:
             if event.source.job != self.job:
-                return f"event {event.id}: a job token for {self.job!r} cannot report for job {event.source.job!r}"
+                return (
+                    f"event {event.id}: a job token for {self.job!r} cannot report for job"
+                    f" {event.source.job!r}"
+                )
             return None
         return f"role {self.role} cannot report events"
 
@@ -70,8 +76,9 @@ class TokenStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def create(self, role: Role, node: str | None = None, job: str | None = None,
-               now: float = 0.0) -> tuple[str, str]:  # fmt: skip
+    def create(
+        self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
+    ) -> tuple[str, str]:
         """(token id, secret). The secret is shown once; only its hash is kept."""
         if role == Role.NODE and not node:
             raise ValueError("a node token needs --node NAME")
@@ -106,9 +113,7 @@ class TokenStore:
         parts = secret.split("_")
         if len(parts) < 3 or parts[0] != "snt":
             return None
-        row = self.store.one(
-            "SELECT * FROM tokens WHERE id=? AND revoked_at IS NULL", (parts[1],)
-        )
+        row = self.store.one("SELECT * FROM tokens WHERE id=? AND revoked_at IS NULL", (parts[1],))
         if row is None or not hmac.compare_digest(row["hash"], hash_token(secret)):
             return None
         return Principal(row["id"], Role(row["role"]), row["node"], row["job"])

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -52,8 +52,10 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
     R.CANCELLED: frozenset(),
 }
 LIVE_RUNS = (R.PENDING, R.RUNNING, R.WAITING)
-_STEP_END = {St.FAILED: (R.FAILED, IncidentState.FAILED),
-             St.ESCALATE: (R.ESCALATED, IncidentState.ESCALATED)}  # fmt: skip
+_STEP_END = {
+    St.FAILED: (R.FAILED, IncidentState.FAILED),
+    St.ESCALATE: (R.ESCALATED, IncidentState.ESCALATED),
+}
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,14 @@ class Engine:
             with self.store.tx():
                 self._set_run(run, R.RUNNING, now)
                 self._set_incident(run["incident_id"], IncidentState.ACTING, now)
-                self.store.audit(now, f"playbook:{book.name}", "run.start",
-                                 "incident matched the playbook", run["incident_id"],
-                                 {"run": run["id"], "dry_run": bool(run["dry_run"])})  # fmt: skip
+                self.store.audit(
+                    now,
+                    f"playbook:{book.name}",
+                    "run.start",
+                    "incident matched the playbook",
+                    run["incident_id"],
+                    {"run": run["id"], "dry_run": bool(run["dry_run"])},
+                )
         finished = 0
         while run["step_index"] < len(book.steps):
             result = self._step(run, book, now)
@@ -142,12 +149,19 @@ class Engine:
                 self.store.execute(
                     "INSERT INTO actions (key, incident_id, run_id, action, params, state,"
                     " dry_run, who, started_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (key, run["incident_id"], run["id"], step.action, dumps(step.params),
-                     "started", run["dry_run"], who, now),
-                )  # fmt: skip
-                self.store.execute(
-                    "UPDATE runs SET step_started_at=? WHERE id=?", (now, run["id"])
+                    (
+                        key,
+                        run["incident_id"],
+                        run["id"],
+                        step.action,
+                        dumps(step.params),
+                        "started",
+                        run["dry_run"],
+                        who,
+                        now,
+                    ),
                 )
+                self.store.execute("UPDATE runs SET step_started_at=? WHERE id=?", (now, run["id"]))
             run["step_started_at"] = now
         elif row["state"] == "done":
             run["step_index"] = index + 1
@@ -155,32 +169,53 @@ class Engine:
         return self.execute(run, key, who, step.action, step.params, now)
 
     def execute(
-        self, run: dict[str, Any], key: str, who: str, action: str, params: dict[str, Any],
+        self,
+        run: dict[str, Any],
+        key: str,
+        who: str,
+        action: str,
+        params: dict[str, Any],
         now: float,
-    ) -> StepResult:  # fmt: skip
+    ) -> StepResult:
         """Run one action; commit its result, its writes and the run's context together."""
         incident = self.store.one("SELECT * FROM incidents WHERE id=?", (run["incident_id"],))
         assert incident is not None
         impl = ACTIONS[action]
         with self.store.tx():
             ctx = ActionContext(
-                store=self.store, cfg=self.cfg, backend=self.backend, now=now, key=key, who=who,
-                incident=incident, context=run["context"], dry_run=bool(run["dry_run"]),
+                store=self.store,
+                cfg=self.cfg,
+                backend=self.backend,
+                now=now,
+                key=key,
+                who=who,
+                incident=incident,
+                context=run["context"],
+                dry_run=bool(run["dry_run"]),
                 step_started_at=run.get("step_started_at") or now,
-            )  # fmt: skip
+            )
             try:
                 with self.store.tx():
                     result = impl.run(ctx, impl.Params.model_validate(params))
             except Exception as e:  # an action that breaks fails its step, not the engine
                 log.exception("action %s failed", action)
                 result = StepResult(St.FAILED, {"error": f"{type(e).__name__}: {e}"})
-            state = {St.DONE: "done", St.WAIT: "started", St.FAILED: "failed",
-                     St.ESCALATE: "escalated"}[result.status]  # fmt: skip
+            state = {
+                St.DONE: "done",
+                St.WAIT: "started",
+                St.FAILED: "failed",
+                St.ESCALATE: "escalated",
+            }[result.status]
             self.store.execute(
                 "UPDATE actions SET state=?, result=?, target=?, done_at=? WHERE key=?",
-                (state, dumps(result.detail), incident["target"],
-                 None if result.status == St.WAIT else now, key),
-            )  # fmt: skip
+                (
+                    state,
+                    dumps(result.detail),
+                    incident["target"],
+                    None if result.status == St.WAIT else now,
+                    key,
+                ),
+            )
             if result.status == St.DONE:
                 run["step_index"] += 1
             if result.status == St.WAIT and run["status"] == R.RUNNING:
@@ -192,9 +227,14 @@ class Engine:
                 (run["step_index"], dumps(run["context"]), now, run["id"]),
             )
             if result.status != St.WAIT:
-                self.store.audit(now, who, f"action.{action}", f"{state}: {book_reason(incident)}",
-                                 incident["id"], {"key": key, "dry_run": bool(run["dry_run"]),
-                                                  **result.detail})  # fmt: skip
+                self.store.audit(
+                    now,
+                    who,
+                    f"action.{action}",
+                    f"{state}: {book_reason(incident)}",
+                    incident["id"],
+                    {"key": key, "dry_run": bool(run["dry_run"]), **result.detail},
+                )
         return result
 
     def _end(
@@ -203,8 +243,14 @@ class Engine:
         with self.store.tx():
             self._set_run(run, state, now)
             self._set_incident(run["incident_id"], inc, now)
-            self.store.audit(now, f"playbook:{run['playbook']}", f"run.{state}", why,
-                             run["incident_id"], {"run": run["id"]})  # fmt: skip
+            self.store.audit(
+                now,
+                f"playbook:{run['playbook']}",
+                f"run.{state}",
+                why,
+                run["incident_id"],
+                {"run": run["id"]},
+            )
 
     def _set_run(self, run: dict[str, Any], new: RunState, now: float) -> None:
         check_run_transition(RunState(run["status"]), new)
@@ -238,9 +284,14 @@ class Engine:
         ):
             with self.store.tx():
                 self.store.execute("UPDATE jobs SET state='lost' WHERE id=?", (job["id"],))
-                self.store.audit(now, "coordinator", "job.lost",
-                                 f"no supervisor heartbeat for {now - job['last_heartbeat']:.0f} s",
-                                 None, {"job": job["id"]})  # fmt: skip
+                self.store.audit(
+                    now,
+                    "coordinator",
+                    "job.lost",
+                    f"no supervisor heartbeat for {now - job['last_heartbeat']:.0f} s",
+                    None,
+                    {"job": job["id"]},
+                )
 
 
 def book_reason(incident: dict[str, Any]) -> str:

@@ -37,7 +37,9 @@ class Ingestor:
         self.store = store
         self.playbooks = playbooks
         self.cfg = cfg
-        self.absorbing = frozenset(p.incident.fault for p in playbooks if p.incident.absorbs_symptoms)
+        self.absorbing = frozenset(
+            p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
+        )
 
     def ingest(self, batch: EventBatch, now: float) -> IngestResult:
         result = IngestResult()
@@ -50,9 +52,17 @@ class Ingestor:
         cur = self.store.execute(
             "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload, received_at)"
             " VALUES (?,?,?,?,?,?,?,?)",
-            (ev.id, str(ev.kind), ev.source.node, ev.source.rank, ev.source.job, ev.ts,
-             dumps(ev.payload), now),
-        )  # fmt: skip
+            (
+                ev.id,
+                str(ev.kind),
+                ev.source.node,
+                ev.source.rank,
+                ev.source.job,
+                ev.ts,
+                dumps(ev.payload),
+                now,
+            ),
+        )
         if cur.rowcount == 0:
             result.duplicates += 1
             return
@@ -77,13 +87,16 @@ class Ingestor:
         if ev.kind == EventKind.JOB_STATUS and ev.source.job is not None:
             p = ev.payload
             self.store.execute(
-                "INSERT INTO jobs (id, state, generation, last_heartbeat, status) VALUES (?,?,?,?,?)"
+                "INSERT INTO jobs (id, state, generation, last_heartbeat, status)"
+                " VALUES (?,?,?,?,?)"
                 " ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
                 " generation=excluded.generation, last_heartbeat=excluded.last_heartbeat,"
                 " status=excluded.status",
                 (ev.source.job, p["state"], p["generation"], now, dumps(p)),
             )
-            for name, state in [(n, "active") for n in p["nodes"]] + [(s, "spare") for s in p["spares"]]:
+            for name, state in [(n, "active") for n in p["nodes"]] + [
+                (s, "spare") for s in p["spares"]
+            ]:
                 self.store.execute(
                     "INSERT OR IGNORE INTO nodes (name, state, state_changed_at) VALUES (?,?,?)",
                     (name, state, now),
@@ -147,8 +160,11 @@ class Ingestor:
         )
         count = 0
         for r in rows:
-            doc = {"kind": r["kind"], "payload": r["payload"],
-                   "source": {"node": r["node"], "rank": r["rank"], "job": r["job"]}}  # fmt: skip
+            doc = {
+                "kind": r["kind"],
+                "payload": r["payload"],
+                "source": {"node": r["node"], "rank": r["rank"], "job": r["job"]},
+            }
             count += all(c.holds(doc) for c in clause.when)
         return count
 
@@ -181,14 +197,28 @@ class Ingestor:
         cur = self.store.execute(
             "INSERT INTO incidents (key, fault, target, job, state, playbook, opened_at,"
             " updated_at, first_step, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (key, cls.fault, target, job["id"] if job else ev.source.job, IncidentState.OPEN,
-             book.name, now, now, step, dumps(detail)),
-        )  # fmt: skip
+            (
+                key,
+                cls.fault,
+                target,
+                job["id"] if job else ev.source.job,
+                IncidentState.OPEN,
+                book.name,
+                now,
+                now,
+                step,
+                dumps(detail),
+            ),
+        )
         incident_id = int(cur.lastrowid or 0)
         self.store.audit(
-            now, "coordinator", "incident.open", f"{ev.kind} from {target} matched {book.name}",
-            incident_id, {"event": ev.id, "key": key},
-        )  # fmt: skip
+            now,
+            "coordinator",
+            "incident.open",
+            f"{ev.kind} from {target} matched {book.name}",
+            incident_id,
+            {"event": ev.id, "key": key},
+        )
         self.start_run(incident_id, book, now)
         return incident_id
 
@@ -197,7 +227,8 @@ class Ingestor:
         if ev.source.node and ev.source.node not in detail.setdefault("nodes", []):
             detail["nodes"].append(ev.source.node)
         self.store.execute(
-            "UPDATE incidents SET detail=?, updated_at=? WHERE id=?", (dumps(detail), now, row["id"])
+            "UPDATE incidents SET detail=?, updated_at=? WHERE id=?",
+            (dumps(detail), now, row["id"]),
         )
         if row["state"] != IncidentState.MITIGATED:
             return
@@ -212,8 +243,14 @@ class Ingestor:
         self.store.execute(
             "UPDATE incidents SET state='open', updated_at=? WHERE id=?", (now, row["id"])
         )
-        self.store.audit(now, "coordinator", "incident.recur", "fault reported again after "
-                         f"the {cooldown:g} s cooldown", int(row["id"]), {"event": ev.id})  # fmt: skip
+        self.store.audit(
+            now,
+            "coordinator",
+            "incident.recur",
+            f"fault reported again after the {cooldown:g} s cooldown",
+            int(row["id"]),
+            {"event": ev.id},
+        )
         self.start_run(int(row["id"]), book, now)
 
     def start_run(self, incident_id: int, book: Playbook, now: float) -> int:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from sentinel.coordinator.incidents import IncidentState
 from sentinel.coordinator.ingest import IngestResult
@@ -24,15 +30,20 @@ class Metrics:
         self.batches = Counter(f"{p}batches", "event batches acknowledged", registry=r)
         self.rejected = Counter(f"{p}rejected_batches", "batches refused", ["code"], registry=r)
         self.ack_seconds = Histogram(
-            f"{p}ack_seconds", "from parsed batch to durable ack", registry=r,
+            f"{p}ack_seconds",
+            "from parsed batch to durable ack",
+            registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-        )  # fmt: skip
+        )
         self.incidents = Gauge(f"{p}incidents", "incidents by state", ["state"], registry=r)
         self.actions = Gauge(f"{p}actions", "playbook actions by state", ["state"], registry=r)
         self.nodes = Gauge(f"{p}nodes", "known nodes by state", ["state"], registry=r)
         self.jobs = Gauge(f"{p}jobs", "jobs by state", ["state"], registry=r)
-        self.budget = Gauge(f"{p}eviction_budget_remaining",
-                            "evictions still allowed in the current window", registry=r)  # fmt: skip
+        self.budget = Gauge(
+            f"{p}eviction_budget_remaining",
+            "evictions still allowed in the current window",
+            registry=r,
+        )
 
     def count_ingest(self, result: IngestResult) -> None:
         self.events.labels(result="accepted").inc(result.accepted)
@@ -46,9 +57,12 @@ class Metrics:
         store, now = service.store, service.clock()
         for state in IncidentState:
             self.incidents.labels(state=state).set(0)
-        for table, gauge, col in (("incidents", self.incidents, "state"),
-                                  ("actions", self.actions, "state"),
-                                  ("nodes", self.nodes, "state"), ("jobs", self.jobs, "state")):  # fmt: skip
+        for table, gauge, col in (
+            ("incidents", self.incidents, "state"),
+            ("actions", self.actions, "state"),
+            ("nodes", self.nodes, "state"),
+            ("jobs", self.jobs, "state"),
+        ):
             for row in store.query(f"SELECT {col} AS s, COUNT(*) AS n FROM {table} GROUP BY {col}"):
                 gauge.labels(state=row["s"]).set(row["n"])
         budget = service.cfg.eviction

@@ -32,8 +32,9 @@ def jobs(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
 def incidents(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
     if "state" in q:
         IncidentState(q["state"]) if q["state"] in set(IncidentState) else _bad_state(q["state"])
-        return store.query("SELECT * FROM incidents WHERE state=? ORDER BY id LIMIT ?",
-                           (q["state"], _limit(q)))  # fmt: skip
+        return store.query(
+            "SELECT * FROM incidents WHERE state=? ORDER BY id LIMIT ?", (q["state"], _limit(q))
+        )
     return store.query("SELECT * FROM incidents ORDER BY id LIMIT ?", (_limit(q),))
 
 
@@ -46,14 +47,17 @@ def incident(store: Store, incident_id: int) -> dict[str, Any] | None:
     if doc is None:
         return None
     doc["events"] = store.query(
-        "SELECT id, kind, node, rank, job, ts FROM events WHERE incident_id=? ORDER BY ts LIMIT 1000",
+        "SELECT id, kind, node, rank, job, ts FROM events WHERE incident_id=?"
+        " ORDER BY ts LIMIT 1000",
         (incident_id,),
     )
     doc["runs"] = store.query("SELECT * FROM runs WHERE incident_id=? ORDER BY id", (incident_id,))
     doc["actions"] = store.query(
         "SELECT * FROM actions WHERE incident_id=? ORDER BY id", (incident_id,)
     )
-    doc["audit"] = store.query("SELECT * FROM audit WHERE incident_id=? ORDER BY id", (incident_id,))
+    doc["audit"] = store.query(
+        "SELECT * FROM audit WHERE incident_id=? ORDER BY id", (incident_id,)
+    )
     return doc
 
 
@@ -83,10 +87,16 @@ def take_commands(store: Store, kind: str, target: str, now: float) -> list[dict
                 (now, kind, target),
             )
     return [
-        {"v": 1, "id": r["id"], "kind": r["kind"], "target": {kind: target},
-         "ts": r["created_at"], "args": r["args"]}
+        {
+            "v": 1,
+            "id": r["id"],
+            "kind": r["kind"],
+            "target": {kind: target},
+            "ts": r["created_at"],
+            "args": r["args"],
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def ack_command(
@@ -100,8 +110,14 @@ def ack_command(
         if cur.rowcount:
             row = store.one("SELECT kind, incident_id FROM commands WHERE id=?", (cid,))
             assert row is not None
-            store.audit(now, who, "command.ack", "ok" if ok else "failed", row["incident_id"],
-                        {"command": cid, "kind": row["kind"], **detail})  # fmt: skip
+            store.audit(
+                now,
+                who,
+                "command.ack",
+                "ok" if ok else "failed",
+                row["incident_id"],
+                {"command": cid, "kind": row["kind"], **detail},
+            )
 
 
 # --- operator actions ------------------------------------------------------------------------
@@ -118,8 +134,10 @@ def acknowledge(service: Service, incident_id: int, who: str, now: float) -> dic
     store = service.store
     with store.tx():
         _incident_or_404(store, incident_id)
-        store.execute("UPDATE incidents SET acknowledged_by=?, updated_at=? WHERE id=?",
-                      (who, now, incident_id))  # fmt: skip
+        store.execute(
+            "UPDATE incidents SET acknowledged_by=?, updated_at=? WHERE id=?",
+            (who, now, incident_id),
+        )
         store.audit(now, who, "incident.acknowledge", "operator", incident_id)
     return {"incident": incident_id, "acknowledged_by": who}
 
@@ -136,10 +154,17 @@ def approve(service: Service, incident_id: int, who: str, now: float) -> dict[st
             raise ValueError(f"incident {incident_id} has no run awaiting approval")
         for run in runs:
             check_run_transition(RunState(run["status"]), RunState.PENDING)
-            store.execute("UPDATE runs SET status='pending', updated_at=? WHERE id=?",
-                          (now, run["id"]))  # fmt: skip
-        store.audit(now, who, "run.approve", "operator approved", incident_id,
-                    {"runs": [r["id"] for r in runs]})  # fmt: skip
+            store.execute(
+                "UPDATE runs SET status='pending', updated_at=? WHERE id=?", (now, run["id"])
+            )
+        store.audit(
+            now,
+            who,
+            "run.approve",
+            "operator approved",
+            incident_id,
+            {"runs": [r["id"] for r in runs]},
+        )
     return {"incident": incident_id, "approved_runs": [r["id"] for r in runs]}
 
 
@@ -148,8 +173,9 @@ def resolve(service: Service, incident_id: int, who: str, now: float) -> dict[st
     with store.tx():
         row = _incident_or_404(store, incident_id)
         check_transition(IncidentState(row["state"]), IncidentState.RESOLVED)
-        store.execute("UPDATE incidents SET state='resolved', updated_at=? WHERE id=?",
-                      (now, incident_id))  # fmt: skip
+        store.execute(
+            "UPDATE incidents SET state='resolved', updated_at=? WHERE id=?", (now, incident_id)
+        )
         store.execute(
             "UPDATE runs SET status='cancelled', updated_at=? WHERE incident_id=?"
             " AND status IN ('awaiting_approval','pending','running','waiting','escalated')",
@@ -160,9 +186,14 @@ def resolve(service: Service, incident_id: int, who: str, now: float) -> dict[st
 
 
 def run_action(
-    service: Service, incident_id: int, action: str, params: dict[str, Any], why: str, who: str,
+    service: Service,
+    incident_id: int,
+    action: str,
+    params: dict[str, Any],
+    why: str,
+    who: str,
     now: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Queue a one-step run of ACTION on the incident; the engine runs it like any step."""
     store = service.store
     if action not in ACTIONS:

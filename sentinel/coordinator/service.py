@@ -8,6 +8,7 @@ one commit (group commit); each is its own savepoint, so one bad batch fails alo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -33,7 +34,9 @@ class Service:
     def __init__(self, cfg: CoordinatorConfig, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.clock = clock
-        self.playbooks: list[Playbook] = load_playbooks(cfg.playbooks_dir or default_playbooks_dir())
+        self.playbooks: list[Playbook] = load_playbooks(
+            cfg.playbooks_dir or default_playbooks_dir()
+        )
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.state_dir / STORE_FILE)
         self.tokens = TokenStore(self.store)
@@ -118,14 +121,15 @@ class Service:
                 finished = 0
             if finished or await self.db(self._has_undelivered):
                 await self.notify_commands()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
-            except TimeoutError:
-                pass
             self._kick.clear()
 
     def _has_undelivered(self) -> bool:
-        return self.store.one("SELECT 1 AS x FROM commands WHERE delivered_at IS NULL LIMIT 1") is not None
+        return (
+            self.store.one("SELECT 1 AS x FROM commands WHERE delivered_at IS NULL LIMIT 1")
+            is not None
+        )
 
     async def notify_commands(self) -> None:
         async with self.commands_changed:

@@ -53,7 +53,8 @@ MIGRATIONS: list[str] = [
     );
     CREATE TABLE audit (
         id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, who TEXT NOT NULL,
-        what TEXT NOT NULL, why TEXT NOT NULL, incident_id INTEGER, detail TEXT NOT NULL DEFAULT '{}'
+        what TEXT NOT NULL, why TEXT NOT NULL, incident_id INTEGER,
+        detail TEXT NOT NULL DEFAULT '{}'
     );
     CREATE TABLE commands (
         id TEXT PRIMARY KEY, target_kind TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL,

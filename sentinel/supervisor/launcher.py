@@ -120,8 +120,13 @@ class LocalLauncher(Launcher):
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"g{plan.generation}-rank{rank}.log", "wb")  # noqa: SIM115
             procs.append(
-                subprocess.Popen(plan.argv, env=env, stdout=out, stderr=subprocess.STDOUT if out
-                                 else None, start_new_session=True)  # fmt: skip
+                subprocess.Popen(
+                    plan.argv,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                    start_new_session=True,
+                )
             )
             if out is not None:
                 out.close()

@@ -12,6 +12,7 @@ file named by `SENTINEL_CONTROL_FILE` in every rank's environment.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -95,8 +96,14 @@ def find_checkpoints(directory: Path | None) -> dict[int, Path]:
 
 
 class Supervisor:
-    def __init__(self, cfg: SupervisorConfig, argv: list[str], launcher: Launcher, token: str,
-                 control_file: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: SupervisorConfig,
+        argv: list[str],
+        launcher: Launcher,
+        token: str,
+        control_file: Path,
+    ) -> None:
         self.cfg = cfg
         self.argv = argv
         self.launcher = launcher
@@ -120,8 +127,11 @@ class Supervisor:
         body = encode(EventBatch(events=events))
         for attempt in range(5):
             try:
-                async with self.session.post(f"{self.cfg.coordinator_url}/v1/events", data=body,
-                                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                async with self.session.post(
+                    f"{self.cfg.coordinator_url}/v1/events",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                ) as r:
                     if r.status == 200:
                         return
                     log.warning("coordinator refused events: %s %s", r.status, await r.text())
@@ -133,11 +143,14 @@ class Supervisor:
     def _status_event(self) -> Any:
         ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir))
         payload = JobStatusPayload(
-            state=self.job.state, generation=self.job.generation,
+            state=self.job.state,
+            generation=self.job.generation,
             world_size=len(self.job.nodes) * self.job.gpus_per_node,
-            gpus_per_node=self.job.gpus_per_node, nodes=self.job.nodes, spares=self.job.spares,
+            gpus_per_node=self.job.gpus_per_node,
+            nodes=self.job.nodes,
+            spares=self.job.spares,
             checkpoints=ckpts,
-        )  # fmt: skip
+        )
         return make_event(EventKind.JOB_STATUS, Source(job=self.cfg.job_id), payload)
 
     async def report_status(self) -> None:
@@ -146,10 +159,8 @@ class Supervisor:
     async def _heartbeat(self) -> None:
         while not self.done.is_set():
             await self.report_status()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.done.wait(), self.cfg.heartbeat_s)
-            except TimeoutError:
-                pass
 
     async def _commands(self) -> None:
         assert self.session is not None
@@ -200,14 +211,20 @@ class Supervisor:
 
     def _launch(self) -> None:
         self.plan = GangPlan(
-            argv=[*self.argv, *self.job.trainer_flags()], nodes=list(self.job.nodes),
-            gpus_per_node=self.job.gpus_per_node, generation=self.job.generation,
+            argv=[*self.argv, *self.job.trainer_flags()],
+            nodes=list(self.job.nodes),
+            gpus_per_node=self.job.gpus_per_node,
+            generation=self.job.generation,
             master_addr=self.cfg.master_addr,
             master_port=self.cfg.master_port + self.job.generation % 1000,
             env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
-        )  # fmt: skip
-        log.info("launching generation %d on %s", self.job.generation, self.plan.nodes,
-                 extra={"argv": self.plan.argv})  # fmt: skip
+        )
+        log.info(
+            "launching generation %d on %s",
+            self.job.generation,
+            self.plan.nodes,
+            extra={"argv": self.plan.argv},
+        )
         self.gang = self.launcher.launch(self.plan)
         self.job.state = "running"
 
@@ -225,12 +242,17 @@ class Supervisor:
             failed = [e for e in exits if e.returncode != 0]
             if failed:
                 events = [
-                    make_event(EventKind.RANK_CRASH,
-                               Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
-                               RankCrashPayload(exit_code=e.returncode if e.returncode >= 0 else None,
-                                                signal=e.signal, generation=self.job.generation))
+                    make_event(
+                        EventKind.RANK_CRASH,
+                        Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
+                        RankCrashPayload(
+                            exit_code=e.returncode if e.returncode >= 0 else None,
+                            signal=e.signal,
+                            generation=self.job.generation,
+                        ),
+                    )
                     for e in failed
-                ]  # fmt: skip
+                ]
                 self._stop_gang()  # a gang with a dead rank cannot make progress
                 self.job.state = "crashed"
                 log.warning("ranks %s exited abnormally", [e.rank for e in failed])
@@ -253,8 +275,9 @@ class Supervisor:
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as self.session:
             self._launch()
-            tasks = [asyncio.create_task(c) for c in (self._heartbeat(), self._commands(),
-                                                      self._watch())]  # fmt: skip
+            tasks = [
+                asyncio.create_task(c) for c in (self._heartbeat(), self._commands(), self._watch())
+            ]
             for t in tasks:
                 t.add_done_callback(self._task_ended)
             await self.done.wait()

@@ -29,7 +29,9 @@ def main() -> int:
     a = p.parse_args()
     rank, gen = int(os.environ["RANK"]), int(os.environ["SENTINEL_GENERATION"])
     node = os.environ["SENTINEL_NODE"]
-    crashes = {tuple(map(int, c.split(":"))) for c in os.environ.get("TOY_CRASH", "").split(",") if c}
+    crashes = {
+        tuple(map(int, c.split(":"))) for c in os.environ.get("TOY_CRASH", "").split(",") if c
+    }
     skip = set()
     for part in filter(None, a.skip_batches.split(",")):
         lo, hi = map(int, part.split("-"))
@@ -41,9 +43,17 @@ def main() -> int:
     start = step
     a.ckpt_dir.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    record = {"rank": rank, "node": node, "generation": gen, "start": start, "end": None,
-              "world": int(os.environ["WORLD_SIZE"]), "skip": sorted(skip), "lr": a.lr_scale,
-              "resume_from": str(a.resume_from) if a.resume_from else None}
+    record = {
+        "rank": rank,
+        "node": node,
+        "generation": gen,
+        "start": start,
+        "end": None,
+        "world": int(os.environ["WORLD_SIZE"]),
+        "skip": sorted(skip),
+        "lr": a.lr_scale,
+        "resume_from": str(a.resume_from) if a.resume_from else None,
+    }
     (a.out / f"g{gen}-rank{rank}.json").write_text(json.dumps(record))
     while step < a.steps:
         if (rank, step, gen) in crashes:

@@ -98,6 +98,8 @@ class FrDump(BaseAction):
         job = ctx.job()
         nodes = sorted({n for r in analysis["culprit_ranks"] if (n := node_of_rank(job, r))})
         if not nodes:
-            return StepResult(StepStatus.ESCALATE, {"reason": "analysis named no culprit", **analysis})
+            return StepResult(
+                StepStatus.ESCALATE, {"reason": "analysis named no culprit", **analysis}
+            )
         ctx.context["culprit_nodes"] = nodes
         return StepResult(StepStatus.DONE, {"culprit_nodes": nodes, "verdict": analysis["verdict"]})

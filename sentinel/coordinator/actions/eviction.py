@@ -89,7 +89,9 @@ class KubernetesBackend(EvictionBackend):
         taints = list(current.get("spec", {}).get("taints") or [])
         if not any(t.get("key") == self.taint_key for t in taints):
             taints.append({"key": self.taint_key, "value": "true", "effect": "NoSchedule"})
-        self._call("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True, "taints": taints}})
+        self._call(
+            "PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True, "taints": taints}}
+        )
         return f"cordoned and tainted {node} ({self.taint_key}) through the Kubernetes API"
 
 
@@ -133,7 +135,9 @@ def _budget_refusal(ctx: ActionContext) -> str | None:
     row = ctx.store.one("SELECT COUNT(*) AS n FROM nodes WHERE state='active'")
     active = int(row["n"]) if row else 0
     if active - 1 < budget.min_fleet:
-        return f"evicting would leave {active - 1} active node(s), below min_fleet {budget.min_fleet}"
+        return (
+            f"evicting would leave {active - 1} active node(s), below min_fleet {budget.min_fleet}"
+        )
     return None
 
 
@@ -169,7 +173,9 @@ class EvictNode(BaseAction):
             evicted = ctx.context.setdefault("evicted", [])
             if node not in evicted:
                 evicted.append(node)
-        return StepResult(StepStatus.DONE, {"nodes": nodes, "backend": ctx.backend.name, "did": done})
+        return StepResult(
+            StepStatus.DONE, {"nodes": nodes, "backend": ctx.backend.name, "did": done}
+        )
 
 
 class SwapParams(BaseModel):

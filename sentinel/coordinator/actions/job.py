@@ -54,7 +54,9 @@ class Rollback(BaseAction):
             ctx.context["resume_before_step"] = max(0, int(first) - params.margin_steps)
         else:
             ctx.context["resume_before_step"] = None
-        return StepResult(StepStatus.DONE, {"resume_before_step": ctx.context["resume_before_step"]})
+        return StepResult(
+            StepStatus.DONE, {"resume_before_step": ctx.context["resume_before_step"]}
+        )
 
 
 class SkipParams(_P):
@@ -125,7 +127,9 @@ class Resume(BaseAction):
         if int(job["generation"]) > before and job["state"] == "running":
             return StepResult(StepStatus.DONE, {"command": cid, "generation": job["generation"]})
         if ctx.now - ctx.step_started_at > params.timeout_s:
-            return StepResult(StepStatus.FAILED, {"error": "the job did not come back", "command": cid})
+            return StepResult(
+                StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
+            )
         return StepResult(StepStatus.WAIT, {"command": cid})
 
 

@@ -1,0 +1,176 @@
+"""Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
+each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
+loopback. Fleets grow until p99 ack passes 50 ms or the largest step is done.
+
+Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
+cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+
+TARGET_NODES = 2048
+P99_LIMIT_MS = 50.0
+WARMUP_S = 1.0  # the first second opens every connection; not steady state
+
+
+def _batch(node: int, seq: int) -> bytes:
+    """A node's once-a-second batch; ids unique per node and second."""
+    base = f"n{node}s{seq}"
+    hb = {
+        "v": 1,
+        "id": f"{base}h",
+        "kind": "agent.heartbeat",
+        "source": {"node": f"node-{node}"},
+        "ts": time.time(),
+        "payload": {"gpus": 8, "verdict": "healthy", "agent_version": "b"},
+    }
+    gpus = [
+        {
+            "v": 1,
+            "id": f"{base}g{g}",
+            "kind": "gpu.verdict",
+            "source": {"node": f"node-{node}"},
+            "ts": time.time(),
+            "payload": {"gpu": g, "verdict": "healthy", "action": "none"},
+        }
+        for g in range(8)
+    ]
+    return json.dumps({"v": 1, "events": [hb, *gpus]}).encode()
+
+
+async def _load(url: str, token: str, nodes: int, seconds: float) -> list[float]:
+    import aiohttp
+
+    lat: list[float] = []
+    conn = aiohttp.TCPConnector(limit=512)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=conn, headers=headers) as s:
+        start = time.perf_counter()
+
+        async def node(i: int) -> None:
+            seq = 0
+            next_t = start + (i / nodes)  # spread the fleet over each second
+            while next_t < start + seconds:
+                await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+                body = _batch(i, seq)
+                t0 = time.perf_counter()
+                async with s.post(f"{url}/v1/events", data=body) as r:
+                    await r.read()
+                    if r.status == 200 and t0 - start >= WARMUP_S:
+                        lat.append(time.perf_counter() - t0)
+                seq += 1
+                next_t += 1.0
+
+        await asyncio.gather(*(node(i) for i in range(nodes)))
+    return lat
+
+
+def _loader(url: str, token: str, nodes: int, seconds: float, q: mp.Queue) -> None:
+    q.put(asyncio.run(_load(url, token, nodes, seconds)))
+
+
+def _pct(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(p * len(s)))] * 1000 if s else float("inf")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
+    ap.add_argument("--sizes", default="512,1024,2048", help="fleet sizes, ascending")
+    args = ap.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    coord = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "--log-level",
+            "warning",
+            "coordinator",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(state),
+        ]
+    )
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        token = (state / "admin.token").read_text().strip()
+        proc = psutil.Process(coord.pid)
+        steps = []
+        for nodes in [int(n) for n in args.sizes.split(",")]:
+            q: mp.Queue = mp.Queue()
+            cpu0, t0 = proc.cpu_times(), time.perf_counter()
+            loader = mp.Process(target=_loader, args=(url, token, nodes, args.seconds, q))
+            loader.start()
+            lat = q.get()
+            loader.join()
+            wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
+            cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
+            rate = len(lat) / (args.seconds - WARMUP_S)
+            step = {
+                "nodes": nodes,
+                "batches_per_s": round(rate, 1),
+                "events_per_s": round(9 * rate, 1),
+                "ack_ms_p50": round(_pct(lat, 0.5), 2),
+                "ack_ms_p99": round(_pct(lat, 0.99), 2),
+                "cpu_core_fraction": round(cpu, 3),
+            }
+            print(json.dumps(step), flush=True)
+            steps.append(step)
+            if step["ack_ms_p99"] > P99_LIMIT_MS:
+                break
+    finally:
+        coord.terminate()
+        coord.wait(10)
+    ok = [s for s in steps if s["ack_ms_p99"] <= P99_LIMIT_MS]
+    at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
+    print(
+        json.dumps(
+            {
+                **{
+                    k: at_target[k]
+                    for k in (
+                        "events_per_s",
+                        "batches_per_s",
+                        "ack_ms_p50",
+                        "ack_ms_p99",
+                        "cpu_core_fraction",
+                    )
+                },
+                "fleet_nodes": at_target["nodes"],
+                "max_nodes_at_1hz": max((s["nodes"] for s in ok), default=0),
+                "steps": steps,
+                "run_id": uuid.uuid4().hex[:8],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
