@@ -44,7 +44,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.path == "/healthz":
         return await handler(request)
     service = request.app[SERVICE]
-    principal = await service.db(service.tokens.authenticate, request.headers.get("Authorization"))
+    header = request.headers.get("Authorization")
+    principal = service.tokens.cached(header, time.monotonic())
+    if principal is None:
+        principal = await service.db(service.tokens.authenticate, header)
     if principal is None:
         return web.json_response(
             {"error": "missing or invalid bearer token"},

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -73,8 +74,19 @@ def hash_token(token: str) -> str:
 
 
 class TokenStore:
+    """Tokens in the store. Lookups are cached for CACHE_S seconds, so a token revoked from
+    another process (`sentinel token revoke`) stops working within that time; one revoked
+    through this object stops at once."""
+
+    CACHE_S = 2.0
+
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._cache: dict[str, tuple[Principal, float]] = {}
+
+    def cached(self, header: str | None, now: float) -> Principal | None:
+        hit = self._cache.get(header or "")
+        return hit[0] if hit is not None and now - hit[1] < self.CACHE_S else None
 
     def create(
         self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
@@ -100,6 +112,7 @@ class TokenStore:
             cur = self.store.execute(
                 "UPDATE tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)
             )
+        self._cache.clear()
         return cur.rowcount > 0
 
     def active_count(self) -> int:
@@ -116,7 +129,11 @@ class TokenStore:
         row = self.store.one("SELECT * FROM tokens WHERE id=? AND revoked_at IS NULL", (parts[1],))
         if row is None or not hmac.compare_digest(row["hash"], hash_token(secret)):
             return None
-        return Principal(row["id"], Role(row["role"]), row["node"], row["job"])
+        principal = Principal(row["id"], Role(row["role"]), row["node"], row["job"])
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[header] = (principal, time.monotonic())
+        return principal
 
     def ensure_admin(self, state_dir: Path, now: float) -> Path | None:
         """With no token at all, make an admin token readable by the owner only."""

@@ -6,6 +6,7 @@ wholly stored with everything it caused, or not at all.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from sentinel.coordinator.incidents import (
     check_transition,
     incident_key,
 )
-from sentinel.coordinator.playbooks import Playbook
+from sentinel.coordinator.playbooks import Playbook, TriggerClause
 from sentinel.coordinator.store import Store, dumps
 from sentinel.protocol import Event, EventBatch, EventKind
 
@@ -37,6 +38,11 @@ class Ingestor:
         self.store = store
         self.playbooks = playbooks
         self.cfg = cfg
+        self._by_kind: dict[EventKind, list[tuple[Playbook, TriggerClause]]] = {}
+        for book in playbooks:  # already sorted by priority
+            for clause in book.trigger:
+                for kind in clause.kinds:
+                    self._by_kind.setdefault(kind, []).append((book, clause))
         self.absorbing = frozenset(
             p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
         )
@@ -44,46 +50,57 @@ class Ingestor:
     def ingest(self, batch: EventBatch, now: float) -> IngestResult:
         result = IngestResult()
         with self.store.tx():
-            for event in batch.events:
-                self._one(event, now, result)
+            new = self._insert_new(batch.events, now)
+            nodes: dict[str, str | None] = {}
+            for ev in batch.events:
+                if ev.id not in new:
+                    result.duplicates += 1  # stored before (a replay) or twice in this batch
+                    continue
+                new.discard(ev.id)
+                result.accepted += 1
+                if ev.source.node is not None:
+                    verdict = ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
+                    nodes[ev.source.node] = verdict or nodes.get(ev.source.node)
+                self._track_job(ev, now)
+                incident_id = self._correlate(ev, now, result)
+                if incident_id is not None:
+                    self.store.execute(
+                        "UPDATE events SET incident_id=? WHERE id=?", (incident_id, ev.id)
+                    )
+            self._track_nodes(nodes, now)
         return result
 
-    def _one(self, ev: Event, now: float, result: IngestResult) -> None:
-        cur = self.store.execute(
-            "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload, received_at)"
-            " VALUES (?,?,?,?,?,?,?,?)",
-            (
-                ev.id,
-                str(ev.kind),
-                ev.source.node,
-                ev.source.rank,
-                ev.source.job,
-                ev.ts,
-                dumps(ev.payload),
-                now,
-            ),
-        )
-        if cur.rowcount == 0:
-            result.duplicates += 1
-            return
-        result.accepted += 1
-        self._track(ev, now)
-        incident_id = self._correlate(ev, now, result)
-        if incident_id is not None:
-            self.store.execute("UPDATE events SET incident_id=? WHERE id=?", (incident_id, ev.id))
+    def _insert_new(self, events: list[Event], now: float) -> set[str]:
+        """Insert every event not stored yet (one statement per chunk); the ids inserted."""
+        new: set[str] = set()
+        for start in range(0, len(events), _CHUNK):
+            chunk = events[start : start + _CHUNK]
+            values = ",".join(["(?,?,?,?,?,?,?,?)"] * len(chunk))
+            params: list[object] = []
+            for ev in chunk:
+                s = ev.source
+                params += [ev.id, ev.kind.value, s.node, s.rank, s.job, ev.ts,
+                           json.dumps(ev.payload, separators=(",", ":")), now]  # fmt: skip
+            rows = self.store.execute(
+                "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
+                f" received_at) VALUES {values} RETURNING id",
+                tuple(params),
+            ).fetchall()
+            new.update(r[0] for r in rows)
+        return new
 
     # --- fleet and job state -----------------------------------------------------------------
 
-    def _track(self, ev: Event, now: float) -> None:
-        node = ev.source.node
-        if node is not None:
-            verdict = ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
-            self.store.execute(
+    def _track_nodes(self, nodes: dict[str, str | None], now: float) -> None:
+        if nodes:
+            self.store.executemany(
                 "INSERT INTO nodes (name, last_seen, verdict, state) VALUES (?,?,?,'active')"
                 " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
                 " verdict=COALESCE(excluded.verdict, nodes.verdict)",
-                (node, now, verdict),
+                [(node, now, verdict) for node, verdict in nodes.items()],
             )
+
+    def _track_job(self, ev: Event, now: float) -> None:
         if ev.kind == EventKind.JOB_STATUS and ev.source.job is not None:
             p = ev.payload
             self.store.execute(
@@ -139,10 +156,14 @@ class Ingestor:
         return incident_id
 
     def _classify(self, ev: Event) -> Playbook | None:
-        doc = ev.model_dump(mode="json")
-        for book in self.playbooks:  # sorted by priority, highest first
-            clause = book.clause_for(ev, doc)
-            if clause is None:
+        candidates = self._by_kind.get(ev.kind)
+        if not candidates:
+            return None
+        s = ev.source
+        doc = {"kind": ev.kind.value, "payload": ev.payload,
+               "source": {"node": s.node, "rank": s.rank, "job": s.job}}  # fmt: skip
+        for book, clause in candidates:  # by priority, highest first
+            if not all(c.holds(doc) for c in clause.when):
                 continue
             if clause.min_count <= 1 or self._count(ev, clause) >= clause.min_count:
                 return book
@@ -264,4 +285,5 @@ class Ingestor:
         return int(cur.lastrowid or 0)
 
 
+_CHUNK = 1000  # events per INSERT statement (8 parameters each, SQLite allows 32,766)
 _VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})

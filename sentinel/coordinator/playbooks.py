@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sentinel.coordinator.actions import ACTIONS
 from sentinel.protocol import Event, EventKind
@@ -41,6 +49,7 @@ Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "ex
 
 
 class Condition(_Strict):
+    _path: list[str] = PrivateAttr(default_factory=list)
     field: str = Field(pattern=r"^(payload|source|kind)(\.[A-Za-z0-9_*]+)*$")
     op: Op = "eq"
     value: Any = None
@@ -53,8 +62,11 @@ class Condition(_Strict):
             raise ValueError(f"op {self.op!r} needs a number value")
         return self
 
+    def model_post_init(self, context: Any, /) -> None:
+        self._path = self.field.split(".")  # split once; matched against every event
+
     def holds(self, doc: dict[str, Any]) -> bool:
-        values = _resolve(doc, self.field.split("."))
+        values = _resolve(doc, self._path)
         if self.op == "exists":
             return bool(values) == (self.value is not False)
         return any(_compare(self.op, v, self.value) for v in values)

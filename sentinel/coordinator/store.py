@@ -155,6 +155,10 @@ class Store:
         with self._lock:
             return self.conn.execute(sql, params)
 
+    def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> sqlite3.Cursor:
+        with self._lock:
+            return self.conn.executemany(sql, rows)
+
     # --- audit -------------------------------------------------------------------------------
 
     def audit(
