@@ -55,6 +55,7 @@ class Service:
 
     async def start(self) -> Path | None:
         admin = await self.db(self.tokens.ensure_admin, self.cfg.state_dir, self.clock())
+        await self.db(self.store.start_checkpointer)
         self._engine_task = asyncio.create_task(self._engine_loop(), name="sentinel-engine")
         return admin
 

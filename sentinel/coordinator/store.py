@@ -87,9 +87,34 @@ class Store:
         self.conn.execute("PRAGMA busy_timeout=5000")
         self._lock = threading.RLock()
         self._depth = 0
+        self._checkpointer: threading.Thread | None = None
+        self._stop = threading.Event()
         self.migrate()
 
+    def start_checkpointer(self, every_s: float = 1.0) -> None:
+        """Move the WAL into the database from a thread of its own.
+
+        SQLite's automatic checkpoint runs inside a committing transaction and, with
+        synchronous=FULL, fsyncs the whole database there: a stall of every acknowledgement
+        queued behind it. A PASSIVE checkpoint on another connection never blocks the writer.
+        """
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        def loop() -> None:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                while not self._stop.wait(every_s):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.close()
+
+        self._checkpointer = threading.Thread(target=loop, name="sentinel-wal", daemon=True)
+        self._checkpointer.start()
+
     def close(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         self.conn.close()
 
     # --- schema ------------------------------------------------------------------------------
