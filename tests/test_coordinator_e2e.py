@@ -43,6 +43,7 @@ class Coordinator:
             **os.environ,
             "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
             "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
+            "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "4",
         }
         self.proc = subprocess.Popen(
             [

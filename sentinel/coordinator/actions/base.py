@@ -72,10 +72,13 @@ class ActionContext:
             return None
         return self.store.one("SELECT * FROM jobs WHERE id=?", (self.job_id,))
 
+    def command_id(self, suffix: str = "") -> str:
+        return f"{self.key}{suffix}".replace("/", "-")
+
     def issue_command(self, kind: CommandKind, args: dict[str, Any], suffix: str = "") -> str:
         """Queue a command for the incident's job; the idempotency key is its id, so a redo
         after a crash finds the command already there."""
-        cid = f"{self.key}{suffix}".replace("/", "-")
+        cid = self.command_id(suffix)
         if self.job_id is None:
             raise ValueError("this incident has no job to send a command to")
         self.store.execute(

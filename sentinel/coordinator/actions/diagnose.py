@@ -50,7 +50,7 @@ class SdcRecompute(BaseAction):
             return StepResult(StepStatus.DONE, {"dry_run": "would run a recompute-diff"})
         job = ctx.job()
         step = ctx.incident.get("first_step") or 0
-        cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.key})
+        cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.command_id()})
         rows = ctx.store.query(
             "SELECT node, json_extract(payload,'$.step') AS step,"
             " json_extract(payload,'$.digest') AS digest FROM events WHERE kind='rank.sdc'"
@@ -84,7 +84,7 @@ class FrDump(BaseAction):
         assert isinstance(params, _WaitParams)
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would dump flight recorders"})
-        cid = ctx.issue_command(CommandKind.FR_DUMP, {"check_id": ctx.key})
+        cid = ctx.issue_command(CommandKind.FR_DUMP, {"check_id": ctx.command_id()})
         row = ctx.store.one(
             "SELECT payload FROM events WHERE kind='fr.analysis' AND job=?"
             " AND json_extract(payload,'$.check_id')=? ORDER BY ts DESC LIMIT 1",
