@@ -69,7 +69,9 @@ def test_schema_is_versioned(tmp_path: Path) -> None:
 
 
 def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path: Path) -> None:
-    store, ingest, _, clock = setup(tmp_path)
+    store, ingest, engine, clock = setup(tmp_path)
+    fleet = job_status("j", [f"node-{i}" for i in range(4)], [])
+    ingest.ingest(EventBatch(events=[fleet]), clock())
     events = [xid("node-3", gpu=g) for g in range(8)]
     r1 = ingest.ingest(EventBatch(events=events), clock())
     r2 = ingest.ingest(EventBatch(events=events), clock())  # replayed by a spooling agent
@@ -78,6 +80,12 @@ def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path
     assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
     assert store.one("SELECT COUNT(*) n FROM runs")["n"] == 1
     assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 8
+    engine.tick()
+    ingest.ingest(EventBatch(events=events), clock())  # replayed after the action ran
+    engine.tick()
+    evictions = store.query("SELECT key FROM actions WHERE action='evict_node'")
+    assert len(evictions) == 1
+    assert (tmp_path / "state" / "exclude.txt").read_text().split() == ["node-3"]
 
 
 def test_agent_and_trainer_reports_of_one_fault_are_one_incident(tmp_path: Path) -> None:
@@ -141,7 +149,41 @@ def test_repeated_crash_on_one_node_escalates_to_eviction(tmp_path: Path) -> Non
     assert cmd[-1]["args"]["spare_map"] == {"node-1": "spare-0"}
 
 
-def test_dry_run_and_approval_guards(tmp_path: Path) -> None:
+def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
+    from sentinel.coordinator import queries
+
+    book = tmp_path / "books"
+    book.mkdir()
+    text = (ROOT / "playbooks" / "gpu_hardware_fault.yaml").read_text()
+    (book / "hw.yaml").write_text(
+        text.replace(
+            "guards: {cooldown_s: 900}", "guards: {cooldown_s: 900, require_approval: true}"
+        )
+    )
+    c = cfg(tmp_path)
+    store = Store(tmp_path / "c.db")
+    books = load_playbooks(book)
+    ingest, engine = Ingestor(store, books, c), Engine(store, books, c, make_backend(c))
+    ingest.ingest(
+        EventBatch(events=[job_status("j", ["node-0", "node-1", "node-2"], []), xid("node-1")]), 1.0
+    )
+    engine.tick()
+    assert store.one("SELECT status FROM runs")["status"] == "awaiting_approval"
+    assert store.one("SELECT COUNT(*) n FROM actions")["n"] == 0
+
+    class Svc:
+        pass
+
+    svc = Svc()
+    svc.store = store  # type: ignore[attr-defined]
+    queries.approve(svc, 1, "operator:abc", 2.0)  # type: ignore[arg-type]
+    engine.tick()
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    audit = store.query("SELECT who, what FROM audit WHERE what='run.approve'")
+    assert audit == [{"who": "operator:abc", "what": "run.approve"}]
+
+
+def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     store, ingest, engine, clock = setup(tmp_path, dry_run=True)
     ingest.ingest(EventBatch(events=[xid("node-0"), xid("node-1")]), clock())
     engine.tick()
@@ -237,3 +279,12 @@ def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
         text=True,
     )
     assert ok.returncode == 0 and "gpu_hardware_fault: ok" in ok.stdout
+
+
+def test_coordinator_and_supervisor_never_import_torch() -> None:
+    code = (
+        "import sys, sentinel.coordinator.app, sentinel.coordinator.service, "
+        "sentinel.supervisor.supervisor, sentinel.commands.coordinator_cmd; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

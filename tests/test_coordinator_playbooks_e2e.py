@@ -8,18 +8,16 @@ SENTINEL_CONTROL_FILE, as the hooks would."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from test_coordinator_e2e import SENTINEL, Coordinator, coord, wait_for
 from coord_util import ROOT
+from test_coordinator_e2e import SENTINEL, Coordinator, coord, wait_for
+
 from sentinel.protocol import (
     Action,
     EventBatch,
@@ -49,13 +47,39 @@ class Job:
         (tmp / "job.token").write_text(self.token)
         self.ckpt, self.out, self.logs = tmp / "ckpt", tmp / "out", tmp / "logs"
         self.proc = subprocess.Popen(
-            [*SENTINEL, "run", "--job-id", "job1", "--coordinator", coord.url, "--token-file",
-             str(tmp / "job.token"), "--nodes", "2", "--gpus-per-node", "2", "--spares",
-             str(spares), "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.logs), "--",
-             sys.executable, str(ROOT / "tests/helpers/toy_trainer.py"), "--steps", "300",
-             "--ckpt-dir", str(self.ckpt), "--out", str(self.out), "--step-s", "0.03"],
+            [
+                *SENTINEL,
+                "run",
+                "--job-id",
+                "job1",
+                "--coordinator",
+                coord.url,
+                "--token-file",
+                str(tmp / "job.token"),
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "2",
+                "--spares",
+                str(spares),
+                "--checkpoint-dir",
+                str(self.ckpt),
+                "--log-dir",
+                str(self.logs),
+                "--",
+                sys.executable,
+                str(ROOT / "tests/helpers/toy_trainer.py"),
+                "--steps",
+                "300",
+                "--ckpt-dir",
+                str(self.ckpt),
+                "--out",
+                str(self.out),
+                "--step-s",
+                "0.03",
+            ],
             stderr=open(tmp / "sup.log", "wb"),  # noqa: SIM115
-        )  # fmt: skip
+        )
 
     def status(self) -> dict[str, Any]:
         jobs = self.coord.call("GET", "/v1/jobs", self.admin)
@@ -126,27 +150,40 @@ def test_loss_spike_nan_and_sdc(job_factory: Any) -> None:
     job: Job = job_factory(spares=1)
     job.wait_running(0)
     for rank in (0, 1):  # every rank sees the spike: one incident
-        job.post(EventKind.RANK_ANOMALY, rank_src(rank, "node-0"),
-                 RankAnomalyPayload(step=12, anomaly="spike", value=9.0, batch=12))  # fmt: skip
+        job.post(
+            EventKind.RANK_ANOMALY,
+            rank_src(rank, "node-0"),
+            RankAnomalyPayload(step=12, anomaly="spike", value=9.0, batch=12),
+        )
     job.wait_running(1)
     g1 = job.record(1, 0)
     assert g1["lr"] == "0.5:100" and g1["start"] == 0  # 100 steps back: from the start
     assert g1["skip"][0] == 12 and g1["skip"][-1] == 212
     step = max(job.status()["status"]["checkpoints"]) + 2
-    job.post(EventKind.RANK_ANOMALY, rank_src(1, "node-0"),
-             RankAnomalyPayload(step=step, anomaly="nan", batch=step))  # fmt: skip
+    job.post(
+        EventKind.RANK_ANOMALY,
+        rank_src(1, "node-0"),
+        RankAnomalyPayload(step=step, anomaly="nan", batch=step),
+    )
     s2 = job.wait_running(2)
     g2 = job.record(2, 0)
     assert g2["start"] <= step and step in g2["skip"] and 12 in g2["skip"]
     step = max(s2["status"]["checkpoints"]) + 1
-    job.post(EventKind.RANK_SDC, rank_src(2, "node-1"),
-             RankSdcPayload(step=step, digest="bad", mismatch=True))  # fmt: skip
+    job.post(
+        EventKind.RANK_SDC,
+        rank_src(2, "node-1"),
+        RankSdcPayload(step=step, digest="bad", mismatch=True),
+    )
     check = job.control("sdc.check")["args"]
     for rank in range(4):  # the recompute: rank 2's digest disagrees
         node = "node-0" if rank < 2 else "node-1"
-        job.post(EventKind.RANK_SDC, rank_src(rank, node),
-                 RankSdcPayload(step=check["step"], digest="b" if rank == 2 else "a",
-                                check_id=check["check_id"]))  # fmt: skip
+        job.post(
+            EventKind.RANK_SDC,
+            rank_src(rank, node),
+            RankSdcPayload(
+                step=check["step"], digest="b" if rank == 2 else "a", check_id=check["check_id"]
+            ),
+        )
     job.wait_running(3)
     g3 = job.record(3, 2)
     assert g3["node"] == "spare-0" and g3["start"] <= step
@@ -163,9 +200,19 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     job: Job = job_factory(spares=2)
     node0 = coord.token("--role", "node", "--node", "node-0")
     job.wait_running(0)
-    hot = GpuVerdictPayload(gpu=1, verdict=Verdict.UNHEALTHY, action=Action.DRAIN_AND_INSPECT,
-                            findings=[Finding(rule="gpu_temp_unhealthy", verdict=Verdict.UNHEALTHY,
-                                              action=Action.DRAIN_AND_INSPECT, detail="96 C")])  # fmt: skip
+    hot = GpuVerdictPayload(
+        gpu=1,
+        verdict=Verdict.UNHEALTHY,
+        action=Action.DRAIN_AND_INSPECT,
+        findings=[
+            Finding(
+                rule="gpu_temp_unhealthy",
+                verdict=Verdict.UNHEALTHY,
+                action=Action.DRAIN_AND_INSPECT,
+                detail="96 C",
+            )
+        ],
+    )
     job.post(EventKind.GPU_VERDICT, Source(node="node-0"), hot, token=node0)
     s1 = job.wait_running(1)
     assert s1["status"]["nodes"] == ["spare-0", "node-1"]
@@ -175,9 +222,13 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     assert s2["status"]["nodes"] == ["spare-0", "spare-1"]
     job.post(EventKind.RANK_HANG, rank_src(0, "spare-0"), RankHangPayload(waited_s=120.0))
     dump = job.control("fr.dump")["args"]
-    job.post(EventKind.FR_ANALYSIS, Source(job="job1"),
-             FrAnalysisPayload(verdict="hang", culprit_ranks=[3], waiting_ranks=[0, 1, 2],
-                               check_id=dump["check_id"]))  # fmt: skip
+    job.post(
+        EventKind.FR_ANALYSIS,
+        Source(job="job1"),
+        FrAnalysisPayload(
+            verdict="hang", culprit_ranks=[3], waiting_ranks=[0, 1, 2], check_id=dump["check_id"]
+        ),
+    )
     s3 = job.wait_running(3)
     assert s3["status"]["nodes"] == ["spare-0"]  # no spare left: the job runs one node short
     assert job.record(3, 0)["world"] == 2
@@ -190,3 +241,21 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     assert (coord.state / "exclude.txt").read_text().split() == ["node-0", "node-1", "spare-1"]
     audit = coord.call("GET", "/v1/audit?limit=1000", job.admin)
     assert "action.notify" in [a["what"] for a in audit]  # type: ignore[union-attr]
+
+
+def test_killed_supervisor_leaves_the_job_visibly_lost(job_factory: Any) -> None:
+    import psutil
+
+    job: Job = job_factory(spares=0)
+    job.wait_running(0)
+    ranks = psutil.Process(job.proc.pid).children()
+    job.proc.kill()  # kill -9: no goodbye
+    job.proc.wait()
+    try:
+        wait_for(lambda: job.status()["state"] == "lost", 15, "job marked lost")
+    finally:
+        for rank in ranks:  # the orphaned ranks of this test's own supervisor
+            if rank.is_running():
+                rank.kill()
+    audit = job.coord.call("GET", "/v1/audit", job.admin)
+    assert any(a["what"] == "job.lost" for a in audit)  # type: ignore[union-attr]

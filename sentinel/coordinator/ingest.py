@@ -79,8 +79,16 @@ class Ingestor:
             params: list[object] = []
             for ev in chunk:
                 s = ev.source
-                params += [ev.id, ev.kind.value, s.node, s.rank, s.job, ev.ts,
-                           json.dumps(ev.payload, separators=(",", ":")), now]  # fmt: skip
+                params += [
+                    ev.id,
+                    ev.kind.value,
+                    s.node,
+                    s.rank,
+                    s.job,
+                    ev.ts,
+                    json.dumps(ev.payload, separators=(",", ":")),
+                    now,
+                ]
             rows = self.store.execute(
                 "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
                 f" received_at) VALUES {values} RETURNING id",
@@ -160,8 +168,11 @@ class Ingestor:
         if not candidates:
             return None
         s = ev.source
-        doc = {"kind": ev.kind.value, "payload": ev.payload,
-               "source": {"node": s.node, "rank": s.rank, "job": s.job}}  # fmt: skip
+        doc = {
+            "kind": ev.kind.value,
+            "payload": ev.payload,
+            "source": {"node": s.node, "rank": s.rank, "job": s.job},
+        }
         for book, clause in candidates:  # by priority, highest first
             if not all(c.holds(doc) for c in clause.when):
                 continue
