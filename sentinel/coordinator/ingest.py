@@ -7,6 +7,7 @@ wholly stored with everything it caused, or not at all.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,11 +39,12 @@ class Ingestor:
         self.store = store
         self.playbooks = playbooks
         self.cfg = cfg
-        self._by_kind: dict[EventKind, list[tuple[Playbook, TriggerClause]]] = {}
+        self._by_kind: dict[EventKind, list[tuple[Playbook, TriggerClause, _Pred]]] = {}
         for book in playbooks:  # already sorted by priority
             for clause in book.trigger:
+                pred = clause.compile()
                 for kind in clause.kinds:
-                    self._by_kind.setdefault(kind, []).append((book, clause))
+                    self._by_kind.setdefault(kind, []).append((book, clause, pred))
         self.absorbing = frozenset(
             p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
         )
@@ -173,8 +175,8 @@ class Ingestor:
             "payload": ev.payload,
             "source": {"node": s.node, "rank": s.rank, "job": s.job},
         }
-        for book, clause in candidates:  # by priority, highest first
-            if not all(c.holds(doc) for c in clause.when):
+        for book, clause, pred in candidates:  # by priority, highest first
+            if not pred(doc):
                 continue
             if clause.min_count <= 1 or self._count(ev, clause) >= clause.min_count:
                 return book
@@ -296,5 +298,6 @@ class Ingestor:
         return int(cur.lastrowid or 0)
 
 
+_Pred = Callable[[dict[str, Any]], bool]
 _CHUNK = 1000  # events per INSERT statement (8 parameters each, SQLite allows 32,766)
 _VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})

@@ -23,6 +23,7 @@ Condition fields are dotted paths into the event (`payload.xid`, `source.node`);
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -49,7 +49,6 @@ Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "ex
 
 
 class Condition(_Strict):
-    _path: list[str] = PrivateAttr(default_factory=list)
     field: str = Field(pattern=r"^(payload|source|kind)(\.[A-Za-z0-9_*]+)*$")
     op: Op = "eq"
     value: Any = None
@@ -62,14 +61,25 @@ class Condition(_Strict):
             raise ValueError(f"op {self.op!r} needs a number value")
         return self
 
-    def model_post_init(self, context: Any, /) -> None:
-        self._path = self.field.split(".")  # split once; matched against every event
-
     def holds(self, doc: dict[str, Any]) -> bool:
-        values = _resolve(doc, self._path)
-        if self.op == "exists":
-            return bool(values) == (self.value is not False)
-        return any(_compare(self.op, v, self.value) for v in values)
+        return self.compile()(doc)
+
+    def compile(self) -> Callable[[dict[str, Any]], bool]:
+        """A plain closure for the hot path: ingest checks it against every event."""
+        path, op, want = self.field.split("."), self.op, self.value
+        if op == "exists":
+            return lambda doc: bool(_resolve(doc, path)) == (want is not False)
+        if "*" not in path and op == "eq":  # the common case, without the generic walk
+            return lambda doc: _get(doc, path) == want
+        return lambda doc: any(_compare(op, v, want) for v in _resolve(doc, path))
+
+
+def _get(node: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
 
 
 def _resolve(node: Any, path: list[str]) -> list[Any]:
@@ -118,6 +128,10 @@ class TriggerClause(_Strict):
 
     def matches(self, event: Event, doc: dict[str, Any]) -> bool:
         return event.kind in self.kinds and all(c.holds(doc) for c in self.when)
+
+    def compile(self) -> Callable[[dict[str, Any]], bool]:
+        preds = [c.compile() for c in self.when]
+        return lambda doc: all(p(doc) for p in preds)
 
 
 class IncidentSpec(_Strict):
