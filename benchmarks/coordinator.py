@@ -3,7 +3,11 @@ each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second 
 loopback. Fleets grow until p99 ack passes 50 ms or the largest step is done.
 
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
-cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step.
+cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step. Each
+step also reports the coordinator's own parse-to-commit time (`server_ack_ms_p*_le`, the upper
+bound of its histogram bucket), how far the load generator fell behind its schedule
+(`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
+inflates every latency it measures.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import socket
 import subprocess
 import sys
@@ -53,10 +58,15 @@ def _batch(node: int, seq: int) -> bytes:
     return json.dumps({"v": 1, "events": [hb, *gpus]}).encode()
 
 
-async def _load(url: str, token: str, nodes: int, seconds: float) -> list[float]:
+async def _load(
+    url: str, token: str, nodes: int, seconds: float
+) -> tuple[list[float], list[float]]:
+    """(ack latencies, send lateness): lateness is the generator's own lag behind its schedule,
+    which a starved load generator adds to every latency it measures."""
     import aiohttp
 
     lat: list[float] = []
+    late: list[float] = []
     conn = aiohttp.TCPConnector(limit=512)
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=conn, headers=headers) as s:
@@ -73,15 +83,39 @@ async def _load(url: str, token: str, nodes: int, seconds: float) -> list[float]
                     await r.read()
                     if r.status == 200 and t0 - start >= WARMUP_S:
                         lat.append(time.perf_counter() - t0)
+                        late.append(t0 - next_t)
                 seq += 1
                 next_t += 1.0
 
         await asyncio.gather(*(node(i) for i in range(nodes)))
-    return lat
+    return lat, late
 
 
 def _loader(url: str, token: str, nodes: int, seconds: float, q: mp.Queue) -> None:
     q.put(asyncio.run(_load(url, token, nodes, seconds)))
+
+
+def _server_ack_buckets(url: str, token: str) -> dict[float, float]:
+    """Cumulative counts of the coordinator's own parse-to-commit histogram."""
+    req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("sentinel_coordinator_ack_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """Upper bound (ms) of the histogram bucket holding quantile q of the step's batches."""
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    for le, count in delta.items():
+        if total and count >= q * total:
+            return le * 1000
+    return float("inf")
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -124,12 +158,14 @@ def main() -> None:
         proc = psutil.Process(coord.pid)
         steps = []
         for nodes in [int(n) for n in args.sizes.split(",")]:
+            hist0 = _server_ack_buckets(url, token)
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
             loader = mp.Process(target=_loader, args=(url, token, nodes, args.seconds, q))
             loader.start()
-            lat = q.get()
+            lat, late = q.get()
             loader.join()
+            hist1 = _server_ack_buckets(url, token)
             wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
             cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
             rate = len(lat) / (args.seconds - WARMUP_S)
@@ -140,6 +176,10 @@ def main() -> None:
                 "ack_ms_p50": round(_pct(lat, 0.5), 2),
                 "ack_ms_p99": round(_pct(lat, 0.99), 2),
                 "cpu_core_fraction": round(cpu, 3),
+                "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
+                "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
+                "loader_lag_ms_p99": round(_pct(late, 0.99), 2),
+                "loadavg_1m": os.getloadavg()[0],
             }
             print(json.dumps(step), flush=True)
             steps.append(step)
