@@ -55,6 +55,8 @@ class Metrics:
 
     def render(self, service: Service) -> bytes:
         store, now = service.store, service.clock()
+        for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
+            gauge.clear()  # a state nothing is in any more reads 0, not its last value
         for state in IncidentState:
             self.incidents.labels(state=state).set(0)
         for table, gauge, col in (
@@ -66,9 +68,10 @@ class Metrics:
             for row in store.query(f"SELECT {col} AS s, COUNT(*) AS n FROM {table} GROUP BY {col}"):
                 gauge.labels(state=row["s"]).set(row["n"])
         budget = service.cfg.eviction
-        row = store.one(
+        evicted = store.one(
             "SELECT COUNT(*) AS n FROM nodes WHERE state='evicted' AND state_changed_at>=?",
             (now - budget.window_s,),
         )
-        self.budget.set(max(0, budget.max_per_window - (int(row["n"]) if row else 0)))
+        spent = int(evicted["n"]) if evicted else 0
+        self.budget.set(max(0, budget.max_per_window - spent))
         return generate_latest(self.registry)
