@@ -164,6 +164,7 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
             return int(jobs[0]["generation"]) if jobs and jobs[0]["state"] == "running" else -1
 
         wait_for(lambda: generation() == 1, what="restart after the rank crash")
+        wait_for((out / "g1-rank0.json").exists, what="generation 1 training")
         batch = encode(EventBatch(events=[xid("node-1", gpu=1, code=79)]))
         coord.call("POST", "/v1/events", node_tok, batch.encode())
         assert sup.wait(60) == 0
