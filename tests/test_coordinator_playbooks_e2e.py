@@ -259,3 +259,34 @@ def test_killed_supervisor_leaves_the_job_visibly_lost(job_factory: Any) -> None
                 rank.kill()
     audit = job.coord.call("GET", "/v1/audit", job.admin)
     assert any(a["what"] == "job.lost" for a in audit)  # type: ignore[union-attr]
+
+
+def test_sigterm_stops_the_gang_and_reports_it(job_factory: Any) -> None:
+    import psutil
+
+    job: Job = job_factory(spares=0)
+    job.wait_running(0)
+    ranks = psutil.Process(job.proc.pid).children()
+    job.proc.terminate()
+    assert job.proc.wait(30) == 128 + 15
+    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
+    assert job.status()["state"] == "stopped"
+
+
+def test_token_cli_refuses_bad_scopes(coord: Coordinator) -> None:
+    for args, message in (
+        (["--role", "node"], "a node token needs --node"),
+        (["--role", "operator", "--job", "j"], "not scoped"),
+    ):
+        done = subprocess.run(
+            [*SENTINEL, "token", "create", "--state-dir", str(coord.state), *args],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and message in done.stderr
+    done = subprocess.run(
+        [*SENTINEL, "token", "revoke", "nope", "--state-dir", str(coord.state)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "no active token with id 'nope'" in done.stderr

@@ -278,8 +278,8 @@ class Engine:
         """A supervisor that stopped heartbeating (killed) leaves its job visibly `lost`."""
         limit = now - self.cfg.job_heartbeat_timeout_s
         for job in self.store.query(
-            "SELECT id, last_heartbeat FROM jobs WHERE state IN ('running','starting',"
-            "'restarting','stopped') AND last_heartbeat < ?",
+            "SELECT id, last_heartbeat FROM jobs WHERE state NOT IN ('finished','lost')"
+            " AND last_heartbeat < ?",
             (limit,),
         ):
             with self.store.tx():

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -280,8 +281,20 @@ class Supervisor:
             ]
             for t in tasks:
                 t.add_done_callback(self._task_ended)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._terminate, sig)
             await self.done.wait()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.gang is not None:  # told to stop (signal) or broken: leave no rank behind
+                self._stop_gang()
+                self.job.state = "stopped"
+                await self.report_status()
         return self.exit_code
+
+    def _terminate(self, sig: int) -> None:
+        log.warning("signal %d: stopping the gang and exiting", sig)
+        self.exit_code = 128 + sig
+        self.done.set()
