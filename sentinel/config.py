@@ -110,6 +110,9 @@ class SupervisorConfig(StrictModel):
     master_addr: str = "127.0.0.1"
     master_port: int = Field(default=29500, ge=1, le=65535)
     checkpoint_dir: Path | None = None
+    # Each rank's node agent socket, e.g. "/run/sentinel/{node}.sock" on a simulated fleet;
+    # given to the rank as SENTINEL_RANK_SOCKET.
+    rank_socket_template: str | None = None
     heartbeat_s: float = Field(default=2.0, gt=0)
     poll_wait_s: float = Field(default=5.0, gt=0)
 

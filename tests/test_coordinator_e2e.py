@@ -141,6 +141,8 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
             str(ckpt),
             "--log-dir",
             str(tmp_path / "logs"),
+            "--rank-socket-template",
+            "/run/sentinel/{node}.sock",
             "--",
             sys.executable,
             str(ROOT / "tests/helpers/toy_trainer.py"),
@@ -180,6 +182,7 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
     assert g1["resume_from"].endswith(f"step_{g1['start']}.json") and g1["start"] >= 10
     last = json.loads((out / "g2-rank3.json").read_text())
     assert last["node"] == "spare-0" and last["end"] == 60
+    assert last["socket"] == "/run/sentinel/spare-0.sock"  # that node's agent
     assert last["resume_from"] and last["start"] >= g1["start"] and last["world"] == 4
     assert (coord.state / "exclude.txt").read_text().split() == ["node-1"]
     audit = coord.call("GET", "/v1/audit?limit=1000", admin)

@@ -21,6 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--checkpoint-dir", type=Path, help="where the trainer writes step_N checkpoints"
     )
+    p.add_argument(
+        "--rank-socket-template",
+        help='node agent socket per rank, "{node}" replaced (e.g. /run/sentinel/{node}.sock)',
+    )
     p.add_argument("--log-dir", type=Path, help="write each rank's output here")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_COMMAND...")
     p.set_defaults(handler=run)
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             "gpus_per_node": args.gpus_per_node,
             "spares": args.spares,
             "checkpoint_dir": args.checkpoint_dir,
+            "rank_socket_template": args.rank_socket_template,
         }.items()
         if v is not None
     }

@@ -26,6 +26,7 @@ class GangPlan:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     env: dict[str, str] = field(default_factory=dict)
+    rank_socket_template: str | None = None  # "{node}" is replaced by the rank's node
 
     @property
     def world_size(self) -> int:
@@ -115,6 +116,9 @@ class LocalLauncher(Launcher):
                 "SENTINEL_NODE": plan.node_of_rank(rank),
                 "SENTINEL_GENERATION": str(plan.generation),
             }
+            if plan.rank_socket_template:
+                node = plan.node_of_rank(rank)
+                env["SENTINEL_RANK_SOCKET"] = plan.rank_socket_template.format(node=node)
             out = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -219,6 +219,7 @@ class Supervisor:
             master_addr=self.cfg.master_addr,
             master_port=self.cfg.master_port + self.job.generation % 1000,
             env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
+            rank_socket_template=self.cfg.rank_socket_template,
         )
         log.info(
             "launching generation %d on %s",

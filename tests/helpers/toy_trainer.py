@@ -53,6 +53,7 @@ def main() -> int:
         "skip": sorted(skip),
         "lr": a.lr_scale,
         "resume_from": str(a.resume_from) if a.resume_from else None,
+        "socket": os.environ.get("SENTINEL_RANK_SOCKET"),
     }
     (a.out / f"g{gen}-rank{rank}.json").write_text(json.dumps(record))
     while step < a.steps:
