@@ -121,6 +121,18 @@ def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(tmp_path: Path) -
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 4
 
 
+def test_a_spare_whose_agent_reported_first_is_still_a_spare(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    ingest.ingest(EventBatch(events=[xid("spare-0", code=13)]), clock())  # its agent, first
+    fleet = job_status("job1", ["node-0", "node-1", "node-2"], ["spare-0"])
+    ingest.ingest(EventBatch(events=[fleet, xid("node-1", code=79)]), clock())
+    engine.tick()
+    restart = store.one("SELECT args FROM commands WHERE kind='job.restart'")
+    assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
+    ingest.ingest(EventBatch(events=[fleet]), clock())  # a heartbeat from before the restart
+    assert store.one("SELECT state FROM nodes WHERE name='spare-0'")["state"] == "active"
+
+
 def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
     from sentinel.config import EvictionBudgetConfig
 

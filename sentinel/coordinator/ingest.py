@@ -121,13 +121,18 @@ class Ingestor:
                 " status=excluded.status",
                 (ev.source.job, p["state"], p["generation"], now, dumps(p)),
             )
-            for name, state in [(n, "active") for n in p["nodes"]] + [
-                (s, "spare") for s in p["spares"]
-            ]:
-                self.store.execute(
-                    "INSERT OR IGNORE INTO nodes (name, state, state_changed_at) VALUES (?,?,?)",
-                    (name, state, now),
-                )
+            self.store.executemany(
+                "INSERT OR IGNORE INTO nodes (name, state, state_changed_at) VALUES (?,'active',?)",
+                [(n, now) for n in p["nodes"]],
+            )
+            # An idle spare whose agent reported before the job did was recorded as active;
+            # it is a spare. One a playbook swapped in (reason set) stays active.
+            self.store.executemany(
+                "INSERT INTO nodes (name, state, state_changed_at) VALUES (?,'spare',?)"
+                " ON CONFLICT(name) DO UPDATE SET state='spare'"
+                " WHERE nodes.state='active' AND nodes.reason IS NULL",
+                [(s, now) for s in p["spares"]],
+            )
 
     # --- correlation -------------------------------------------------------------------------
 

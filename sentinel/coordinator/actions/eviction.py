@@ -203,10 +203,12 @@ class SwapSpare(BaseAction):
                 continue
             mapping[node] = spare
             if not ctx.dry_run:
+                why = f"swapped in for {node}"
                 ctx.store.execute(
-                    "INSERT INTO nodes (name, state, state_changed_at) VALUES (?,'active',?)"
-                    " ON CONFLICT(name) DO UPDATE SET state='active', state_changed_at=?",
-                    (spare, ctx.now, ctx.now),
+                    "INSERT INTO nodes (name, state, state_changed_at, reason)"
+                    " VALUES (?,'active',?,?) ON CONFLICT(name) DO UPDATE SET state='active',"
+                    " state_changed_at=excluded.state_changed_at, reason=excluded.reason",
+                    (spare, ctx.now, why),
                 )
         if missing and params.required:
             return StepResult(StepStatus.ESCALATE, {"reason": f"no hot spare left for {missing}"})

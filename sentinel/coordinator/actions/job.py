@@ -124,7 +124,7 @@ class Resume(BaseAction):
         marker = f"generation_before:{ctx.key}"
         before = int(ctx.context.setdefault(marker, int(job["generation"])))
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
-        if int(job["generation"]) > before and job["state"] == "running":
+        if int(job["generation"]) > before:  # restarted; a new failure is a new incident
             return StepResult(StepStatus.DONE, {"command": cid, "generation": job["generation"]})
         if ctx.now - ctx.step_started_at > params.timeout_s:
             return StepResult(
