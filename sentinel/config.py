@@ -110,6 +110,9 @@ class SupervisorConfig(StrictModel):
     master_addr: str = "127.0.0.1"
     master_port: int = Field(default=29500, ge=1, le=65535)
     checkpoint_dir: Path | None = None
+    # A checkpoint directory counts once this file exists in it (the reference trainer writes
+    # COMMITTED last); a directory without it is torn and never resumed from.
+    checkpoint_marker: str = "COMMITTED"
     # Each rank's node agent socket, e.g. "/run/sentinel/{node}.sock" on a simulated fleet;
     # given to the rank as SENTINEL_RANK_SOCKET.
     rank_socket_template: str | None = None

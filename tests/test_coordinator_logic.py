@@ -133,6 +133,36 @@ def test_a_spare_whose_agent_reported_first_is_still_a_spare(tmp_path: Path) -> 
     assert store.one("SELECT state FROM nodes WHERE name='spare-0'")["state"] == "active"
 
 
+def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> None:
+    from sentinel.supervisor.supervisor import JobState, find_checkpoints
+
+    for name in ("step-00000010", "step-00000020", "step-00000030"):
+        (tmp_path / name).mkdir()
+    for name in ("step-00000010", "step-00000020"):
+        (tmp_path / name / "COMMITTED").touch()  # step 30 is torn: no marker
+    (tmp_path / "step_40.json.tmp").touch()
+    ckpts = find_checkpoints(tmp_path)
+    assert sorted(ckpts) == [10, 20]
+    job = JobState(nodes=["node-0", "node-1"], spares=["spare-0"], gpus_per_node=2)
+    plan = {
+        "exclude": ["node-1"],
+        "spare_map": {"node-1": "spare-0"},
+        "resume_before_step": 15,
+        "skip_batches": [[12, 20]],
+        "lr_scale": {"factor": 0.5, "steps": 10},
+    }
+    job.apply_restart(plan, ckpts)
+    assert (job.nodes, job.spares, job.generation) == (["node-0", "spare-0"], [], 1)
+    assert job.trainer_flags() == [
+        "--resume-from",
+        str(tmp_path / "step-00000010"),
+        "--skip-batches",
+        "12-20",
+        "--lr-scale",
+        "0.5:10",
+    ]
+
+
 def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
     from sentinel.config import EvictionBudgetConfig
 

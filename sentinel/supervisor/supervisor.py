@@ -85,14 +85,19 @@ class JobState:
         return flags
 
 
-def find_checkpoints(directory: Path | None) -> dict[int, Path]:
+def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[int, Path]:
+    """Complete checkpoints by step: `step_N*` / `step-N*` files, or directories holding the
+    commit marker. Half-written ones (`*.tmp`, a directory without the marker) are skipped."""
     if directory is None or not directory.is_dir():
         return {}
     found = {}
     for path in directory.iterdir():
         m = _CKPT.fullmatch(path.stem) or _CKPT.fullmatch(path.name)
-        if m and not path.name.endswith(".tmp"):
-            found[int(m.group(1))] = path
+        if m is None or path.name.endswith(".tmp"):
+            continue
+        if path.is_dir() and not (path / marker).exists():
+            continue
+        found[int(m.group(1))] = path
     return found
 
 
@@ -142,7 +147,7 @@ class Supervisor:
                 await asyncio.sleep(0.5 * (attempt + 1))
 
     def _status_event(self) -> Any:
-        ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir))
+        ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
         payload = JobStatusPayload(
             state=self.job.state,
             generation=self.job.generation,
@@ -201,7 +206,9 @@ class Supervisor:
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
             self._stop_gang()
-            self.job.apply_restart(args, find_checkpoints(self.cfg.checkpoint_dir))
+            self.job.apply_restart(
+                args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+            )
             self._launch()
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
