@@ -118,6 +118,13 @@ class SupervisorConfig(StrictModel):
     rank_socket_template: str | None = None
     heartbeat_s: float = Field(default=2.0, gt=0)
     poll_wait_s: float = Field(default=5.0, gt=0)
+    # Flight recorder: where the ranks dump on `fr.dump` (the hooks' fr_dir); when set, the
+    # supervisor analyzes the dumps and reports `fr.analysis` for the playbook that asked.
+    fr_dir: Path | None = None
+    fr_wait_s: float = Field(default=30.0, gt=0)
+    fr_analyze_command: list[str] = Field(
+        default_factory=lambda: ["sentinel", "fr", "analyze"], min_length=1
+    )
 
 
 class SentinelConfig(StrictModel):

@@ -8,8 +8,10 @@ SENTINEL_CONTROL_FILE, as the hooks would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,6 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     Finding,
-    FrAnalysisPayload,
     GpuVerdictPayload,
     RankAnomalyPayload,
     RankHangPayload,
@@ -40,12 +41,20 @@ __all__ = ["coord"]
 
 
 class Job:
-    def __init__(self, coord: Coordinator, tmp: Path, spares: int) -> None:
+    def __init__(
+        self, coord: Coordinator, tmp: Path, spares: int, env: dict[str, str] | None = None
+    ) -> None:
         self.coord, self.tmp = coord, tmp
         self.admin = (coord.state / "admin.token").read_text().strip()
         self.token = coord.token("--role", "job", "--job", "job1")
         (tmp / "job.token").write_text(self.token)
         self.ckpt, self.out, self.logs = tmp / "ckpt", tmp / "out", tmp / "logs"
+        # the flight-recorder analyzer: a stand-in reading the toy trainer's records
+        analyzer = [sys.executable, str(ROOT / "tests/helpers/fr_analyze_standin.py")]
+        config = tmp / "sentinel.yaml"
+        config.write_text(
+            json.dumps({"supervisor": {"fr_analyze_command": analyzer, "fr_wait_s": 5}})
+        )
         self.proc = subprocess.Popen(
             [
                 *SENTINEL,
@@ -66,6 +75,10 @@ class Job:
                 str(self.ckpt),
                 "--log-dir",
                 str(self.logs),
+                "--fr-dir",
+                str(tmp / "fr"),
+                "--config",
+                str(config),
                 "--",
                 sys.executable,
                 str(ROOT / "tests/helpers/toy_trainer.py"),
@@ -77,7 +90,10 @@ class Job:
                 str(self.out),
                 "--step-s",
                 "0.03",
+                "--fr-dir",
+                str(tmp / "fr"),
             ],
+            env={**os.environ, **(env or {})},
             stderr=open(tmp / "sup.log", "wb"),  # noqa: SIM115
         )
 
@@ -132,8 +148,8 @@ class Job:
 def job_factory(coord: Coordinator, tmp_path: Path) -> Iterator[Any]:
     jobs: list[Job] = []
 
-    def make(spares: int) -> Job:
-        jobs.append(Job(coord, tmp_path, spares))
+    def make(spares: int, env: dict[str, str] | None = None) -> Job:
+        jobs.append(Job(coord, tmp_path, spares, env))
         return jobs[-1]
 
     yield make
@@ -194,10 +210,15 @@ def test_loss_spike_nan_and_sdc(job_factory: Any) -> None:
         ("sdc_suspected", "mitigated"),
     ]
     assert (job.coord.state / "exclude.txt").read_text().split() == ["node-1"]
+    with job.coord.db() as db:  # the recompute also went to each node's agent, to relay
+        relayed = db.execute(
+            "SELECT target FROM commands WHERE kind='sdc.check' AND target_kind='node'"
+        ).fetchall()
+    assert sorted(r[0] for r in relayed) == ["node-0", "node-1"]
 
 
 def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> None:
-    job: Job = job_factory(spares=2)
+    job: Job = job_factory(spares=2, env={"TOY_HANG": "3:5:2"})  # rank 3 sticks in gen 2
     node0 = coord.token("--role", "node", "--node", "node-0")
     job.wait_running(0)
     hot = GpuVerdictPayload(
@@ -220,15 +241,10 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     job.post(EventKind.RANK_STRAGGLER, rank_src(3, "node-1"), RankStragglerPayload(slowdown=1.6))
     s2 = job.wait_running(2)
     assert s2["status"]["nodes"] == ["spare-0", "spare-1"]
+    job.record(2, 3)
+    time.sleep(0.5)  # rank 3 is stuck now; the others' watchdogs fire
     job.post(EventKind.RANK_HANG, rank_src(0, "spare-0"), RankHangPayload(waited_s=120.0))
-    dump = job.control("fr.dump")["args"]
-    job.post(
-        EventKind.FR_ANALYSIS,
-        Source(job="job1"),
-        FrAnalysisPayload(
-            verdict="hang", culprit_ranks=[3], waiting_ranks=[0, 1, 2], check_id=dump["check_id"]
-        ),
-    )
+    # fr.dump -> ranks dump -> the supervisor analyzes -> fr.analysis names rank 3 (spare-1)
     s3 = job.wait_running(3)
     assert s3["status"]["nodes"] == ["spare-0"]  # no spare left: the job runs one node short
     assert job.record(3, 0)["world"] == 2

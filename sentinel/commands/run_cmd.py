@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rank-socket-template",
         help='node agent socket per rank, "{node}" replaced (e.g. /run/sentinel/{node}.sock)',
     )
+    p.add_argument("--fr-dir", type=Path, help="where ranks dump flight recorders (analyzed here)")
     p.add_argument("--log-dir", type=Path, help="write each rank's output here")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_COMMAND...")
     p.set_defaults(handler=run)
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             "spares": args.spares,
             "checkpoint_dir": args.checkpoint_dir,
             "rank_socket_template": args.rank_socket_template,
+            "fr_dir": args.fr_dir,
         }.items()
         if v is not None
     }

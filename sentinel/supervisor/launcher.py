@@ -118,7 +118,9 @@ class LocalLauncher(Launcher):
             }
             if plan.rank_socket_template:
                 node = plan.node_of_rank(rank)
-                env["SENTINEL_RANK_SOCKET"] = plan.rank_socket_template.format(node=node)
+                sock = plan.rank_socket_template.format(node=node)
+                # the foundation's name and the trainer hooks' name for the same socket
+                env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
             out = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)

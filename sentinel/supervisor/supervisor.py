@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from sentinel.protocol import (
     CommandKind,
     EventBatch,
     EventKind,
+    FrAnalysisPayload,
     JobStatusPayload,
     RankCrashPayload,
     Source,
@@ -125,6 +127,7 @@ class Supervisor:
         self.session: aiohttp.ClientSession | None = None
         self.done = asyncio.Event()
         self.exit_code = 0
+        self._background: set[asyncio.Task[None]] = set()
 
     # --- coordinator I/O ---------------------------------------------------------------------
 
@@ -213,7 +216,44 @@ class Supervisor:
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
+            if kind == CommandKind.FR_DUMP and self.cfg.fr_dir is not None:
+                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
         await self.report_status()
+
+    async def _analyze_fr(self, check_id: str | None, since: float) -> None:
+        """Wait for the ranks' dumps, run the analyzer, report what it found."""
+        fr_dir = self.cfg.fr_dir
+        assert fr_dir is not None
+        world = len(self.job.nodes) * self.job.gpus_per_node
+        deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
+        while time.time() < deadline:
+            fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
+            if len(fresh) != last[0]:
+                last = (len(fresh), time.time())
+            elif len(fresh) >= world and time.time() - last[1] >= 1.0:
+                break  # every rank dumped and nothing new for a second
+            await asyncio.sleep(0.25)
+        argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        try:
+            doc = json.loads(out)
+            payload = FrAnalysisPayload(
+                verdict=str(doc["verdict"]),
+                culprit_ranks=[int(r) for r in doc.get("culprit_ranks", [])],
+                waiting_ranks=[int(r) for r in doc.get("waiting_ranks", [])],
+                check_id=check_id,
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            log.error("flight-recorder analysis failed (%s, exit %s): %s", e, proc.returncode,
+                      err.decode(errors="replace")[-500:])  # fmt: skip
+            return
+        log.info("flight recorder: %s, culprits %s", payload.verdict, payload.culprit_ranks)
+        await self._post([make_event(EventKind.FR_ANALYSIS, Source(job=self.cfg.job_id), payload)])
 
     # --- the gang ----------------------------------------------------------------------------
 

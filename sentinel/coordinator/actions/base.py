@@ -22,6 +22,11 @@ from sentinel.protocol import CommandKind
 log = logging.getLogger("sentinel.coordinator.actions")
 
 
+# Commands the training ranks carry out. They go to the job's supervisor and to the agent of
+# each of its nodes: whichever channel the ranks listen on delivers them.
+RANK_COMMANDS = frozenset({CommandKind.FR_DUMP, CommandKind.SDC_CHECK, CommandKind.CHECKPOINT_NOW})
+
+
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,10 +86,15 @@ class ActionContext:
         cid = self.command_id(suffix)
         if self.job_id is None:
             raise ValueError("this incident has no job to send a command to")
-        self.store.execute(
+        rows = [(cid, "job", self.job_id)]
+        if kind in RANK_COMMANDS:  # also to each node's agent, which relays it to its ranks
+            job = self.job()
+            nodes = job["status"].get("nodes", []) if job else []
+            rows += [(f"{cid}@{node}", "node", node) for node in nodes]
+        self.store.executemany(
             "INSERT OR IGNORE INTO commands (id, target_kind, target, kind, args, created_at,"
             " incident_id) VALUES (?,?,?,?,?,?,?)",
-            (cid, "job", self.job_id, str(kind), dumps(args), self.now, self.incident["id"]),
+            [(*r, kind.value, dumps(args), self.now, self.incident["id"]) for r in rows],
         )
         return cid
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -39,6 +40,12 @@ def disagreeing_nodes(digests: list[dict[str, Any]]) -> list[str]:
     return sorted(culprits)
 
 
+def named_nodes(job: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+    """Nodes of the ranks a rank's own cross-rank check named (`mismatched_ranks`)."""
+    ranks = {int(r) for row in rows for r in json.loads(row.get("mismatched") or "[]")}
+    return sorted({n for r in ranks if (n := node_of_rank(job, r))})
+
+
 class SdcRecompute(BaseAction):
     name = "sdc_recompute"
     Params = _WaitParams
@@ -51,11 +58,14 @@ class SdcRecompute(BaseAction):
         job = ctx.job()
         step = ctx.incident.get("first_step") or 0
         cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.command_id()})
+        # Answers to this check; ranks that cannot echo the check id answer after it was sent.
         rows = ctx.store.query(
             "SELECT node, json_extract(payload,'$.step') AS step,"
-            " json_extract(payload,'$.digest') AS digest FROM events WHERE kind='rank.sdc'"
-            " AND job=? AND json_extract(payload,'$.check_id')=?",
-            (ctx.job_id, cid),
+            " json_extract(payload,'$.digest') AS digest,"
+            " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
+            " WHERE kind='rank.sdc' AND job=? AND (json_extract(payload,'$.check_id')=?"
+            " OR (json_extract(payload,'$.check_id') IS NULL AND received_at>=?))",
+            (ctx.job_id, cid, ctx.step_started_at),
         )
         world = int(job["status"].get("world_size", 0)) if job else 0
         timed_out = ctx.now - ctx.step_started_at > params.timeout_s
@@ -64,11 +74,12 @@ class SdcRecompute(BaseAction):
         if len(rows) < 2:  # nobody answered: fall back to the digests that opened the incident
             rows = ctx.store.query(
                 "SELECT node, json_extract(payload,'$.step') AS step,"
-                " json_extract(payload,'$.digest') AS digest FROM events"
+                " json_extract(payload,'$.digest') AS digest,"
+                " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
                 " WHERE kind='rank.sdc' AND incident_id=?",
                 (ctx.incident["id"],),
             )
-        culprits = disagreeing_nodes(rows)
+        culprits = disagreeing_nodes(rows) or named_nodes(job, rows)
         if not culprits:
             return StepResult(StepStatus.ESCALATE, {"reason": "recompute-diff found no culprit"})
         ctx.context["culprit_nodes"] = culprits
