@@ -306,3 +306,34 @@ def test_token_cli_refuses_bad_scopes(coord: Coordinator) -> None:
         text=True,
     )
     assert done.returncode == 2 and "no active token with id 'nope'" in done.stderr
+
+
+def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coordinator) -> None:
+    # rank 1 (node-0) dies at step 12 in generation 0 and at step 40 in generation 1
+    job: Job = job_factory(spares=1, env={"TOY_CRASH": "1:12:0,1:40:1"})
+    s2 = job.wait_running(2)
+    assert s2["status"]["nodes"] == ["spare-0", "node-1"]
+    warm = GpuVerdictPayload(
+        gpu=0,
+        verdict=Verdict.DEGRADED,
+        action=Action.NONE,
+        findings=[
+            Finding(
+                rule="gpu_temp_degraded",
+                verdict=Verdict.DEGRADED,
+                action=Action.NONE,
+                detail="87 C",
+            )
+        ],
+    )
+    node1 = coord.token("--role", "node", "--node", "node-1")
+    job.post(EventKind.GPU_VERDICT, Source(node="node-1"), warm, token=node1)
+    incidents = job.finish()
+    assert [(i["playbook"], i["state"]) for i in incidents] == [
+        ("rank_crash", "mitigated"),
+        ("rank_crash_repeat", "mitigated"),
+        ("thermal_degraded", "mitigated"),
+    ]
+    assert (coord.state / "exclude.txt").read_text().split() == ["node-0"]
+    assert job.record(2, 1)["node"] == "spare-0"
+    assert job.status()["generation"] == 2  # the warning changed nothing
