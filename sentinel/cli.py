@@ -21,6 +21,10 @@ COMMAND_MODULES = (
     "sentinel.commands.config_cmd",
     "sentinel.commands.agent_cmd",
     "sentinel.commands.dashboards_cmd",
+    "sentinel.commands.coordinator_cmd",
+    "sentinel.commands.playbooks_cmd",
+    "sentinel.commands.token_cmd",
+    "sentinel.commands.run_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -70,9 +70,70 @@ class AgentConfig(StrictModel):
     thresholds: HealthThresholds = HealthThresholds()
 
 
+class EvictionBudgetConfig(StrictModel):
+    """At most `max_per_window` nodes evicted per `window_s`, never below `min_fleet` nodes."""
+
+    max_per_window: int = Field(default=2, ge=0)
+    window_s: float = Field(default=3600.0, gt=0)
+    min_fleet: int = Field(default=1, ge=0)
+
+
+class CoordinatorConfig(StrictModel):
+    listen: str = "127.0.0.1:9400"
+    state_dir: Path = Path("/var/lib/sentinel/coordinator")
+    # None: the playbooks shipped with Sentinel (playbooks/ of the installation).
+    playbooks_dir: Path | None = None
+    eviction_backend: Literal["exclude_file", "slurm", "kubernetes"] = "exclude_file"
+    exclude_file: Path | None = None  # default: <state_dir>/exclude.txt
+    scontrol: str = "scontrol"
+    kubernetes_api: str = "https://kubernetes.default.svc"
+    kubernetes_token_file: Path | None = None
+    kubernetes_taint_key: str = "sentinel.dev/evicted"
+    eviction: EvictionBudgetConfig = EvictionBudgetConfig()
+    dry_run: bool = False
+    default_cooldown_s: float = Field(default=300.0, ge=0)
+    job_heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    long_poll_max_s: float = Field(default=30.0, gt=0)
+    engine_tick_s: float = Field(default=0.2, gt=0)
+    step_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class SupervisorConfig(StrictModel):
+    """`sentinel run`: where the coordinator is and what gang to launch."""
+
+    coordinator_url: str = "http://127.0.0.1:9400"
+    token_file: Path | None = None
+    job_id: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    launcher: Literal["local"] = "local"
+    nodes: int = Field(default=2, ge=1)
+    gpus_per_node: int = Field(default=2, ge=1)
+    spares: int = Field(default=1, ge=0)
+    master_addr: str = "127.0.0.1"
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    checkpoint_dir: Path | None = None
+    # A checkpoint directory counts once this file exists in it (the reference trainer writes
+    # COMMITTED last); a directory without it is torn and never resumed from.
+    checkpoint_marker: str = "COMMITTED"
+    # Each rank's node agent socket, e.g. "/run/sentinel/{node}.sock" on a simulated fleet;
+    # given to the rank as SENTINEL_RANK_SOCKET.
+    rank_socket_template: str | None = None
+    heartbeat_s: float = Field(default=2.0, gt=0)
+    poll_wait_s: float = Field(default=5.0, gt=0)
+    # Flight recorder: where the ranks dump on `fr.dump` (the hooks' fr_dir); when set, the
+    # supervisor analyzes the dumps and reports `fr.analysis` for the playbook that asked.
+    fr_dir: Path | None = None
+    fr_wait_s: float = Field(default=30.0, gt=0)
+    fr_analyze_command: list[str] = Field(
+        default_factory=lambda: ["sentinel", "fr", "analyze"], min_length=1
+    )
+
+
 class SentinelConfig(StrictModel):
     log: LogConfig = LogConfig()
     agent: AgentConfig = AgentConfig()
+    coordinator: CoordinatorConfig = CoordinatorConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
 
 
 def _parse_file(path: Path) -> dict[str, Any]:

@@ -112,11 +112,85 @@ class AgentHeartbeatPayload(_Strict):
     spooled_events: int = Field(default=0, ge=0)
 
 
+# Training-rank and job events (trainer hooks, job supervisor). Small on purpose: what a
+# playbook needs to decide, not a metrics stream.
+
+
+class RankAnomalyPayload(_Strict):
+    """A loss or grad-norm anomaly seen by a rank; `anomaly` is "spike", "nan" or "inf"."""
+
+    step: int = Field(ge=0)
+    metric: str = "loss"
+    anomaly: str
+    value: float | None = None
+    baseline: float | None = None
+    batch: int | None = Field(default=None, ge=0)
+
+
+class RankHangPayload(_Strict):
+    step: int | None = Field(default=None, ge=0)
+    waited_s: float = Field(ge=0)
+    collective: str | None = None
+
+
+class RankSdcPayload(_Strict):
+    """A digest of a recomputed piece of work; ranks that should agree and do not point at SDC."""
+
+    step: int = Field(ge=0)
+    digest: str
+    check_id: str | None = None
+    mismatch: bool = False
+
+
+class RankStragglerPayload(_Strict):
+    step: int | None = Field(default=None, ge=0)
+    slowdown: float = Field(gt=0)
+
+
+class RankCrashPayload(_Strict):
+    """A rank process ended abnormally (reported by the supervisor that launched it)."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    step: int | None = Field(default=None, ge=0)
+    generation: int = Field(default=0, ge=0)
+    reason: str | None = None
+
+
+class JobStatusPayload(_Strict):
+    """The supervisor's heartbeat: where the job stands and what it runs on."""
+
+    state: str
+    generation: int = Field(ge=0)
+    world_size: int = Field(ge=0)
+    gpus_per_node: int = Field(default=1, ge=1)
+    nodes: list[str] = Field(default_factory=list)
+    spares: list[str] = Field(default_factory=list)
+    step: int | None = Field(default=None, ge=0)
+    checkpoints: list[int] = Field(default_factory=list)
+
+
+class FrAnalysisPayload(_Strict):
+    """Result of a flight-recorder dump analysis (`sentinel fr analyze`) for a job."""
+
+    verdict: str
+    culprit_ranks: list[int] = Field(default_factory=list)
+    waiting_ranks: list[int] = Field(default_factory=list)
+    check_id: str | None = None
+
+
 class EventKind(StrEnum):
     GPU_VERDICT = "gpu.verdict"
     NODE_VERDICT = "node.verdict"
     GPU_XID = "gpu.xid"
     AGENT_HEARTBEAT = "agent.heartbeat"
+    RANK_ANOMALY = "rank.anomaly"
+    RANK_HANG = "rank.hang"
+    RANK_SDC = "rank.sdc"
+    RANK_STRAGGLER = "rank.straggler"
+    RANK_CRASH = "rank.crash"
+    JOB_STATUS = "job.status"
+    FR_ANALYSIS = "fr.analysis"
 
 
 PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
@@ -124,6 +198,13 @@ PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
     EventKind.NODE_VERDICT: NodeVerdictPayload,
     EventKind.GPU_XID: XidPayload,
     EventKind.AGENT_HEARTBEAT: AgentHeartbeatPayload,
+    EventKind.RANK_ANOMALY: RankAnomalyPayload,
+    EventKind.RANK_HANG: RankHangPayload,
+    EventKind.RANK_SDC: RankSdcPayload,
+    EventKind.RANK_STRAGGLER: RankStragglerPayload,
+    EventKind.RANK_CRASH: RankCrashPayload,
+    EventKind.JOB_STATUS: JobStatusPayload,
+    EventKind.FR_ANALYSIS: FrAnalysisPayload,
 }
 
 
@@ -189,6 +270,8 @@ class CommandKind(StrEnum):
     FR_DUMP = "fr.dump"
     SDC_CHECK = "sdc.check"
     CHECKPOINT_NOW = "checkpoint.now"
+    JOB_STOP = "job.stop"
+    JOB_RESTART = "job.restart"
 
 
 class Command(_Strict):

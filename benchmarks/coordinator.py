@@ -1,0 +1,238 @@
+"""Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
+each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
+loopback. Fleets grow through the sizes given; past the 2,048-node target they stop at the
+first one whose p99 ack passes 50 ms.
+
+Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
+cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step. Each
+step also reports the coordinator's own parse-to-commit time (`server_ack_ms_p*_le`, the upper
+bound of its histogram bucket), how far the load generator fell behind its schedule
+(`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
+inflates every latency it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+TARGET_NODES = 2048
+P99_LIMIT_MS = 50.0
+WARMUP_S = 1.0  # the first second opens every connection; not steady state
+
+
+def _batch(node: int, seq: int) -> bytes:
+    """A node's once-a-second batch; ids unique per node and second."""
+    base = f"n{node}s{seq}"
+    hb = {
+        "v": 1,
+        "id": f"{base}h",
+        "kind": "agent.heartbeat",
+        "source": {"node": f"node-{node}"},
+        "ts": time.time(),
+        "payload": {"gpus": 8, "verdict": "healthy", "agent_version": "b"},
+    }
+    gpus = [
+        {
+            "v": 1,
+            "id": f"{base}g{g}",
+            "kind": "gpu.verdict",
+            "source": {"node": f"node-{node}"},
+            "ts": time.time(),
+            "payload": {"gpu": g, "verdict": "healthy", "action": "none"},
+        }
+        for g in range(8)
+    ]
+    return json.dumps({"v": 1, "events": [hb, *gpus]}).encode()
+
+
+async def _load(
+    url: str, token: str, nodes: int, seconds: float
+) -> tuple[list[float], list[float], float]:
+    """(ack latencies, send lateness): lateness is the generator's own lag behind its schedule,
+    which a starved load generator adds to every latency it measures."""
+    import aiohttp
+
+    lat: list[float] = []
+    late: list[float] = []
+    conn = aiohttp.TCPConnector(limit=512)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=conn, headers=headers) as s:
+        start = time.perf_counter()
+
+        async def node(i: int) -> None:
+            seq = 0
+            next_t = start + (i / nodes)  # spread the fleet over each second
+            while next_t < start + seconds:
+                await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+                t0 = time.perf_counter()
+                if t0 >= start + seconds:
+                    break  # a generator that fell behind does not run past the window
+                body = _batch(i, seq)
+                async with s.post(f"{url}/v1/events", data=body) as r:
+                    await r.read()
+                    if r.status == 200 and t0 - start >= WARMUP_S:
+                        lat.append(time.perf_counter() - t0)
+                        late.append(t0 - next_t)
+                seq += 1
+                next_t += 1.0
+
+        await asyncio.gather(*(node(i) for i in range(nodes)))
+        elapsed = time.perf_counter() - start
+    return lat, late, elapsed
+
+
+def _loader(url: str, token: str, nodes: int, seconds: float, q: mp.Queue) -> None:
+    q.put(asyncio.run(_load(url, token, nodes, seconds)))
+
+
+def _server_ack_buckets(url: str, token: str) -> dict[float, float]:
+    """Cumulative counts of the coordinator's own parse-to-commit histogram."""
+    req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("sentinel_coordinator_ack_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _bucket_quantile(
+    before: dict[float, float], after: dict[float, float], q: float
+) -> float | None:
+    """Upper bound (ms) of the histogram bucket holding quantile q of the step's batches;
+    None when it lies past the largest finite bucket (JSON has no infinity)."""
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+    for le, count in delta.items():
+        if total and count >= q * total:
+            return None if le == float("inf") else le * 1000
+    return None
+
+
+def _holds(step: dict[str, Any]) -> bool:
+    p99 = step["ack_ms_p99"]
+    return p99 is not None and p99 <= P99_LIMIT_MS
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(p * len(s)))] * 1000, 2) if s else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
+    ap.add_argument("--sizes", default="512,1024,2048", help="fleet sizes, ascending")
+    args = ap.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    coord = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "--log-level",
+            "warning",
+            "coordinator",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(state),
+        ]
+    )
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        token = (state / "admin.token").read_text().strip()
+        proc = psutil.Process(coord.pid)
+        steps = []
+        for nodes in [int(n) for n in args.sizes.split(",")]:
+            hist0 = _server_ack_buckets(url, token)
+            q: mp.Queue = mp.Queue()
+            cpu0, t0 = proc.cpu_times(), time.perf_counter()
+            loader = mp.Process(target=_loader, args=(url, token, nodes, args.seconds, q))
+            loader.start()
+            lat, late, elapsed = q.get()
+            loader.join()
+            hist1 = _server_ack_buckets(url, token)
+            wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
+            cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
+            acked = hist1.get(float("inf"), 0.0) - hist0.get(float("inf"), 0.0)
+            cpu_s = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+            cpu_ms = 1000 * cpu_s / max(acked, 1.0)
+            rate = acked / elapsed  # what the coordinator acknowledged while the fleet sent
+            step = {
+                "nodes": nodes,
+                "batches_per_s": round(rate, 1),
+                "events_per_s": round(9 * rate, 1),
+                "ack_ms_p50": _pct(lat, 0.5),
+                "ack_ms_p99": _pct(lat, 0.99),
+                "cpu_core_fraction": round(cpu, 3),
+                # CPU the coordinator spent per acknowledged batch, and the 1 Hz fleet one
+                # core would carry at that cost: robust to a starved load generator.
+                "cpu_ms_per_batch": round(cpu_ms, 3),
+                "projected_nodes_per_core": int(1000 / cpu_ms) if cpu_ms > 0 else None,
+                "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
+                "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
+                "loader_lag_ms_p99": _pct(late, 0.99),
+                "loadavg_1m": os.getloadavg()[0],
+            }
+            print(json.dumps(step), flush=True)
+            steps.append(step)
+            if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
+                break
+    finally:
+        coord.terminate()
+        coord.wait(10)
+    ok = [s for s in steps if _holds(s)]
+    at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
+    print(
+        json.dumps(
+            {
+                **{
+                    k: at_target[k]
+                    for k in (
+                        "events_per_s",
+                        "batches_per_s",
+                        "ack_ms_p50",
+                        "ack_ms_p99",
+                        "cpu_ms_per_batch",
+                        "projected_nodes_per_core",
+                        "cpu_core_fraction",
+                    )
+                },
+                "fleet_nodes": at_target["nodes"],
+                "max_nodes_at_1hz": max((s["nodes"] for s in ok), default=0),
+                "steps": steps,
+                "run_id": uuid.uuid4().hex[:8],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""`sentinel coordinator`: the control plane service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from sentinel.exitcodes import ExitCode, InputError
+
+log = logging.getLogger("sentinel.coordinator")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("coordinator", help="run the coordinator (API, incidents, playbooks)")
+    p.add_argument("--config", type=Path, help="config file (YAML or TOML)")
+    p.add_argument("--listen", help="HOST:PORT (default from config: 127.0.0.1:9400)")
+    p.add_argument("--state-dir", type=Path, help="where the SQLite store and tokens live")
+    p.add_argument("--playbooks", type=Path, help="playbooks directory (default: shipped ones)")
+    p.set_defaults(handler=run)
+
+
+def coordinator_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from sentinel.config import load_config
+
+    cfg = load_config(getattr(args, "config", None)).coordinator
+    updates = {}
+    if getattr(args, "listen", None):
+        updates["listen"] = args.listen
+    if getattr(args, "state_dir", None):
+        updates["state_dir"] = args.state_dir
+    if getattr(args, "playbooks", None):
+        updates["playbooks_dir"] = args.playbooks
+    return cfg.model_copy(update=updates)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"--listen must be HOST:PORT, got {listen!r}")
+    return host or "0.0.0.0", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from sentinel.coordinator.app import build_app
+    from sentinel.coordinator.playbooks import PlaybookError
+    from sentinel.coordinator.service import Service
+
+    cfg = coordinator_config(args)
+    host, port = split_listen(cfg.listen)
+    try:
+        service = Service(cfg)
+    except PlaybookError as e:
+        raise InputError("playbooks are invalid:\n  " + "\n  ".join(e.errors)) from None
+    admin = cfg.state_dir / "admin.token"
+    log.info(
+        "coordinator listening on %s:%d, state in %s",
+        host,
+        port,
+        cfg.state_dir,
+        extra={"playbooks": len(service.playbooks), "backend": cfg.eviction_backend},
+    )
+    if not admin.exists():
+        log.info("no admin token file yet; one is created at %s if no token exists", admin)
+    web.run_app(
+        build_app(cfg, service),
+        host=host,
+        port=port,
+        print=None,
+        handle_signals=True,
+        access_log=None,
+    )
+    return ExitCode.OK

@@ -1,0 +1,73 @@
+"""`sentinel run [--config FILE] -- TRAINER_COMMAND...`: the job supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sentinel.exitcodes import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="supervise a training job (launch, watch, restart on command)")
+    p.add_argument("--config", type=Path, help="config file; section `supervisor`")
+    p.add_argument("--job-id", help="job id (default from config)")
+    p.add_argument("--coordinator", help="coordinator URL, e.g. http://127.0.0.1:9400")
+    p.add_argument("--token-file", type=Path, help="file holding a job (or admin) token")
+    p.add_argument("--nodes", type=int, help="simulated nodes for the local launcher")
+    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--spares", type=int, help="hot spares the coordinator may swap in")
+    p.add_argument(
+        "--checkpoint-dir", type=Path, help="where the trainer writes step_N checkpoints"
+    )
+    p.add_argument(
+        "--rank-socket-template",
+        help='node agent socket per rank, "{node}" replaced (e.g. /run/sentinel/{node}.sock)',
+    )
+    p.add_argument("--fr-dir", type=Path, help="where ranks dump flight recorders (analyzed here)")
+    p.add_argument("--log-dir", type=Path, help="write each rank's output here")
+    p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_COMMAND...")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from sentinel.config import load_config
+    from sentinel.supervisor.launcher import LocalLauncher
+    from sentinel.supervisor.supervisor import Supervisor
+
+    argv = list(args.trainer)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise InputError("no trainer command: use `sentinel run [options] -- TRAINER_COMMAND...`")
+    cfg = load_config(args.config).supervisor
+    overrides = {
+        k: v
+        for k, v in {
+            "job_id": args.job_id,
+            "coordinator_url": args.coordinator,
+            "token_file": args.token_file,
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "spares": args.spares,
+            "checkpoint_dir": args.checkpoint_dir,
+            "rank_socket_template": args.rank_socket_template,
+            "fr_dir": args.fr_dir,
+        }.items()
+        if v is not None
+    }
+    cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    token = os.environ.get("SENTINEL_TOKEN")
+    if cfg.token_file is not None:
+        try:
+            token = cfg.token_file.read_text().strip()
+        except OSError as e:
+            raise InputError(f"{cfg.token_file}: cannot read the token: {e.strerror}") from None
+    if not token:
+        raise InputError("no token: pass --token-file FILE or set SENTINEL_TOKEN")
+    control = (args.log_dir or Path(".")) / f"{cfg.job_id}.control.jsonl"
+    sup = Supervisor(cfg, argv, LocalLauncher(args.log_dir), token, control.resolve())
+    return asyncio.run(sup.run())

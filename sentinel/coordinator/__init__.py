@@ -1,0 +1,4 @@
+"""The coordinator: the control plane (store, incidents, playbooks, engine, HTTP API).
+
+Never imports torch.
+"""

@@ -1,0 +1,49 @@
+"""Playbook actions, by name. Add one: subclass BaseAction in a small module, list it here."""
+
+from __future__ import annotations
+
+from sentinel.coordinator.actions.base import (
+    ActionContext,
+    BaseAction,
+    EvictionBackend,
+    StepResult,
+    StepStatus,
+)
+from sentinel.coordinator.actions.diagnose import FrDump, SdcRecompute
+from sentinel.coordinator.actions.eviction import EvictNode, SwapSpare, make_backend
+from sentinel.coordinator.actions.job import (
+    LrScale,
+    Notify,
+    Resume,
+    Rollback,
+    SkipBatches,
+    StopJob,
+    WaitCheckpoint,
+)
+
+ACTIONS: dict[str, BaseAction] = {
+    a.name: a
+    for a in (
+        EvictNode(),
+        SwapSpare(),
+        StopJob(),
+        Rollback(),
+        SkipBatches(),
+        LrScale(),
+        Resume(),
+        WaitCheckpoint(),
+        Notify(),
+        SdcRecompute(),
+        FrDump(),
+    )
+}
+
+__all__ = [
+    "ACTIONS",
+    "ActionContext",
+    "BaseAction",
+    "EvictionBackend",
+    "StepResult",
+    "StepStatus",
+    "make_backend",
+]

@@ -1,0 +1,179 @@
+"""Job actions: they build a restart plan in the run's context and send it to the supervisor.
+
+`rollback`, `skip_batches` and `lr_scale` only shape the plan; `resume` sends it as one
+`job.restart` command and waits until the supervisor reports the new generation running.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
+from sentinel.protocol import CommandKind
+
+
+class _P(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StopParams(_P):
+    reason: str = "sentinel playbook"
+
+
+class StopJob(BaseAction):
+    name = "stop_job"
+    Params = StopParams
+    description = "stop the job's gang (the supervisor stays up and waits for a restart)"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, StopParams)
+        if ctx.dry_run:
+            return StepResult(StepStatus.DONE, {"dry_run": "would stop the job"})
+        cid = ctx.issue_command(CommandKind.JOB_STOP, {"reason": params.reason})
+        return StepResult(StepStatus.DONE, {"command": cid})
+
+
+class RollbackParams(_P):
+    # latest: the newest checkpoint; before_incident: the newest one at or before
+    # (first suspect step - margin_steps).
+    to: Literal["latest", "before_incident"] = "latest"
+    margin_steps: int = Field(default=0, ge=0)
+
+
+class Rollback(BaseAction):
+    name = "rollback"
+    Params = RollbackParams
+    description = "choose the checkpoint the restart resumes from"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, RollbackParams)
+        first = ctx.incident.get("first_step")
+        if params.to == "before_incident" and first is not None:
+            ctx.context["resume_before_step"] = max(0, int(first) - params.margin_steps)
+        else:
+            ctx.context["resume_before_step"] = None
+        return StepResult(
+            StepStatus.DONE, {"resume_before_step": ctx.context["resume_before_step"]}
+        )
+
+
+class SkipParams(_P):
+    before: int = Field(default=0, ge=0)  # batches before the offending one
+    after: int = Field(default=0, ge=0)  # and after it (PaLM skipped 200-500 at scale)
+
+
+class SkipBatches(BaseAction):
+    name = "skip_batches"
+    Params = SkipParams
+    description = "add the batch range around the offending batch to the skip list"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, SkipParams)
+        batch = ctx.incident["detail"].get("batch", ctx.incident.get("first_step"))
+        if batch is None:
+            return StepResult(StepStatus.FAILED, {"error": "the incident names no batch or step"})
+        lo, hi = max(0, int(batch) - params.before), int(batch) + params.after
+        ranges: list[list[int]] = ctx.context.setdefault("skip_batches", [])
+        if [lo, hi] not in ranges:
+            ranges.append([lo, hi])
+        return StepResult(StepStatus.DONE, {"skip": [lo, hi]})
+
+
+class LrScaleParams(_P):
+    factor: float = Field(gt=0, le=1.0)
+    steps: int = Field(ge=1)
+
+
+class LrScale(BaseAction):
+    name = "lr_scale"
+    Params = LrScaleParams
+    description = "scale the learning rate by FACTOR for the first N steps after the restart"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, LrScaleParams)
+        ctx.context["lr_scale"] = {"factor": params.factor, "steps": params.steps}
+        return StepResult(StepStatus.DONE, dict(ctx.context["lr_scale"]))
+
+
+class ResumeParams(_P):
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
+class Resume(BaseAction):
+    name = "resume"
+    Params = ResumeParams
+    description = "restart the gang with the plan (exclusions, spares, checkpoint, skips, LR)"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, ResumeParams)
+        job = ctx.job()
+        if job is None:
+            return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
+        plan = {
+            "exclude": list(ctx.context.get("evicted", [])),
+            "spare_map": dict(ctx.context.get("spare_map", {})),
+            "resume_before_step": ctx.context.get("resume_before_step"),
+            "skip_batches": list(ctx.context.get("skip_batches", [])),
+            "lr_scale": ctx.context.get("lr_scale"),
+            "reason": f"incident {ctx.incident['id']} ({ctx.incident['fault']})",
+        }
+        if ctx.dry_run:
+            return StepResult(StepStatus.DONE, {"dry_run": "would restart", "plan": plan})
+        marker = f"generation_before:{ctx.key}"
+        before = int(ctx.context.setdefault(marker, int(job["generation"])))
+        cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
+        if int(job["generation"]) > before:  # restarted; a new failure is a new incident
+            return StepResult(StepStatus.DONE, {"command": cid, "generation": job["generation"]})
+        if ctx.now - ctx.step_started_at > params.timeout_s:
+            return StepResult(
+                StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
+            )
+        return StepResult(StepStatus.WAIT, {"command": cid})
+
+
+class WaitCheckpointParams(_P):
+    timeout_s: float = Field(default=900.0, gt=0)
+
+
+class WaitCheckpoint(BaseAction):
+    name = "wait_checkpoint"
+    Params = WaitCheckpointParams
+    description = "wait for the job's next checkpoint (act then, losing no work)"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, WaitCheckpointParams)
+        if ctx.dry_run:
+            return StepResult(StepStatus.DONE, {"dry_run": "would wait for a checkpoint"})
+        job = ctx.job()
+        checkpoints = list(job["status"].get("checkpoints", [])) if job else []
+        newest = max(checkpoints, default=-1)
+        floor = int(ctx.context.setdefault(f"ckpt_floor:{ctx.key}", newest))
+        if newest > floor:
+            return StepResult(StepStatus.DONE, {"checkpoint": newest})
+        if ctx.now - ctx.step_started_at > params.timeout_s:
+            return StepResult(StepStatus.DONE, {"timed_out": True, "checkpoint": newest})
+        return StepResult(StepStatus.WAIT, {})
+
+
+class NotifyParams(_P):
+    message: str = "incident needs attention"
+    severity: Literal["info", "warning", "critical"] = "warning"
+
+
+class Notify(BaseAction):
+    name = "notify"
+    Params = NotifyParams
+    description = "tell a person (coordinator log + audit; Alertmanager scrapes the metrics)"
+
+    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        assert isinstance(params, NotifyParams)
+        from sentinel.coordinator.actions.base import log
+
+        log.warning(
+            "notify: %s",
+            params.message,
+            extra={"incident": ctx.incident["id"], "severity": params.severity},
+        )
+        return StepResult(StepStatus.DONE, {"message": params.message, "severity": params.severity})

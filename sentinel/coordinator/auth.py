@@ -1,0 +1,148 @@
+"""Bearer tokens with roles, stored hashed (sha256), compared in constant time.
+
+Roles: `node` reports only as its own node and fetches only its own commands; `job` the same
+for its job; `operator` reads everything and runs operator actions; `admin` may do anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from sentinel.coordinator.store import Store
+from sentinel.protocol import Event
+
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+class Role(StrEnum):
+    NODE = "node"
+    JOB = "job"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    id: str
+    role: Role
+    node: str | None = None
+    job: str | None = None
+
+    def __str__(self) -> str:
+        scope = self.node or self.job
+        return f"{self.role}:{self.id}" + (f"({scope})" if scope else "")
+
+    @property
+    def can_read(self) -> bool:
+        return self.role in (Role.OPERATOR, Role.ADMIN)
+
+    def may_report(self, event: Event) -> str | None:
+        """None when allowed, else why not (the 403 message)."""
+        if self.role == Role.ADMIN:
+            return None
+        if self.role == Role.NODE:
+            if event.source.node != self.node:
+                return (
+                    f"event {event.id}: a node token for {self.node!r} cannot report as node"
+                    f" {event.source.node!r}"
+                )
+            return None
+        if self.role == Role.JOB:
+            if event.source.job != self.job:
+                return (
+                    f"event {event.id}: a job token for {self.job!r} cannot report for job"
+                    f" {event.source.job!r}"
+                )
+            return None
+        return f"role {self.role} cannot report events"
+
+    def may_target(self, kind: str, target: str) -> bool:
+        if self.role in (Role.OPERATOR, Role.ADMIN):
+            return True
+        return (kind, target) in (("node", self.node), ("job", self.job))
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    """Tokens in the store. Lookups are cached for CACHE_S seconds, so a token revoked from
+    another process (`sentinel token revoke`) stops working within that time; one revoked
+    through this object stops at once."""
+
+    CACHE_S = 2.0
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._cache: dict[str, tuple[Principal, float]] = {}
+
+    def cached(self, header: str | None, now: float) -> Principal | None:
+        hit = self._cache.get(header or "")
+        return hit[0] if hit is not None and now - hit[1] < self.CACHE_S else None
+
+    def create(
+        self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
+    ) -> tuple[str, str]:
+        """(token id, secret). The secret is shown once; only its hash is kept."""
+        if role == Role.NODE and not node:
+            raise ValueError("a node token needs --node NAME")
+        if role == Role.JOB and not job:
+            raise ValueError("a job token needs --job ID")
+        if role not in (Role.NODE, Role.JOB) and (node or job):
+            raise ValueError(f"a {role} token is not scoped to a node or job")
+        token_id = secrets.token_hex(4)
+        secret = f"snt_{token_id}_{secrets.token_urlsafe(32)}"
+        with self.store.tx():
+            self.store.execute(
+                "INSERT INTO tokens (id, hash, role, node, job, created_at) VALUES (?,?,?,?,?,?)",
+                (token_id, hash_token(secret), role, node, job, now),
+            )
+        return token_id, secret
+
+    def revoke(self, token_id: str, now: float = 0.0) -> bool:
+        with self.store.tx():
+            cur = self.store.execute(
+                "UPDATE tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)
+            )
+        self._cache.clear()
+        return cur.rowcount > 0
+
+    def active_count(self) -> int:
+        row = self.store.one("SELECT COUNT(*) AS n FROM tokens WHERE revoked_at IS NULL")
+        return int(row["n"]) if row else 0
+
+    def authenticate(self, header: str | None) -> Principal | None:
+        if not header or not header.startswith("Bearer "):
+            return None
+        secret = header[len("Bearer ") :].strip()
+        parts = secret.split("_")
+        if len(parts) < 3 or parts[0] != "snt":
+            return None
+        row = self.store.one("SELECT * FROM tokens WHERE id=? AND revoked_at IS NULL", (parts[1],))
+        if row is None or not hmac.compare_digest(row["hash"], hash_token(secret)):
+            return None
+        principal = Principal(row["id"], Role(row["role"]), row["node"], row["job"])
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[header] = (principal, time.monotonic())
+        return principal
+
+    def ensure_admin(self, state_dir: Path, now: float) -> Path | None:
+        """With no token at all, make an admin token readable by the owner only."""
+        if self.active_count() > 0:
+            return None
+        _, secret = self.create(Role.ADMIN, now=now)
+        path = state_dir / ADMIN_TOKEN_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        os.chmod(path, 0o600)
+        return path

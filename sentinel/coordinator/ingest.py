@@ -1,0 +1,308 @@
+"""Ingest: store events idempotently, keep node/job state, and turn events into incidents.
+
+Runs in one transaction per batch (a savepoint inside the group commit), so a batch is either
+wholly stored with everything it caused, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.config import CoordinatorConfig
+from sentinel.coordinator.incidents import (
+    ACTIVE_STATES,
+    Classification,
+    IncidentState,
+    check_transition,
+    incident_key,
+)
+from sentinel.coordinator.playbooks import Playbook, TriggerClause
+from sentinel.coordinator.store import Store, dumps
+from sentinel.protocol import Event, EventBatch, EventKind
+
+_ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    duplicates: int = 0
+    opened: list[int] = field(default_factory=list)
+    linked: int = 0
+
+
+class Ingestor:
+    def __init__(self, store: Store, playbooks: list[Playbook], cfg: CoordinatorConfig) -> None:
+        self.store = store
+        self.playbooks = playbooks
+        self.cfg = cfg
+        self._by_kind: dict[EventKind, list[tuple[Playbook, TriggerClause, _Pred]]] = {}
+        for book in playbooks:  # already sorted by priority
+            for clause in book.trigger:
+                pred = clause.compile()
+                for kind in clause.kinds:
+                    self._by_kind.setdefault(kind, []).append((book, clause, pred))
+        self.absorbing = frozenset(
+            p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
+        )
+
+    def ingest(self, batch: EventBatch, now: float) -> IngestResult:
+        result = IngestResult()
+        with self.store.tx():
+            new = self._insert_new(batch.events, now)
+            nodes: dict[str, str | None] = {}
+            for ev in batch.events:
+                if ev.id not in new:
+                    result.duplicates += 1  # stored before (a replay) or twice in this batch
+                    continue
+                new.discard(ev.id)
+                result.accepted += 1
+                if ev.source.node is not None:
+                    verdict = ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
+                    nodes[ev.source.node] = verdict or nodes.get(ev.source.node)
+                self._track_job(ev, now)
+                incident_id = self._correlate(ev, now, result)
+                if incident_id is not None:
+                    self.store.execute(
+                        "UPDATE events SET incident_id=? WHERE id=?", (incident_id, ev.id)
+                    )
+            self._track_nodes(nodes, now)
+        return result
+
+    def _insert_new(self, events: list[Event], now: float) -> set[str]:
+        """Insert every event not stored yet (one statement per chunk); the ids inserted."""
+        new: set[str] = set()
+        for start in range(0, len(events), _CHUNK):
+            chunk = events[start : start + _CHUNK]
+            values = ",".join(["(?,?,?,?,?,?,?,?)"] * len(chunk))
+            params: list[object] = []
+            for ev in chunk:
+                s = ev.source
+                params += [
+                    ev.id,
+                    ev.kind.value,
+                    s.node,
+                    s.rank,
+                    s.job,
+                    ev.ts,
+                    json.dumps(ev.payload, separators=(",", ":")),
+                    now,
+                ]
+            rows = self.store.execute(
+                "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
+                f" received_at) VALUES {values} RETURNING id",
+                tuple(params),
+            ).fetchall()
+            new.update(r[0] for r in rows)
+        return new
+
+    # --- fleet and job state -----------------------------------------------------------------
+
+    def _track_nodes(self, nodes: dict[str, str | None], now: float) -> None:
+        if nodes:
+            self.store.executemany(
+                "INSERT INTO nodes (name, last_seen, verdict, state) VALUES (?,?,?,'active')"
+                " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
+                " verdict=COALESCE(excluded.verdict, nodes.verdict)",
+                [(node, now, verdict) for node, verdict in nodes.items()],
+            )
+
+    def _track_job(self, ev: Event, now: float) -> None:
+        if ev.kind == EventKind.JOB_STATUS and ev.source.job is not None:
+            p = ev.payload
+            self.store.execute(
+                "INSERT INTO jobs (id, state, generation, last_heartbeat, status)"
+                " VALUES (?,?,?,?,?)"
+                " ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
+                " generation=excluded.generation, last_heartbeat=excluded.last_heartbeat,"
+                " status=excluded.status",
+                (ev.source.job, p["state"], p["generation"], now, dumps(p)),
+            )
+            self.store.executemany(
+                "INSERT OR IGNORE INTO nodes (name, state, state_changed_at) VALUES (?,'active',?)",
+                [(n, now) for n in p["nodes"]],
+            )
+            # An idle spare whose agent reported before the job did was recorded as active;
+            # it is a spare. One a playbook swapped in (reason set) stays active.
+            self.store.executemany(
+                "INSERT INTO nodes (name, state, state_changed_at) VALUES (?,'spare',?)"
+                " ON CONFLICT(name) DO UPDATE SET state='spare'"
+                " WHERE nodes.state='active' AND nodes.reason IS NULL",
+                [(s, now) for s in p["spares"]],
+            )
+
+    # --- correlation -------------------------------------------------------------------------
+
+    def _correlate(self, ev: Event, now: float, result: IngestResult) -> int | None:
+        if ev.source.node is not None and ev.source.rank is not None and self.absorbing:
+            marks = ",".join("?" * len(self.absorbing))
+            row = self.store.one(
+                f"SELECT id FROM incidents WHERE target=? AND fault IN ({marks})"
+                f" AND state IN ({','.join('?' * len(_ACTIVE))}) ORDER BY id LIMIT 1",
+                (ev.source.node, *sorted(self.absorbing), *_ACTIVE),
+            )
+            if row is not None:  # a symptom of a fault already being handled on that node
+                result.linked += 1
+                return int(row["id"])
+        book = self._classify(ev)
+        if book is None:
+            return None
+        cls = Classification(book.incident.fault, book.incident.scope, book.name)
+        job = self._job_of(ev)
+        generation = int(job["generation"]) if job else 0
+        keyed = incident_key(cls, ev, generation)
+        if keyed is None:
+            return None
+        key, target = keyed
+        row = self.store.one(
+            f"SELECT * FROM incidents WHERE key=? AND state IN ({','.join('?' * len(_ACTIVE))})"
+            " ORDER BY id DESC LIMIT 1",
+            (key, *_ACTIVE),
+        )
+        if row is not None:
+            result.linked += 1
+            self._link(row, ev, book, now)
+            return int(row["id"])
+        incident_id = self._open(ev, cls, key, target, job, book, now)
+        result.opened.append(incident_id)
+        return incident_id
+
+    def _classify(self, ev: Event) -> Playbook | None:
+        candidates = self._by_kind.get(ev.kind)
+        if not candidates:
+            return None
+        s = ev.source
+        doc = {
+            "kind": ev.kind.value,
+            "payload": ev.payload,
+            "source": {"node": s.node, "rank": s.rank, "job": s.job},
+        }
+        for book, clause, pred in candidates:  # by priority, highest first
+            if not pred(doc):
+                continue
+            if clause.min_count <= 1 or self._count(ev, clause) >= clause.min_count:
+                return book
+        return None
+
+    def _count(self, ev: Event, clause: Any) -> int:
+        """Matching events from the same node (or job) within the clause's window."""
+        who, value = ("node", ev.source.node) if ev.source.node else ("job", ev.source.job)
+        since = ev.ts - clause.window_s if clause.window_s else 0.0
+        kinds = [str(k) for k in clause.kinds]
+        rows = self.store.query(
+            f"SELECT id, kind, node, rank, job, ts, payload FROM events WHERE {who}=?"
+            f" AND kind IN ({','.join('?' * len(kinds))}) AND ts>=? LIMIT 10000",
+            (value, *kinds, since),
+        )
+        count = 0
+        for r in rows:
+            doc = {
+                "kind": r["kind"],
+                "payload": r["payload"],
+                "source": {"node": r["node"], "rank": r["rank"], "job": r["job"]},
+            }
+            count += all(c.holds(doc) for c in clause.when)
+        return count
+
+    def _job_of(self, ev: Event) -> dict[str, Any] | None:
+        if ev.source.job is not None:
+            return self.store.one("SELECT * FROM jobs WHERE id=?", (ev.source.job,))
+        if ev.source.node is None:
+            return None
+        for job in self.store.query("SELECT * FROM jobs WHERE state != 'finished'"):
+            if ev.source.node in job["status"].get("nodes", []):
+                return job
+        return None
+
+    def _open(
+        self,
+        ev: Event,
+        cls: Classification,
+        key: str,
+        target: str,
+        job: dict[str, Any] | None,
+        book: Playbook,
+        now: float,
+    ) -> int:
+        step = ev.payload.get("step")
+        if step is None and job is not None:
+            step = job["status"].get("step")
+        detail: dict[str, Any] = {"nodes": [ev.source.node] if ev.source.node else []}
+        if ev.payload.get("batch") is not None:
+            detail["batch"] = ev.payload["batch"]
+        cur = self.store.execute(
+            "INSERT INTO incidents (key, fault, target, job, state, playbook, opened_at,"
+            " updated_at, first_step, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                key,
+                cls.fault,
+                target,
+                job["id"] if job else ev.source.job,
+                IncidentState.OPEN,
+                book.name,
+                now,
+                now,
+                step,
+                dumps(detail),
+            ),
+        )
+        incident_id = int(cur.lastrowid or 0)
+        self.store.audit(
+            now,
+            "coordinator",
+            "incident.open",
+            f"{ev.kind} from {target} matched {book.name}",
+            incident_id,
+            {"event": ev.id, "key": key},
+        )
+        self.start_run(incident_id, book, now)
+        return incident_id
+
+    def _link(self, row: dict[str, Any], ev: Event, book: Playbook, now: float) -> None:
+        detail = row["detail"]
+        if ev.source.node and ev.source.node not in detail.setdefault("nodes", []):
+            detail["nodes"].append(ev.source.node)
+        self.store.execute(
+            "UPDATE incidents SET detail=?, updated_at=? WHERE id=?",
+            (dumps(detail), now, row["id"]),
+        )
+        if row["state"] != IncidentState.MITIGATED:
+            return
+        last = self.store.one(
+            "SELECT MAX(updated_at) AS t FROM runs WHERE incident_id=?", (row["id"],)
+        )
+        cooldown = book.guards.cooldown_s
+        cooldown = self.cfg.default_cooldown_s if cooldown is None else cooldown
+        if last and last["t"] is not None and now - float(last["t"]) < cooldown:
+            return  # an aftershock of what was just handled
+        check_transition(IncidentState.MITIGATED, IncidentState.OPEN)
+        self.store.execute(
+            "UPDATE incidents SET state='open', updated_at=? WHERE id=?", (now, row["id"])
+        )
+        self.store.audit(
+            now,
+            "coordinator",
+            "incident.recur",
+            f"fault reported again after the {cooldown:g} s cooldown",
+            int(row["id"]),
+            {"event": ev.id},
+        )
+        self.start_run(int(row["id"]), book, now)
+
+    def start_run(self, incident_id: int, book: Playbook, now: float) -> int:
+        status = "awaiting_approval" if book.guards.require_approval else "pending"
+        dry = book.guards.dry_run or self.cfg.dry_run
+        cur = self.store.execute(
+            "INSERT INTO runs (incident_id, playbook, status, dry_run, created_at, updated_at)"
+            " VALUES (?,?,?,?,?,?)",
+            (incident_id, book.name, status, int(dry), now, now),
+        )
+        return int(cur.lastrowid or 0)
+
+
+_Pred = Callable[[dict[str, Any]], bool]
+_CHUNK = 1000  # events per INSERT statement (8 parameters each, SQLite allows 32,766)
+_VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})

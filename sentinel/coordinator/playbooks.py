@@ -1,0 +1,263 @@
+"""Playbooks: declarative trigger -> ordered steps -> guards, validated before use.
+
+```yaml
+name: gpu_hardware_fault
+description: A GPU node lost a GPU for good; replace it and resume.
+priority: 100                  # the highest-priority matching playbook classifies an event
+incident: {fault: gpu_hardware, scope: node}    # correlation: one incident per fault + node
+trigger:                       # any clause matching opens (or joins) the incident
+  - kinds: [gpu.xid]
+    when:
+      - {field: payload.xid, op: in, value: [48, 79]}
+    min_count: 1               # this many matching events from the same node ...
+    window_s: 0                # ... within this window (0: no window)
+steps:                         # run in order; each step's state is persisted
+  - {action: evict_node, params: {reason: "GPU hardware fault"}}
+  - {action: resume}
+guards: {cooldown_s: 600, require_approval: false, dry_run: false}
+```
+Condition fields are dotted paths into the event (`payload.xid`, `source.node`); `*` walks a list
+(`payload.findings.*.rule`) and the condition holds when any element satisfies it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sentinel.coordinator.actions import ACTIONS
+from sentinel.protocol import Event, EventKind
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "exists"]
+
+
+class Condition(_Strict):
+    field: str = Field(pattern=r"^(payload|source|kind)(\.[A-Za-z0-9_*]+)*$")
+    op: Op = "eq"
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _value_fits_op(self) -> Condition:
+        if self.op in ("in", "not_in") and not isinstance(self.value, list):
+            raise ValueError(f"op {self.op!r} needs a list value")
+        if self.op in ("gt", "ge", "lt", "le") and not isinstance(self.value, int | float):
+            raise ValueError(f"op {self.op!r} needs a number value")
+        return self
+
+    def holds(self, doc: dict[str, Any]) -> bool:
+        return self.compile()(doc)
+
+    def compile(self) -> Callable[[dict[str, Any]], bool]:
+        """A plain closure for the hot path: ingest checks it against every event."""
+        path, op, want = self.field.split("."), self.op, self.value
+        if op == "exists":
+            return lambda doc: bool(_resolve(doc, path)) == (want is not False)
+        if "*" not in path and op == "eq":  # the common case, without the generic walk
+            return lambda doc: _get(doc, path) == want
+        return lambda doc: any(_compare(op, v, want) for v in _resolve(doc, path))
+
+
+def _get(node: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _resolve(node: Any, path: list[str]) -> list[Any]:
+    if not path:
+        return [node]
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = node if isinstance(node, list) else []
+        return [v for item in items for v in _resolve(item, rest)]
+    if isinstance(node, dict) and head in node and node[head] is not None:
+        return _resolve(node[head], rest)
+    return []
+
+
+def _compare(op: str, got: Any, want: Any) -> bool:
+    try:
+        match op:
+            case "eq":
+                return bool(got == want)
+            case "ne":
+                return bool(got != want)
+            case "in":
+                return got in want
+            case "not_in":
+                return got not in want
+            case "contains":
+                return str(want) in str(got)
+            case "gt":
+                return float(got) > want
+            case "ge":
+                return float(got) >= want
+            case "lt":
+                return float(got) < want
+            case "le":
+                return float(got) <= want
+    except (TypeError, ValueError):
+        return False
+    return False
+
+
+class TriggerClause(_Strict):
+    kinds: list[EventKind] = Field(min_length=1)
+    when: list[Condition] = Field(default_factory=list)
+    min_count: int = Field(default=1, ge=1)
+    window_s: float = Field(default=0.0, ge=0)
+
+    def matches(self, event: Event, doc: dict[str, Any]) -> bool:
+        return event.kind in self.kinds and all(c.holds(doc) for c in self.when)
+
+    def compile(self) -> Callable[[dict[str, Any]], bool]:
+        preds = [c.compile() for c in self.when]
+        return lambda doc: all(p(doc) for p in preds)
+
+
+class IncidentSpec(_Strict):
+    fault: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    scope: Literal["node", "job"]
+    # Rank events from a node with this incident active are its symptoms, not new incidents.
+    absorbs_symptoms: bool = False
+
+
+class Step(_Strict):
+    action: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("action")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in ACTIONS:
+            raise ValueError(f"unknown action {name!r}; known: {', '.join(sorted(ACTIONS))}")
+        return name
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> Step:
+        if self.action in ACTIONS:
+            ACTIONS[self.action].Params.model_validate(self.params)
+        return self
+
+
+class Guards(_Strict):
+    cooldown_s: float | None = Field(default=None, ge=0)  # None: coordinator default
+    require_approval: bool = False
+    dry_run: bool = False
+
+
+class Playbook(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    description: str = ""
+    priority: int = 0
+    incident: IncidentSpec
+    trigger: list[TriggerClause] = Field(min_length=1)
+    steps: list[Step] = Field(min_length=1)
+    guards: Guards = Guards()
+
+    def clause_for(self, event: Event, doc: dict[str, Any]) -> TriggerClause | None:
+        return next((c for c in self.trigger if c.matches(event, doc)), None)
+
+
+class PlaybookError(ValueError):
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """1-based line of the YAML node at a pydantic error location (the deepest one found)."""
+    line = None if node is None else node.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                key = next((k for k, _ in node.value if k.value == str(part)), None)
+                return key.start_mark.line + 1 if key is not None else line
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return line
+            node = node.value[part]
+        else:
+            return line
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_playbook(path: Path) -> Playbook:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlaybookError([f"{path}: cannot read: {e.strerror}"]) from None
+    try:
+        tree = yaml.compose(text)
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PlaybookError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+    if not isinstance(doc, dict):
+        raise PlaybookError([f"{path}:1: a playbook is a mapping (name, incident, trigger, ...)"])
+    try:
+        return Playbook.model_validate(doc)
+    except ValidationError as e:
+        errors = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+            field = ".".join(str(p) for p in loc) or "(playbook)"
+            line = _line_of(tree, loc)
+            errors.append(f"{path}:{line}: {field}: {err['msg']}")
+        raise PlaybookError(errors) from None
+
+
+def load_playbooks(directory: Path) -> list[Playbook]:
+    """Every `*.yaml`/`*.yml` in DIR, all validated; PlaybookError lists every problem."""
+    if not directory.is_dir():
+        raise PlaybookError([f"{directory}: not a directory"])
+    books: list[Playbook] = []
+    errors: list[str] = []
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+    if not files:
+        errors.append(f"{directory}: no playbooks (*.yaml) found")
+    seen: dict[str, Path] = {}
+    for path in files:
+        try:
+            book = load_playbook(path)
+        except PlaybookError as e:
+            errors.extend(e.errors)
+            continue
+        if book.name in seen:
+            errors.append(f"{path}:1: name: {book.name!r} is also defined in {seen[book.name]}")
+        seen[book.name] = path
+        books.append(book)
+    if errors:
+        raise PlaybookError(errors)
+    return sorted(books, key=lambda b: (-b.priority, b.name))
+
+
+def default_playbooks_dir() -> Path:
+    return Path(__file__).resolve().parent.parent.parent / "playbooks"
+
+
+def count_window(window_s: float) -> float:
+    return math.inf if window_s == 0 else window_s

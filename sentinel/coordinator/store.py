@@ -1,0 +1,216 @@
+"""The coordinator's durable state: SQLite in WAL mode, schema versioned with migrations.
+
+One connection, used by one thread at a time (the coordinator funnels every call through a
+single-thread executor). Commits use `synchronous=FULL`, so a committed transaction survives
+kill -9 and power loss; the API acknowledges an event only after its transaction committed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# Each entry moves the schema from version i to i+1. Append; never edit a shipped entry.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE events (
+        id TEXT PRIMARY KEY, kind TEXT NOT NULL, node TEXT, rank INTEGER, job TEXT,
+        ts REAL NOT NULL, payload TEXT NOT NULL, received_at REAL NOT NULL, incident_id INTEGER
+    );
+    CREATE INDEX events_incident ON events(incident_id);
+    CREATE INDEX events_kind_node ON events(kind, node, ts);
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY, last_seen REAL, verdict TEXT, state TEXT NOT NULL DEFAULT 'active',
+        state_changed_at REAL, reason TEXT
+    );
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY, state TEXT NOT NULL, generation INTEGER NOT NULL DEFAULT 0,
+        last_heartbeat REAL, status TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE incidents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, fault TEXT NOT NULL,
+        target TEXT NOT NULL, job TEXT, state TEXT NOT NULL, playbook TEXT,
+        opened_at REAL NOT NULL, updated_at REAL NOT NULL, first_step INTEGER,
+        acknowledged_by TEXT, detail TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX incidents_key ON incidents(key, state);
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, incident_id INTEGER NOT NULL, playbook TEXT NOT NULL,
+        status TEXT NOT NULL, step_index INTEGER NOT NULL DEFAULT 0,
+        context TEXT NOT NULL DEFAULT '{}', dry_run INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL, step_started_at REAL
+    );
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE, incident_id INTEGER,
+        run_id INTEGER, action TEXT NOT NULL, target TEXT, params TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL, result TEXT NOT NULL DEFAULT '{}', dry_run INTEGER NOT NULL DEFAULT 0,
+        who TEXT NOT NULL, started_at REAL NOT NULL, done_at REAL
+    );
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, who TEXT NOT NULL,
+        what TEXT NOT NULL, why TEXT NOT NULL, incident_id INTEGER,
+        detail TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE commands (
+        id TEXT PRIMARY KEY, target_kind TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL,
+        args TEXT NOT NULL, created_at REAL NOT NULL, delivered_at REAL, acked_at REAL,
+        result TEXT, incident_id INTEGER
+    );
+    CREATE INDEX commands_pending ON commands(target_kind, target, acked_at);
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE, role TEXT NOT NULL, node TEXT, job TEXT,
+        created_at REAL NOT NULL, revoked_at REAL
+    );
+    """,
+]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class Store:
+    """Thin SQL layer; domain rules live in incidents.py, ingest.py and engine.py."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("PRAGMA busy_timeout=5000")
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._checkpointer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.migrate()
+
+    def start_checkpointer(self, every_s: float = 1.0) -> None:
+        """Move the WAL into the database from a thread of its own.
+
+        SQLite's automatic checkpoint runs inside a committing transaction and, with
+        synchronous=FULL, fsyncs the whole database there: a stall of every acknowledgement
+        queued behind it. A PASSIVE checkpoint on another connection never blocks the writer.
+        """
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        def loop() -> None:
+            conn = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                while not self._stop.wait(every_s):
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                conn.close()
+
+        self._checkpointer = threading.Thread(target=loop, name="sentinel-wal", daemon=True)
+        self._checkpointer.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
+        self.conn.close()
+
+    # --- schema ------------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        self.conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = self.conn.execute("SELECT version FROM schema_version").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def migrate(self) -> int:
+        with self.tx():
+            version = self.schema_version()
+            if version > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"{self.path}: schema version {version} is newer than this build "
+                    f"({len(MIGRATIONS)}); upgrade Sentinel"
+                )
+            for script in MIGRATIONS[version:]:
+                for statement in script.split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+            self.conn.execute("DELETE FROM schema_version")
+            self.conn.execute("INSERT INTO schema_version VALUES (?)", (len(MIGRATIONS),))
+        return len(MIGRATIONS)
+
+    # --- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """A transaction (nested calls become savepoints): all of it commits, or none of it."""
+        with self._lock:
+            name = f"sp{self._depth}"
+            if self._depth == 0:
+                self.conn.execute("BEGIN IMMEDIATE")
+            else:
+                self.conn.execute(f"SAVEPOINT {name}")
+            self._depth += 1
+            try:
+                yield self.conn
+            except BaseException:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.conn.execute("ROLLBACK")
+                else:
+                    self.conn.execute(f"ROLLBACK TO {name}")
+                    self.conn.execute(f"RELEASE {name}")
+                raise
+            self._depth -= 1
+            if self._depth == 0:
+                self.conn.execute("COMMIT")
+            else:
+                self.conn.execute(f"RELEASE {name}")
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return [_row(r) for r in self.conn.execute(sql, params).fetchall()]
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> sqlite3.Cursor:
+        with self._lock:
+            return self.conn.executemany(sql, rows)
+
+    # --- audit -------------------------------------------------------------------------------
+
+    def audit(
+        self,
+        now: float,
+        who: str,
+        what: str,
+        why: str,
+        incident_id: int | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        self.execute(
+            "INSERT INTO audit (ts, who, what, why, incident_id, detail) VALUES (?,?,?,?,?,?)",
+            (now, who, what, why, incident_id, _dumps(detail or {})),
+        )
+
+
+_JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})
+
+
+def _row(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    for key in _JSON_COLUMNS & out.keys():
+        value = out[key]
+        if isinstance(value, str) and value[:1] in ("{", "["):  # runs.status is plain text
+            out[key] = json.loads(value)
+    return out
+
+
+dumps = _dumps

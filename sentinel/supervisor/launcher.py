@@ -1,0 +1,139 @@
+"""Launchers: start a training gang and watch its ranks.
+
+`LocalLauncher` runs every rank as a local process with a torchrun-style environment (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus its simulated node
+identity `SENTINEL_NODE`. On a real fleet the same supervisor drives `torchrun` on each node
+(one `torchrun --nnodes=N --node-rank=K ...` per node, e.g. through `srun`), which sets the same
+variables; only the launcher differs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    argv: list[str]
+    nodes: list[str]
+    gpus_per_node: int
+    generation: int
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    env: dict[str, str] = field(default_factory=dict)
+    rank_socket_template: str | None = None  # "{node}" is replaced by the rank's node
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.gpus_per_node
+
+    def node_of_rank(self, rank: int) -> str:
+        return self.nodes[rank // self.gpus_per_node]
+
+
+@dataclass(frozen=True)
+class RankExit:
+    rank: int
+    node: str
+    returncode: int
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode < 0 else None
+
+
+class Gang(ABC):
+    @abstractmethod
+    def poll(self) -> list[RankExit]:
+        """Ranks that ended since the last poll."""
+
+    @abstractmethod
+    def running(self) -> int:
+        """How many ranks are still alive."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 5.0) -> None:
+        """End every rank (SIGTERM, then SIGKILL after the grace period)."""
+
+
+class Launcher(ABC):
+    @abstractmethod
+    def launch(self, plan: GangPlan) -> Gang: ...
+
+
+class LocalGang(Gang):
+    def __init__(self, plan: GangPlan, procs: list[subprocess.Popen[bytes]]) -> None:
+        self.plan = plan
+        self.procs = procs
+        self._reported: set[int] = set()
+
+    def poll(self) -> list[RankExit]:
+        out = []
+        for rank, proc in enumerate(self.procs):
+            rc = proc.poll()
+            if rc is not None and rank not in self._reported:
+                self._reported.add(rank)
+                out.append(RankExit(rank, self.plan.node_of_rank(rank), rc))
+        return out
+
+    def running(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._reported.update(range(len(self.procs)))
+
+
+class LocalLauncher(Launcher):
+    def __init__(self, log_dir: Path | None = None) -> None:
+        self.log_dir = log_dir
+
+    def launch(self, plan: GangPlan) -> Gang:
+        procs = []
+        for rank in range(plan.world_size):
+            env = {
+                **os.environ,
+                **plan.env,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(plan.world_size),
+                "LOCAL_RANK": str(rank % plan.gpus_per_node),
+                "LOCAL_WORLD_SIZE": str(plan.gpus_per_node),
+                "MASTER_ADDR": plan.master_addr,
+                "MASTER_PORT": str(plan.master_port),
+                "SENTINEL_NODE": plan.node_of_rank(rank),
+                "SENTINEL_GENERATION": str(plan.generation),
+            }
+            if plan.rank_socket_template:
+                node = plan.node_of_rank(rank)
+                sock = plan.rank_socket_template.format(node=node)
+                # the foundation's name and the trainer hooks' name for the same socket
+                env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
+            out = None
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                out = open(self.log_dir / f"g{plan.generation}-rank{rank}.log", "wb")  # noqa: SIM115
+            procs.append(
+                subprocess.Popen(
+                    plan.argv,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                    start_new_session=True,
+                )
+            )
+            if out is not None:
+                out.close()
+        return LocalGang(plan, procs)

@@ -1,0 +1,348 @@
+"""`sentinel run`: the job supervisor.
+
+It registers the job with the coordinator (its `job.status` heartbeat), launches the gang,
+reports rank exits as `rank.crash` events, and carries out job commands it long-polls:
+`job.stop`, and `job.restart` with a plan (excluded nodes, spares in their place, the checkpoint
+to resume from, batches to skip, a learning-rate scale). The plan reaches the trainer as flags
+appended to its command: `--resume-from PATH`, `--skip-batches A-B[,C-D]`, `--lr-scale F:N`.
+Rank-level commands (`fr.dump`, `sdc.check`, `checkpoint.now`) are appended as JSON lines to the
+file named by `SENTINEL_CONTROL_FILE` in every rank's environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from sentinel.config import SupervisorConfig
+from sentinel.protocol import (
+    CommandKind,
+    EventBatch,
+    EventKind,
+    FrAnalysisPayload,
+    JobStatusPayload,
+    RankCrashPayload,
+    Source,
+    encode,
+    make_event,
+)
+from sentinel.supervisor.launcher import Gang, GangPlan, Launcher
+
+log = logging.getLogger("sentinel.supervisor")
+_CKPT = re.compile(r"step[-_]?(\d+)")
+
+
+@dataclass
+class JobState:
+    nodes: list[str]
+    spares: list[str]
+    gpus_per_node: int
+    generation: int = 0
+    state: str = "starting"
+    resume_from: str | None = None
+    skip: list[tuple[int, int]] = field(default_factory=list)
+    lr_scale: tuple[float, int] | None = None
+    seen_commands: set[str] = field(default_factory=set)
+
+    def apply_restart(self, plan: dict[str, Any], checkpoints: dict[int, Path]) -> None:
+        spare_map: dict[str, str] = plan.get("spare_map") or {}
+        excluded = set(plan.get("exclude") or [])
+        new_nodes = []
+        for node in self.nodes:
+            if node in excluded or node in spare_map:
+                if node in spare_map:
+                    new_nodes.append(spare_map[node])
+                continue
+            new_nodes.append(node)
+        self.spares = [s for s in self.spares if s not in spare_map.values()]
+        self.nodes = new_nodes
+        before = plan.get("resume_before_step")
+        eligible = [s for s in checkpoints if before is None or s <= before]
+        self.resume_from = str(checkpoints[max(eligible)]) if eligible else None
+        for lo, hi in plan.get("skip_batches") or []:
+            if (lo, hi) not in self.skip:
+                self.skip.append((int(lo), int(hi)))
+        lr = plan.get("lr_scale")
+        self.lr_scale = (float(lr["factor"]), int(lr["steps"])) if lr else None
+        self.generation += 1
+
+    def trainer_flags(self) -> list[str]:
+        flags = []
+        if self.resume_from:
+            flags += ["--resume-from", self.resume_from]
+        if self.skip:
+            flags += ["--skip-batches", ",".join(f"{lo}-{hi}" for lo, hi in self.skip)]
+        if self.lr_scale:
+            flags += ["--lr-scale", f"{self.lr_scale[0]:g}:{self.lr_scale[1]}"]
+        return flags
+
+
+def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[int, Path]:
+    """Complete checkpoints by step: `step_N*` / `step-N*` files, or directories holding the
+    commit marker. Half-written ones (`*.tmp`, a directory without the marker) are skipped."""
+    if directory is None or not directory.is_dir():
+        return {}
+    found = {}
+    for path in directory.iterdir():
+        m = _CKPT.fullmatch(path.stem) or _CKPT.fullmatch(path.name)
+        if m is None or path.name.endswith(".tmp"):
+            continue
+        if path.is_dir() and not (path / marker).exists():
+            continue
+        found[int(m.group(1))] = path
+    return found
+
+
+class Supervisor:
+    def __init__(
+        self,
+        cfg: SupervisorConfig,
+        argv: list[str],
+        launcher: Launcher,
+        token: str,
+        control_file: Path,
+    ) -> None:
+        self.cfg = cfg
+        self.argv = argv
+        self.launcher = launcher
+        self.token = token
+        self.control_file = control_file
+        self.job = JobState(
+            nodes=[f"node-{i}" for i in range(cfg.nodes)],
+            spares=[f"spare-{i}" for i in range(cfg.spares)],
+            gpus_per_node=cfg.gpus_per_node,
+        )
+        self.gang: Gang | None = None
+        self.plan: GangPlan | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.done = asyncio.Event()
+        self.exit_code = 0
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- coordinator I/O ---------------------------------------------------------------------
+
+    async def _post(self, events: list[Any]) -> None:
+        assert self.session is not None
+        body = encode(EventBatch(events=events))
+        for attempt in range(5):
+            try:
+                async with self.session.post(
+                    f"{self.cfg.coordinator_url}/v1/events",
+                    data=body,
+                    headers={"Content-Type": "application/json"},
+                ) as r:
+                    if r.status == 200:
+                        return
+                    log.warning("coordinator refused events: %s %s", r.status, await r.text())
+                    return
+            except (aiohttp.ClientError, TimeoutError) as e:
+                log.warning("coordinator unreachable (%s); retrying", e)
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+    def _status_event(self) -> Any:
+        ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
+        payload = JobStatusPayload(
+            state=self.job.state,
+            generation=self.job.generation,
+            world_size=len(self.job.nodes) * self.job.gpus_per_node,
+            gpus_per_node=self.job.gpus_per_node,
+            nodes=self.job.nodes,
+            spares=self.job.spares,
+            checkpoints=ckpts,
+        )
+        return make_event(EventKind.JOB_STATUS, Source(job=self.cfg.job_id), payload)
+
+    async def report_status(self) -> None:
+        await self._post([self._status_event()])
+
+    async def _heartbeat(self) -> None:
+        while not self.done.is_set():
+            await self.report_status()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.done.wait(), self.cfg.heartbeat_s)
+
+    async def _commands(self) -> None:
+        assert self.session is not None
+        url = f"{self.cfg.coordinator_url}/v1/commands"
+        params = {"job": self.cfg.job_id, "wait": str(self.cfg.poll_wait_s)}
+        while not self.done.is_set():
+            try:
+                async with self.session.get(url, params=params) as r:
+                    if r.status != 200:
+                        log.warning("command poll refused: %s %s", r.status, await r.text())
+                        await asyncio.sleep(1.0)
+                        continue
+                    commands = (await r.json())["commands"]
+            except (aiohttp.ClientError, TimeoutError) as e:
+                log.warning("command poll failed (%s); retrying", e)
+                await asyncio.sleep(1.0)
+                continue
+            for cmd in commands:
+                await self._handle(cmd)
+
+    async def _handle(self, cmd: dict[str, Any]) -> None:
+        assert self.session is not None
+        cid = cmd["id"]
+        if cid not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
+            self.job.seen_commands.add(cid)
+            log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
+            await self._execute(cmd["kind"], cmd["args"])
+        url = f"{self.cfg.coordinator_url}/v1/commands/{cid}/ack"
+        detail = {"generation": self.job.generation, "state": self.job.state}
+        async with self.session.post(url, json={"ok": True, "detail": detail}) as r:
+            if r.status != 200:
+                log.warning("ack of %s refused: %s", cid, await r.text())
+
+    async def _execute(self, kind: str, args: dict[str, Any]) -> None:
+        if kind == CommandKind.JOB_STOP:
+            self._stop_gang()
+            self.job.state = "stopped"
+        elif kind == CommandKind.JOB_RESTART:
+            self._stop_gang()
+            self.job.apply_restart(
+                args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+            )
+            self._launch()
+        else:  # rank-level: hand it to the ranks through the control file
+            with self.control_file.open("a") as f:
+                f.write(json.dumps({"kind": kind, "args": args}) + "\n")
+            if kind == CommandKind.FR_DUMP and self.cfg.fr_dir is not None:
+                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        await self.report_status()
+
+    async def _analyze_fr(self, check_id: str | None, since: float) -> None:
+        """Wait for the ranks' dumps, run the analyzer, report what it found."""
+        fr_dir = self.cfg.fr_dir
+        assert fr_dir is not None
+        world = len(self.job.nodes) * self.job.gpus_per_node
+        deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
+        while time.time() < deadline:
+            fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
+            if len(fresh) != last[0]:
+                last = (len(fresh), time.time())
+            elif len(fresh) >= world and time.time() - last[1] >= 1.0:
+                break  # every rank dumped and nothing new for a second
+            await asyncio.sleep(0.25)
+        argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        try:
+            doc = json.loads(out)
+            payload = FrAnalysisPayload(
+                verdict=str(doc["verdict"]),
+                culprit_ranks=[int(r) for r in doc.get("culprit_ranks", [])],
+                waiting_ranks=[int(r) for r in doc.get("waiting_ranks", [])],
+                check_id=check_id,
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            log.error("flight-recorder analysis failed (%s, exit %s): %s", e, proc.returncode,
+                      err.decode(errors="replace")[-500:])  # fmt: skip
+            return
+        log.info("flight recorder: %s, culprits %s", payload.verdict, payload.culprit_ranks)
+        await self._post([make_event(EventKind.FR_ANALYSIS, Source(job=self.cfg.job_id), payload)])
+
+    # --- the gang ----------------------------------------------------------------------------
+
+    def _launch(self) -> None:
+        self.plan = GangPlan(
+            argv=[*self.argv, *self.job.trainer_flags()],
+            nodes=list(self.job.nodes),
+            gpus_per_node=self.job.gpus_per_node,
+            generation=self.job.generation,
+            master_addr=self.cfg.master_addr,
+            master_port=self.cfg.master_port + self.job.generation % 1000,
+            env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
+            rank_socket_template=self.cfg.rank_socket_template,
+        )
+        log.info(
+            "launching generation %d on %s",
+            self.job.generation,
+            self.plan.nodes,
+            extra={"argv": self.plan.argv},
+        )
+        self.gang = self.launcher.launch(self.plan)
+        self.job.state = "running"
+
+    def _stop_gang(self) -> None:
+        if self.gang is not None:
+            self.gang.stop()
+            self.gang = None
+
+    async def _watch(self) -> None:
+        while not self.done.is_set():
+            await asyncio.sleep(0.1)
+            if self.gang is None or self.plan is None:
+                continue
+            exits = self.gang.poll()
+            failed = [e for e in exits if e.returncode != 0]
+            if failed:
+                events = [
+                    make_event(
+                        EventKind.RANK_CRASH,
+                        Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
+                        RankCrashPayload(
+                            exit_code=e.returncode if e.returncode >= 0 else None,
+                            signal=e.signal,
+                            generation=self.job.generation,
+                        ),
+                    )
+                    for e in failed
+                ]
+                self._stop_gang()  # a gang with a dead rank cannot make progress
+                self.job.state = "crashed"
+                log.warning("ranks %s exited abnormally", [e.rank for e in failed])
+                await self._post(events)
+                await self.report_status()
+            elif self.gang.running() == 0:
+                self.job.state = "finished"
+                self.gang = None
+                await self.report_status()
+                self.done.set()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("supervisor task failed", exc_info=task.exception())
+            self.exit_code = 1
+            self.done.set()
+
+    async def run(self) -> int:
+        timeout = aiohttp.ClientTimeout(total=self.cfg.poll_wait_s + 30)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as self.session:
+            self._launch()
+            tasks = [
+                asyncio.create_task(c) for c in (self._heartbeat(), self._commands(), self._watch())
+            ]
+            for t in tasks:
+                t.add_done_callback(self._task_ended)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._terminate, sig)
+            await self.done.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.gang is not None:  # told to stop (signal) or broken: leave no rank behind
+                self._stop_gang()
+                self.job.state = "stopped"
+                await self.report_status()
+        return self.exit_code
+
+    def _terminate(self, sig: int) -> None:
+        log.warning("signal %d: stopping the gang and exiting", sig)
+        self.exit_code = 128 + sig
+        self.done.set()

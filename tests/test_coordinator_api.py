@@ -1,0 +1,132 @@
+"""The HTTP API in process (aiohttp test server): auth rules, precise errors, no partial writes."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from coord_util import cfg, xid
+
+from sentinel.coordinator.app import SERVICE, build_app
+from sentinel.coordinator.auth import Role
+from sentinel.protocol import EventBatch, encode
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
+    app = build_app(cfg(tmp_path, max_body_bytes=64 * 1024))
+    async with TestClient(TestServer(app)) as c:
+        yield c
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def make_token(
+    client: TestClient, role: Role, node: str | None = None, job: str | None = None
+) -> str:
+    service = client.app[SERVICE]
+    return (await service.db(service.tokens.create, role, node, job))[1]
+
+
+async def test_admin_token_file_and_unauthenticated_requests(
+    client: TestClient, tmp_path: Path
+) -> None:
+    path = tmp_path / "state" / "admin.token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    admin = path.read_text().strip()
+    assert (await client.get("/healthz")).status == 200
+    for method, url in (
+        ("GET", "/v1/incidents"),
+        ("POST", "/v1/events"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/commands?job=j"),
+    ):
+        assert (await client.request(method, url)).status == 401
+        assert (await client.request(method, url, headers=bearer("snt_x_y"))).status == 401
+    assert (await client.get("/v1/incidents", headers=bearer(admin))).status == 200
+    service = client.app[SERVICE]
+    stored = await service.db(service.store.query, "SELECT hash FROM tokens")
+    assert admin not in json.dumps(stored)  # only the hash is kept
+
+
+async def test_scopes(client: TestClient) -> None:
+    node1 = await make_token(client, Role.NODE, node="node-1")
+    job = await make_token(client, Role.JOB, job="job1")
+    op = await make_token(client, Role.OPERATOR)
+    own, other = (
+        encode(EventBatch(events=[xid("node-1")])),
+        encode(EventBatch(events=[xid("node-2")])),
+    )
+    r = await client.post("/v1/events", data=other, headers=bearer(node1))
+    assert r.status == 403 and "cannot report as node 'node-2'" in (await r.json())["error"]
+    assert (await client.post("/v1/events", data=own, headers=bearer(node1))).status == 200
+    assert (await client.post("/v1/events", data=own, headers=bearer(job))).status == 403
+    assert (await client.post("/v1/events", data=own, headers=bearer(op))).status == 403
+    assert (await client.get("/v1/commands?node=node-2", headers=bearer(node1))).status == 403
+    assert (await client.get("/v1/commands?node=node-1", headers=bearer(node1))).status == 200
+    assert (await client.get("/v1/commands?job=job2", headers=bearer(job))).status == 403
+    assert (await client.get("/v1/commands?job=job1", headers=bearer(job))).status == 200
+    assert (await client.get("/v1/incidents", headers=bearer(node1))).status == 403
+    assert (await client.get("/v1/incidents", headers=bearer(op))).status == 200
+    assert (await client.post("/v1/incidents/1/acknowledge", headers=bearer(job))).status == 403
+    r = await client.post("/v1/incidents/1/acknowledge", headers=bearer(op))
+    assert r.status == 200 and (await r.json())["acknowledged_by"].startswith("operator:")
+    service = client.app[SERVICE]
+    token_id = node1.split("_")[1]
+    assert await service.db(service.tokens.revoke, token_id)
+    assert (await client.post("/v1/events", data=own, headers=bearer(node1))).status == 401
+
+
+async def test_bad_requests_are_refused_whole(client: TestClient) -> None:
+    admin = await make_token(client, Role.ADMIN)
+    h = bearer(admin)
+    r = await client.post("/v1/events", data=b"{nope", headers=h)
+    assert r.status == 400 and "not valid JSON" in (await r.json())["error"]
+    r = await client.post("/v1/events", data=json.dumps({"v": 9, "events": []}), headers=h)
+    assert r.status == 422 and "unsupported protocol version 9" in (await r.json())["error"]
+    good = json.loads(encode(xid("node-1")))
+    bad = {**json.loads(encode(xid("node-1"))), "payload": {"gpu": 0}}
+    r = await client.post("/v1/events", data=json.dumps({"v": 1, "events": [good, bad]}), headers=h)
+    assert r.status == 422
+    assert "events.1.payload: Value error, not a valid gpu.xid payload" in (await r.json())["error"]
+    r = await client.post("/v1/events", data=b"x" * (65 * 1024), headers=h)
+    assert r.status == 413
+    events = await client.get("/v1/incidents", headers=h)
+    assert await events.json() == []  # nothing of the refused batches was written
+    service = client.app[SERVICE]
+    assert (await service.db(service.store.one, "SELECT COUNT(*) n FROM events"))["n"] == 0
+
+
+async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:
+    h = bearer(await make_token(client, Role.ADMIN))
+    doc = await (await client.get("/v1/openapi.json", headers=h)).json()
+    assert "/v1/events" in doc["paths"] and "EventBatch" in doc["components"]["schemas"]
+    batch = encode(EventBatch(events=[xid("node-1", gpu=g) for g in range(8)]))
+    r = await client.post("/v1/events", data=batch, headers=h)
+    assert (await r.json())["accepted"] == 8 and len((await r.json())["incidents_opened"]) == 1
+    again = await (await client.post("/v1/events", data=batch, headers=h)).json()
+    assert again == {"accepted": 0, "duplicates": 8, "incidents_opened": []}
+    text = await (await client.get("/metrics", headers=h)).text()
+    assert 'sentinel_coordinator_events_total{result="accepted"} 8.0' in text
+    assert 'sentinel_coordinator_events_total{result="duplicate"} 8.0' in text
+    assert "sentinel_coordinator_eviction_budget_remaining" in text
+    r = await client.post(
+        "/v1/actions",
+        json={"incident": 1, "action": "notify", "params": {"message": "look"}},
+        headers=h,
+    )
+    assert r.status == 200
+    r = await client.post("/v1/actions", json={"incident": 1, "action": "fly"}, headers=h)
+    assert r.status == 422 and "unknown action 'fly'" in (await r.json())["error"]
+    r = await client.post("/v1/incidents/1/resolve", headers=h)
+    assert r.status == 200
+    r = await client.post("/v1/incidents/1/resolve", headers=h)
+    assert r.status == 409 and "resolved -> resolved" in (await r.json())["error"]
+    audit = await (await client.get("/v1/audit", headers=h)).json()
+    assert {"incident.open", "manual.notify", "incident.resolve"} <= {a["what"] for a in audit}

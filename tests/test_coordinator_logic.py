@@ -1,0 +1,332 @@
+"""Coordinator logic without a server: state machines, correlation, playbooks, safety rails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from coord_util import ROOT, cfg, crash, job_status, xid
+
+from sentinel.coordinator.actions import make_backend
+from sentinel.coordinator.engine import RUN_TRANSITIONS, Engine, RunState, check_run_transition
+from sentinel.coordinator.incidents import (
+    TRANSITIONS,
+    IncidentState,
+    TransitionError,
+    check_transition,
+)
+from sentinel.coordinator.ingest import Ingestor
+from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
+from sentinel.coordinator.store import MIGRATIONS, Store
+from sentinel.protocol import EventBatch
+
+PLAYBOOKS = load_playbooks(ROOT / "playbooks")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def setup(tmp_path: Path, **kw: object) -> tuple[Store, Ingestor, Engine, Clock]:
+    c = cfg(tmp_path, **kw)
+    store = Store(tmp_path / "c.db")
+    clock = Clock()
+    return (
+        store,
+        Ingestor(store, PLAYBOOKS, c),
+        Engine(store, PLAYBOOKS, c, make_backend(c), clock),
+        clock,
+    )
+
+
+def test_incident_transition_table() -> None:
+    S = IncidentState
+    check_transition(S.OPEN, S.ACTING)
+    check_transition(S.ACTING, S.MITIGATED)
+    check_transition(S.ACTING, S.ESCALATED)
+    with pytest.raises(TransitionError, match="resolved -> open"):
+        check_transition(S.RESOLVED, S.OPEN)
+    with pytest.raises(TransitionError):
+        check_transition(S.OPEN, S.MITIGATED)  # mitigation needs an action first
+    assert set(TRANSITIONS) == set(S) and not TRANSITIONS[S.RESOLVED]
+    assert set(RUN_TRANSITIONS) == set(RunState)
+    with pytest.raises(ValueError):
+        check_run_transition(RunState.DONE, RunState.RUNNING)
+
+
+def test_schema_is_versioned(tmp_path: Path) -> None:
+    store = Store(tmp_path / "c.db")
+    assert store.schema_version() == len(MIGRATIONS)
+    assert store.one("PRAGMA journal_mode")["journal_mode"] == "wal"
+    store.close()
+    assert Store(tmp_path / "c.db").migrate() == len(MIGRATIONS)  # reopening is a no-op
+
+
+def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    fleet = job_status("j", [f"node-{i}" for i in range(4)], [])
+    ingest.ingest(EventBatch(events=[fleet]), clock())
+    events = [xid("node-3", gpu=g) for g in range(8)]
+    r1 = ingest.ingest(EventBatch(events=events), clock())
+    r2 = ingest.ingest(EventBatch(events=events), clock())  # replayed by a spooling agent
+    assert (r1.accepted, r1.duplicates, len(r1.opened)) == (8, 0, 1)
+    assert (r2.accepted, r2.duplicates, r2.opened) == (0, 8, [])
+    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
+    assert store.one("SELECT COUNT(*) n FROM runs")["n"] == 1
+    assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 8
+    engine.tick()
+    ingest.ingest(EventBatch(events=events), clock())  # replayed after the action ran
+    engine.tick()
+    evictions = store.query("SELECT key FROM actions WHERE action='evict_node'")
+    assert len(evictions) == 1
+    assert (tmp_path / "state" / "exclude.txt").read_text().split() == ["node-3"]
+
+
+def test_agent_and_trainer_reports_of_one_fault_are_one_incident(tmp_path: Path) -> None:
+    store, ingest, _, clock = setup(tmp_path)
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
+    )
+    ingest.ingest(EventBatch(events=[xid("node-1", code=79)]), clock())
+    # the ranks on that node die of it; the supervisor reports them
+    ingest.ingest(EventBatch(events=[crash("node-1", 2), crash("node-1", 3)]), clock())
+    rows = store.query("SELECT fault, target, job FROM incidents")
+    assert rows == [{"fault": "gpu_hardware", "target": "node-1", "job": "job1"}]
+    assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 3
+
+
+def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    nodes = [f"node-{i}" for i in range(50)]
+    ingest.ingest(EventBatch(events=[xid(n) for n in nodes]), clock())
+    engine.tick()
+    evicted = store.query("SELECT name FROM nodes WHERE state='evicted'")
+    assert len(evicted) == 3  # max_per_window
+    states = store.query("SELECT state, COUNT(*) n FROM incidents GROUP BY state ORDER BY state")
+    assert {r["state"]: r["n"] for r in states}["escalated"] == 47
+    exclude = (tmp_path / "state" / "exclude.txt").read_text().split()
+    assert sorted(exclude) == sorted(r["name"] for r in evicted)
+    audit = store.query("SELECT what FROM audit WHERE what='run.escalated'")
+    assert len(audit) == 47
+    clock.t += 3601  # a new window: an operator approves one escalated run, it goes through
+    inc = store.one("SELECT id FROM incidents WHERE state='escalated' LIMIT 1")["id"]
+    store.execute("UPDATE runs SET status='pending' WHERE incident_id=?", (inc,))
+    engine.tick()
+    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 4
+
+
+def test_a_spare_whose_agent_reported_first_is_still_a_spare(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    ingest.ingest(EventBatch(events=[xid("spare-0", code=13)]), clock())  # its agent, first
+    fleet = job_status("job1", ["node-0", "node-1", "node-2"], ["spare-0"])
+    ingest.ingest(EventBatch(events=[fleet, xid("node-1", code=79)]), clock())
+    engine.tick()
+    restart = store.one("SELECT args FROM commands WHERE kind='job.restart'")
+    assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
+    ingest.ingest(EventBatch(events=[fleet]), clock())  # a heartbeat from before the restart
+    assert store.one("SELECT state FROM nodes WHERE name='spare-0'")["state"] == "active"
+
+
+def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> None:
+    from sentinel.supervisor.supervisor import JobState, find_checkpoints
+
+    for name in ("step-00000010", "step-00000020", "step-00000030"):
+        (tmp_path / name).mkdir()
+    for name in ("step-00000010", "step-00000020"):
+        (tmp_path / name / "COMMITTED").touch()  # step 30 is torn: no marker
+    (tmp_path / "step_40.json.tmp").touch()
+    ckpts = find_checkpoints(tmp_path)
+    assert sorted(ckpts) == [10, 20]
+    job = JobState(nodes=["node-0", "node-1"], spares=["spare-0"], gpus_per_node=2)
+    plan = {
+        "exclude": ["node-1"],
+        "spare_map": {"node-1": "spare-0"},
+        "resume_before_step": 15,
+        "skip_batches": [[12, 20]],
+        "lr_scale": {"factor": 0.5, "steps": 10},
+    }
+    job.apply_restart(plan, ckpts)
+    assert (job.nodes, job.spares, job.generation) == (["node-0", "spare-0"], [], 1)
+    assert job.trainer_flags() == [
+        "--resume-from",
+        str(tmp_path / "step-00000010"),
+        "--skip-batches",
+        "12-20",
+        "--lr-scale",
+        "0.5:10",
+    ]
+
+
+def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
+    from sentinel.config import EvictionBudgetConfig
+
+    budget = EvictionBudgetConfig(max_per_window=10, window_s=60, min_fleet=2)
+    store, ingest, engine, clock = setup(tmp_path, eviction=budget)
+    ingest.ingest(EventBatch(events=[xid(f"node-{i}") for i in range(3)]), clock())
+    engine.tick()
+    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
+
+
+def test_repeated_crash_on_one_node_escalates_to_eviction(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
+    )
+    ingest.ingest(EventBatch(events=[crash("node-1", 2)]), clock())
+    ingest.ingest(
+        EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"], 1)]), clock()
+    )
+    ingest.ingest(EventBatch(events=[crash("node-1", 3, generation=1)]), clock())
+    books = [r["playbook"] for r in store.query("SELECT playbook FROM incidents ORDER BY id")]
+    assert books == ["rank_crash", "rank_crash_repeat"]
+    engine.tick()
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    cmd = store.query("SELECT args FROM commands WHERE kind='job.restart' ORDER BY created_at")
+    assert cmd[-1]["args"]["spare_map"] == {"node-1": "spare-0"}
+
+
+def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
+    from sentinel.coordinator import queries
+
+    book = tmp_path / "books"
+    book.mkdir()
+    text = (ROOT / "playbooks" / "gpu_hardware_fault.yaml").read_text()
+    (book / "hw.yaml").write_text(
+        text.replace(
+            "guards: {cooldown_s: 900}", "guards: {cooldown_s: 900, require_approval: true}"
+        )
+    )
+    c = cfg(tmp_path)
+    store = Store(tmp_path / "c.db")
+    books = load_playbooks(book)
+    ingest, engine = Ingestor(store, books, c), Engine(store, books, c, make_backend(c))
+    ingest.ingest(
+        EventBatch(events=[job_status("j", ["node-0", "node-1", "node-2"], []), xid("node-1")]), 1.0
+    )
+    engine.tick()
+    assert store.one("SELECT status FROM runs")["status"] == "awaiting_approval"
+    assert store.one("SELECT COUNT(*) n FROM actions")["n"] == 0
+
+    class Svc:
+        pass
+
+    svc = Svc()
+    svc.store = store  # type: ignore[attr-defined]
+    queries.approve(svc, 1, "operator:abc", 2.0)  # type: ignore[arg-type]
+    engine.tick()
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    audit = store.query("SELECT who, what FROM audit WHERE what='run.approve'")
+    assert audit == [{"who": "operator:abc", "what": "run.approve"}]
+
+
+def test_dry_run_changes_nothing(tmp_path: Path) -> None:
+    store, ingest, engine, clock = setup(tmp_path, dry_run=True)
+    ingest.ingest(EventBatch(events=[xid("node-0"), xid("node-1")]), clock())
+    engine.tick()
+    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 0
+    assert not (tmp_path / "state" / "exclude.txt").exists()
+    assert store.one("SELECT COUNT(*) n FROM actions WHERE dry_run=1 AND state='done'")["n"] > 0
+
+
+def test_slurm_backend_against_a_stand_in_scontrol(tmp_path: Path) -> None:
+    """A stand-in `scontrol` executable records its arguments (no Slurm on this machine)."""
+    record = tmp_path / "args.txt"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
+    fake.chmod(0o755)
+    _, ingest, engine, clock = setup(tmp_path, eviction_backend="slurm", scontrol=str(fake))
+    fleet = [f"node-{i}" for i in range(8)]
+    ingest.ingest(EventBatch(events=[job_status("j", fleet, []), xid("node-7")]), clock())
+    engine.tick()
+    assert record.read_text().strip() == (
+        "update NodeName=node-7 State=DRAIN Reason=sentinel: GPU hardware fault"
+    )
+
+
+async def test_kubernetes_backend_against_a_local_api_server(tmp_path: Path) -> None:
+    """A small local aiohttp server speaks the two Kubernetes API calls used (GET, PATCH node)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from sentinel.coordinator.actions.eviction import KubernetesBackend
+
+    calls: list[tuple[str, object]] = []
+    node_doc = {"metadata": {"name": "node-2"}, "spec": {"taints": [{"key": "other"}]}}
+
+    async def get(request: web.Request) -> web.Response:
+        calls.append(("GET", request.headers.get("Authorization")))
+        return web.json_response(node_doc)
+
+    async def patch(request: web.Request) -> web.Response:
+        calls.append((request.content_type, await request.json()))
+        return web.json_response(node_doc)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/nodes/{name}", get)
+    app.router.add_patch("/api/v1/nodes/{name}", patch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    backend = KubernetesBackend(f"http://127.0.0.1:{port}", "tok", "sentinel.dev/evicted")
+    try:
+        await asyncio.to_thread(backend.evict, "node-2", "test")
+    finally:
+        await runner.cleanup()
+    assert calls[0] == ("GET", "Bearer tok")
+    kind, body = calls[1]
+    assert kind == "application/strategic-merge-patch+json"
+    assert body == {
+        "spec": {
+            "unschedulable": True,
+            "taints": [
+                {"key": "other"},
+                {"key": "sentinel.dev/evicted", "value": "true", "effect": "NoSchedule"},
+            ],
+        }
+    }
+
+
+def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: bad\nincident: {fault: x, scope: node}\ntrigger:\n  - kinds: [gpu.nope]\n"
+        "steps:\n  - action: evict_node\n    params: {target: everyone}\n  - action: fly\n"
+        "guards: {cooldown_s: 1, surprise: true}\n"
+    )
+    with pytest.raises(PlaybookError) as e:
+        load_playbook(bad)
+    text = "\n".join(e.value.errors)
+    assert f"{bad}:4: trigger.0.kinds.0:" in text
+    assert f"{bad}:7: steps.0.target" in text or f"{bad}:6: steps.0" in text
+    assert f"{bad}:8: steps.1.action: Value error, unknown action 'fly'" in text
+    assert f"{bad}:9: guards.surprise: Extra inputs are not permitted" in text
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "unknown action 'fly'" in done.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(ROOT / "playbooks")],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and "gpu_hardware_fault: ok" in ok.stdout
+
+
+def test_coordinator_and_supervisor_never_import_torch() -> None:
+    code = (
+        "import sys, sentinel.coordinator.app, sentinel.coordinator.service, "
+        "sentinel.supervisor.supervisor, sentinel.commands.coordinator_cmd; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
