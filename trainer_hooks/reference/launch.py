@@ -1,0 +1,123 @@
+"""A tiny local gang launcher: N trainer processes with torchrun's environment variables.
+
+For tests, benchmarks and the simulated fleet on one machine. `node_of_rank` lets a caller
+place ranks on simulated nodes (exported as SENTINEL_NODE and LOCAL_RANK), e.g. to resume on a
+different node mapping. On a real fleet use torchrun, which sets the same variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+TRAIN_MODULE = "trainer_hooks.reference.train"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Gang:
+    """The processes of one launch; `wait` reaps them, `kill` sends a signal to every one."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+        self.procs, self.logs = procs, logs
+
+    def wait(self, timeout: float) -> list[int | None]:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return [p.poll() for p in self.procs]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+        for p in self.procs:
+            p.wait()
+
+    def tail(self, rank: int, chars: int = 4000) -> str:
+        return self.logs[rank].read_text(errors="replace")[-chars:]
+
+
+def launch(
+    nproc: int,
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    node_of_rank: Callable[[int], str] | None = None,
+    env: dict[str, str] | None = None,
+    module: str = TRAIN_MODULE,
+) -> Gang:
+    """Start `nproc` ranks of `python -m module args`, each logging to log_dir/rank-R.log."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    node_of = node_of_rank or (lambda r: "node-0")
+    local_counts: dict[str, int] = {}
+    procs, logs = [], []
+    for rank in range(nproc):
+        node = node_of(rank)
+        local = local_counts.get(node, 0)
+        local_counts[node] = local + 1
+        e = dict(os.environ if env is None else env)
+        e.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            SENTINEL_NODE=node,
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
+        log = log_dir / f"rank-{rank}.log"
+        logs.append(log)
+        with log.open("ab") as fh:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    env=e,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return Gang(procs, logs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer_hooks.reference.launch",
+        description="Run N local ranks of the reference trainer: launch --nproc 8 -- TRAIN_ARGS",
+    )
+    p.add_argument("--nproc", type=int, required=True)
+    p.add_argument("--log-dir", type=Path, default=Path("launch-logs"))
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    if ns.nproc < 1:
+        p.error("--nproc must be >= 1")
+    args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
+    gang = launch(ns.nproc, args, log_dir=ns.log_dir)
+    codes = gang.wait(ns.timeout)
+    if any(c is None for c in codes):
+        gang.kill()
+    bad = [r for r, c in enumerate(codes) if c != 0]
+    for r in bad:
+        print(f"rank {r} exit {codes[r]}; log tail:\n{gang.tail(r, 2000)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
