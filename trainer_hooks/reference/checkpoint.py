@@ -28,11 +28,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 COMMITTED = "COMMITTED"
 TRAIN_STATE = "train_state.json"
 PREFIX = "step-"
+# Optimizer state keyed by parameter FQN, not by param-group index: pipeline stages hold
+# different groups' contents, and a stage must load its own.
+SD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def step_dir(tier: Path, step: int) -> Path:
@@ -149,7 +156,7 @@ class CheckpointManager:
         torch.save(rng_state(), path / "rng" / f"rank-{self.rank}.pt")
         if self.rank == 0:
             _write_atomic(path / TRAIN_STATE, json.dumps(train_state, sort_keys=True))
-        model_sd, optim_sd = get_state_dict(model, opt)
+        model_sd, optim_sd = get_state_dict(model, opt, options=SD_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd}
         if sync:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
@@ -210,7 +217,7 @@ class CheckpointManager:
 
     def load(self, path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore model, optimizer and this rank's RNG; return the train state."""
-        model_sd, optim_sd = get_state_dict(model, opt)
+        model_sd, optim_sd = get_state_dict(model, opt, options=SD_OPTIONS)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path), process_group=self.pg)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 TRAIN_MODULE = "trainer_hooks.reference.train"
 
@@ -94,6 +96,36 @@ def launch(
                 )
             )
     return Gang(procs, logs)
+
+
+class GangFailed(RuntimeError):
+    pass
+
+
+def run_gang(nproc: int, args: Sequence[str], *, log_dir: Path, timeout: float, **kw: Any) -> None:
+    """Launch, wait, and raise GangFailed (with the failing ranks' log tails) unless all exit 0."""
+    gang = launch(nproc, args, log_dir=log_dir, **kw)
+    codes = gang.wait(timeout)
+    if any(c is None for c in codes):
+        gang.kill()
+    bad = [r for r, c in enumerate(codes) if c != 0]
+    if bad:
+        tails = "\n".join(f"--- rank {r} exit {codes[r]}\n{gang.tail(r, 3000)}" for r in bad)
+        raise GangFailed(f"ranks {bad} failed:\n{tails}")
+
+
+def read_metrics(out: Path) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """Per-step lines of OUT/metrics.jsonl (a replayed step's last line wins) and the digest."""
+    steps: dict[int, dict[str, Any]] = {}
+    digest = None
+    path = out / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if "digest" in rec:
+            digest = rec["digest"]
+        elif "step" in rec:
+            steps[rec["step"]] = rec
+    return steps, digest
 
 
 def main(argv: list[str] | None = None) -> int:
