@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +26,7 @@ LOSS_RTOL_PARALLEL = 1e-5
 LOSS_RTOL_DP_SHRINK = 1e-4
 STEPS = 10
 MODEL = ["--layers", "4", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128"]
-MODEL += ["--corpus-tokens", "65536", "--quiet"]
+MODEL += ["--corpus-tokens", "65536", "--warmup", "2", "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,14 @@ def args(out: Path, data: Path, *extra: str) -> list[str]:
     return [*MODEL, "--out", str(out), "--data-dir", str(data), "--steps", str(STEPS), *extra]
 
 
-def run(n: int, out: Path, data: Path, *extra: str, **kw: object) -> dict[int, dict]:
-    run_gang(n, args(out, data, *extra), log_dir=out / "logs", timeout=240, **kw)  # type: ignore[arg-type]
+def start(n: int, out: Path, data: Path, *extra: str, **kw: Any) -> Gang:
+    """Ranks forked from a process that imported the trainer once (see launch.py)."""
+    return launch(n, args(out, data, *extra), log_dir=out / "logs", **{"fork": True, **kw})
+
+
+def run(n: int, out: Path, data: Path, *extra: str, **kw: Any) -> dict[int, dict]:
+    kw.setdefault("fork", True)
+    run_gang(n, args(out, data, *extra), log_dir=out / "logs", timeout=240, **kw)
     return read_metrics(out)[0]
 
 
@@ -104,7 +112,7 @@ def test_kill9_every_rank_then_resume_on_other_nodes_is_bit_identical(
     straight8: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "killed"
-    gang = launch(8, args(out, data_dir, *PAR8), log_dir=out / "logs")
+    gang = start(8, out, data_dir, *PAR8)
     try:
         wait_for(out / "ckpt" / "step-00000004" / "COMMITTED", gang)
     finally:
@@ -137,7 +145,7 @@ def test_crash_then_resume_is_bit_identical_and_does_not_recur(
     straight2: Path, data_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "crash"
-    gang = launch(2, args(out, data_dir, *DP2, "--fault", "crash:rank=1,at_step=6"), log_dir=out)
+    gang = start(2, out, data_dir, *DP2, "--fault", "crash:rank=1,at_step=6")
     codes = gang.wait(120)
     assert codes[1] == 1, "rank 1 must die"
     assert codes[0] not in (0, None), "its peer must fail on the dead connection"
@@ -149,7 +157,8 @@ def test_crash_then_resume_is_bit_identical_and_does_not_recur(
 
 def test_hang_leaves_a_silent_live_rank(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "hang"
-    gang = launch(2, args(out, data_dir, *DP2, "--fault", "hang:rank=1,at_step=3"), log_dir=out)
+    # Spawned with `python -m` (fork=False): the path torchrun takes.
+    gang = start(2, out, data_dir, *DP2, "--fault", "hang:rank=1,at_step=3", fork=False)
     try:
         wait_for_step(out, 3, gang)
         time.sleep(3.0)
@@ -206,7 +215,8 @@ def test_corrupt_batch_spikes_the_loss(single: Path, data_dir: Path, tmp_path: P
     bad = run(1, tmp_path / "bad", data_dir, *ONE, "--fault", "corrupt_batch:batch=7")
     ref = read_metrics(single)[0]
     assert [bad[s]["loss"] for s in range(1, 8)] == [ref[s]["loss"] for s in range(1, 8)]
-    assert bad[8]["loss"] > ref[8]["loss"] + 0.5
+    assert bad[8]["loss"] > ref[8]["loss"] + 0.5, "a spike"
+    assert bad[9]["loss"] < bad[8]["loss"] - 0.3, "and back down"
 
 
 def test_sdc_changes_the_digest_from_its_step(single: Path, data_dir: Path, tmp_path: Path) -> None:
@@ -232,9 +242,9 @@ def test_straggler_slows_its_rank(data_dir: Path, tmp_path: Path) -> None:
 
 def test_sigusr1_checkpoints_at_the_next_step(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "ondemand"
-    long = ["--steps", "60", "--checkpoint-every", "0"]
+    long = ["--steps", "25", "--checkpoint-every", "0"]
     long += ["--fault", "straggler:rank=0,slowdown=3,at_step=1"]
-    gang = launch(1, [*args(out, data_dir, *ONE), *long], log_dir=out / "logs")
+    gang = start(1, out, data_dir, *ONE, *long)
     try:
         wait_for_step(out, 2, gang)
         gang.procs[0].send_signal(signal.SIGUSR1)
@@ -244,14 +254,11 @@ def test_sigusr1_checkpoints_at_the_next_step(data_dir: Path, tmp_path: Path) ->
     assert codes == [0]
     committed = sorted(p.parent.name for p in (out / "ckpt").glob("step-*/COMMITTED"))
     assert len(committed) == 1, committed
-    assert 2 < int(committed[0][5:]) < 60
+    assert 2 < int(committed[0][5:]) < 25
 
 
 def test_bad_flags_exit_2(tmp_path: Path) -> None:
-    import subprocess
-
     cmd = [sys.executable, "-m", "trainer_hooks.reference.train", "--out", str(tmp_path)]
-    for bad in (["--tp", "3"], ["--skip-batches", "9-2"], ["--fault", "sdc:rank=x"]):
-        r = subprocess.run(cmd + bad, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 2, (bad, r.stderr)
-        assert r.stderr.startswith("error: "), r.stderr
+    r = subprocess.run([*cmd, "--tp", "3"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: tp*pp*dp = 3*1*0 must equal WORLD_SIZE=1\n"
