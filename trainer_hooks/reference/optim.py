@@ -33,6 +33,7 @@ class LRSchedule:
     warmup: int
     total: int
     scale: float = 1.0
+    scale_start: int = 0
     scale_until: int = 0
 
     def lr(self, step: int) -> float:
@@ -42,7 +43,7 @@ class LRSchedule:
             span = max(1, self.total - self.warmup)
             t = min(1.0, (step - self.warmup) / span)
             base = self.floor + 0.5 * (self.peak - self.floor) * (1 + math.cos(math.pi * t))
-        return base * (self.scale if step < self.scale_until else 1.0)
+        return base * (self.scale if self.scale_start <= step < self.scale_until else 1.0)
 
     def apply(self, opt: torch.optim.Optimizer, step: int) -> float:
         lr = self.lr(step)
@@ -51,10 +52,11 @@ class LRSchedule:
         return lr
 
     def scale_from(self, step: int, factor: float, steps: int) -> None:
-        self.scale, self.scale_until = factor, step + steps
+        self.scale, self.scale_start, self.scale_until = factor, step, step + steps
 
     def state_dict(self) -> dict[str, float | int]:
-        return {"scale": self.scale, "scale_until": self.scale_until}
+        return {"scale": self.scale, "start": self.scale_start, "until": self.scale_until}
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
-        self.scale, self.scale_until = float(state["scale"]), int(state["scale_until"])
+        self.scale = float(state["scale"])
+        self.scale_start, self.scale_until = int(state["start"]), int(state["until"])
