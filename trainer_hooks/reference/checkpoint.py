@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,8 +150,11 @@ class CheckpointManager:
         train_state: dict[str, Any],
         *,
         sync: bool = False,
-    ) -> None:
+    ) -> tuple[float, float]:
+        """Start a save; (seconds waiting for the previous save, seconds this one blocked)."""
+        t0 = time.perf_counter()
         self.finish()
+        t1 = time.perf_counter()
         path = step_dir(self.local, step)
         (path / "rng").mkdir(parents=True, exist_ok=True)
         torch.save(rng_state(), path / "rng" / f"rank-{self.rank}.pt")
@@ -165,6 +169,7 @@ class CheckpointManager:
         else:
             fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
             self._pending = _Pending(step, path, fut)
+        return t1 - t0, time.perf_counter() - t1
 
     def poll(self) -> None:
         """At a step boundary: commit the in-flight save if its write has finished."""

@@ -38,7 +38,7 @@ class TrainConfig:
     durable_dir: Path | None
     checkpoint_every: int
     keep: int
-    sync_checkpoint: bool
+    checkpoint_mode: str
     resume_from: str | None
     skip_batches: frozenset[int]
     lr_scale: tuple[float, int] | None
@@ -91,7 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--durable-dir", type=Path, default=None, help="durable tier, copied in the background")
     a("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     a("--keep", type=int, default=3, help="committed checkpoints kept per tier")
-    a("--sync-checkpoint", action="store_true", help="blocking dcp.save instead of async_save")
+    a(
+        "--checkpoint-mode",
+        choices=["async", "sync", "alternate"],
+        default="async",
+        help="async: dcp.async_save; sync: blocking dcp.save; alternate: both (benchmarks)",
+    )
     a("--resume-from", default=None, help="checkpoint dir, or 'latest' (either tier)")
     a("--skip-batches", default="", help="global batch indices never trained on: 70-79,95")
     a("--lr-scale", default=None, help="FACTOR:STEPS, scale the LR for the next STEPS steps")
@@ -162,7 +167,7 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         durable_dir=ns.durable_dir,
         checkpoint_every=ns.checkpoint_every,
         keep=ns.keep,
-        sync_checkpoint=ns.sync_checkpoint,
+        checkpoint_mode=ns.checkpoint_mode,
         resume_from=ns.resume_from,
         skip_batches=skip,
         lr_scale=_lr_scale(ns.lr_scale),
