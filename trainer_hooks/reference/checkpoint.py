@@ -13,13 +13,14 @@ durable tier and the pruning to the last K happen while training goes on.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
 import shutil
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 COMMITTED = "COMMITTED"
 TRAIN_STATE = "train_state.json"
@@ -104,6 +107,63 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+class _ReusedBufferStager(AsyncStager):
+    """Copies the state into reused CPU buffers on a background thread.
+
+    DCP's default stager deep-copies into fresh memory, on the training thread, on every save.
+    Here the copy runs while the next step's forward and backward run (they read the
+    parameters and optimizer state but do not change them); the trainer waits for it only
+    before its next optimizer step (`CheckpointManager.wait_staged`). Buffers are allocated on
+    the first save and reused: a new save starts only after the previous write finished.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._buffers: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
+
+    def _stage_now(self, state_dict: Any) -> Any:
+        if self._buffers is None:
+            self._buffers = _clone_tree(state_dict)
+        else:
+            self._buffers = _copy_tree(state_dict, self._buffers)
+        return self._buffers
+
+    def stage(self, state_dict: Any, **_: Any) -> Future[Any]:
+        return self._pool.submit(self._stage_now, state_dict)
+
+    def synchronize_staging(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _clone_tree(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _clone_tree(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_clone_tree(v) for v in x)
+    return copy.deepcopy(x)
+
+
+def _copy_tree(src: Any, dst: Any) -> Any:
+    if isinstance(src, torch.Tensor):
+        if not isinstance(dst, torch.Tensor) or dst.shape != src.shape or dst.dtype != src.dtype:
+            return _clone_tree(src)
+        if isinstance(src, DTensor):
+            dst.to_local().copy_(src.to_local())
+        else:
+            dst.copy_(src.detach())
+        return dst
+    if isinstance(src, dict) and isinstance(dst, dict):
+        return {k: _copy_tree(v, dst[k]) if k in dst else _clone_tree(v) for k, v in src.items()}
+    return _clone_tree(src)
+
+
 @dataclass
 class _Pending:
     step: int
@@ -121,6 +181,9 @@ class CheckpointManager:
         self.pg = dist.new_group(backend="gloo")
         self._pending: _Pending | None = None
         self._copier: threading.Thread | None = None
+        self._stager = _ReusedBufferStager()
+        self._staging: Future[None] | None = None
+        self._stall_s: float | None = None
 
     def tiers(self) -> list[Path]:
         return [self.local] + ([self.durable] if self.durable else [])
@@ -167,9 +230,25 @@ class CheckpointManager:
             self._pending = _Pending(step, path, None)
             self._commit()
         else:
-            fut = dcp.async_save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._pending = _Pending(step, path, fut)
+            resp = dcp.async_save(
+                state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._stager
+            )
+            self._staging = resp.staging_completion
+            self._pending = _Pending(step, path, resp.upload_completion)
         return t1 - t0, time.perf_counter() - t1
+
+    def wait_staged(self) -> None:
+        """Before an optimizer step: the in-flight save must have copied the state it saves."""
+        if self._staging is not None:
+            t0 = time.perf_counter()
+            self._staging.result()
+            self._staging = None
+            self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
+
+    def take_stall(self) -> float | None:
+        """Seconds the last step waited for staging (None when it did not wait)."""
+        stall, self._stall_s = self._stall_s, None
+        return stall
 
     def poll(self) -> None:
         """At a step boundary: commit the in-flight save if its write has finished."""
@@ -179,6 +258,7 @@ class CheckpointManager:
 
     def finish(self) -> None:
         """Wait for the in-flight save and the durable copy (before a new save and at exit)."""
+        self.wait_staged()
         if self._pending is not None:
             self._commit()
         if self._copier is not None:

@@ -8,6 +8,7 @@ in a plain loop with the same arithmetic (sum of micro-batch gradients, then / m
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,8 @@ class TrainStep:
         self.model, self.opt, self.mesh, self.schedule = model, opt, mesh, schedule
         self.accum, self.clip, self.autocast = accum, clip, autocast
         pp = mesh["pp"]
+        # Called just before the optimizer changes parameters (checkpoint staging waits here).
+        self.before_update: Callable[[], None] = lambda: None
         self.first = pp.get_local_rank() == 0
         self.last = pp.get_local_rank() == pp.size() - 1
 
@@ -74,6 +77,7 @@ class TrainStep:
             loss = self._forward_backward(x, y)
         all_reduce_dp_grads(self.model, self.mesh["dp"])
         norm = clip_grad_norm(self.model, self.mesh, self.clip)
+        self.before_update()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return StepResult(loss=loss, grad_norm=norm)

@@ -116,5 +116,6 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
         job.lr.scale_from(job.start, *cfg.lr_scale)
     loader.skip = frozenset(job.skip)
     job.ckpt.supersede_after(job.start)
+    job.step_fn.before_update = job.ckpt.wait_staged
     job.injector.install_sdc(model)  # after TP, so its hook sees local outputs
     return job

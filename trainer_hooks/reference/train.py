@@ -58,7 +58,8 @@ def train_loop(job: Job, out: list[TextIO]) -> None:
         # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
         line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
         line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
-        _emit(line, out)
+        stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
+        _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
         job.ckpt.poll()
         if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or stats[1].item() > 0:
             _checkpoint_requested = False
