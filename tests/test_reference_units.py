@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from sentinel.exitcodes import InputError
+from sentinel.scenario import StragglerFault
 from trainer_hooks.reference.checkpoint import COMMITTED, resolve_resume, step_dir
 from trainer_hooks.reference.config import ConfigError, parse_config
 from trainer_hooks.reference.data import (
@@ -18,7 +20,13 @@ from trainer_hooks.reference.data import (
     parse_skip_list,
     write_corpus,
 )
-from trainer_hooks.reference.faults import SDC_EVERY, FaultInjector, flip_bits, parse_fault_flag
+from trainer_hooks.reference.faults import (
+    SDC_EVERY,
+    FaultInjector,
+    flip_bits,
+    load_faults,
+    parse_fault_flag,
+)
 from trainer_hooks.reference.optim import LRSchedule
 
 
@@ -32,6 +40,7 @@ def test_skip_list_parsing() -> None:
 
 def test_fault_flags_use_the_scenario_vocabulary() -> None:
     f = parse_fault_flag("straggler:rank=5,slowdown=1.3,at_step=30")
+    assert isinstance(f, StragglerFault)
     assert (f.kind, f.rank, f.slowdown, f.at_step) == ("straggler", 5, 1.3, 30)
     for bad in ("sdc:rank=-1", "melt:rank=1", "crash:rank=1", "sdc:rank"):
         with pytest.raises(ValueError, match="--fault"):
@@ -79,7 +88,7 @@ def test_flip_bits_perturbs_some_elements_and_passes_gradients() -> None:
     changed = (y != x).nonzero().flatten().tolist()
     assert changed == list(range(0, 300, SDC_EVERY))
     y.sum().backward()
-    assert torch.equal(x.grad, torch.ones(300))
+    assert x.grad is not None and torch.equal(x.grad, torch.ones(300))
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +152,20 @@ def test_resume_resolution_ignores_torn_checkpoints(tmp_path: Path) -> None:
     assert resolve_resume("latest", [tmp_path / "none"]) is None
     with pytest.raises(FileNotFoundError, match="not a committed checkpoint"):
         resolve_resume(str(step_dir(fast, 20)), [fast])
+
+
+def test_scenario_file_faults_keep_the_trainer_kinds(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(
+        "fleet: {nodes: 2, gpus_per_node: 2, spares: 0}\n"
+        "trainer: {tp: 2, pp: 1, dp: 2}\n"
+        "faults:\n"
+        "  - {kind: thermal, node: node-0, gpu: 1, temp_c: 96, at_step: 3}\n"
+        "  - {kind: crash, rank: 2, at_step: 8}\n"
+        "  - {kind: corrupt_batch, batch: 4}\n"
+    )
+    faults = load_faults(f, ("sdc:rank=1,at_step=2",))
+    assert [x.kind for x in faults] == ["crash", "corrupt_batch", "sdc"]
+    f.write_text("faults: [{kind: crash, rank: 99, at_step: 1}]\n")
+    with pytest.raises(InputError, match="rank 99"):
+        load_faults(f, ())

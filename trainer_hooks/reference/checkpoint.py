@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.tensor import DTensor
 
 COMMITTED = "COMMITTED"
@@ -154,7 +155,7 @@ def _copy_tree(src: Any, dst: Any) -> Any:
     if isinstance(src, torch.Tensor):
         if not isinstance(dst, torch.Tensor) or dst.shape != src.shape or dst.dtype != src.dtype:
             return _clone_tree(src)
-        if isinstance(src, DTensor):
+        if isinstance(src, DTensor) and isinstance(dst, DTensor):
             dst.to_local().copy_(src.to_local())
         else:
             dst.copy_(src.detach())
@@ -233,6 +234,7 @@ class CheckpointManager:
             resp = dcp.async_save(
                 state, checkpoint_id=str(path), process_group=self.pg, async_stager=self._stager
             )
+            assert isinstance(resp, AsyncSaveResponse), "a Future-returning stager gives both"
             self._staging = resp.staging_completion
             self._pending = _Pending(step, path, resp.upload_completion)
         return t1 - t0, time.perf_counter() - t1
@@ -303,7 +305,7 @@ class CheckpointManager:
     def load(self, path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore model, optimizer and this rank's RNG; return the train state."""
         model_sd, optim_sd = get_state_dict(model, opt, options=SD_OPTIONS)
-        state = {"model": model_sd, "optim": optim_sd}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path), process_group=self.pg)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         rng_file = path / "rng" / f"rank-{self.rank}.pt"

@@ -109,9 +109,9 @@ class FaultInjector:
                 while True:  # hang: a rank stuck before its next collective
                     time.sleep(3600)
         self._slept_s = 0.0
-        for f in self.stragglers:
-            if step >= f.at_step and self._strikes_here(f):
-                self._slept_s = (f.slowdown - 1.0) * self._busy_s
+        for slow in self.stragglers:
+            if step >= slow.at_step and self._strikes_here(slow):
+                self._slept_s = (slow.slowdown - 1.0) * self._busy_s
                 time.sleep(self._slept_s)
 
     def after_step(self, step_s: float) -> None:

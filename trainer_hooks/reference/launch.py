@@ -219,14 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     if ns.nproc < 1:
         p.error("--nproc must be >= 1")
     args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
-    gang = launch(ns.nproc, args, log_dir=ns.log_dir)
-    codes = gang.wait(ns.timeout)
-    if any(c is None for c in codes):
-        gang.kill()
-    bad = [r for r, c in enumerate(codes) if c != 0]
-    for r in bad:
-        print(f"rank {r} exit {codes[r]}; log tail:\n{gang.tail(r, 2000)}", file=sys.stderr)
-    return 1 if bad else 0
+    try:
+        run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout)
+    except GangFailed as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
