@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,9 +31,18 @@ TRAIN_MODULE = "trainer_hooks.reference.train"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port below Linux's ephemeral range (32768+), so that no connection's automatic
+    source port can take it between now and the moment rank 0 binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
 
 
 class ForkedRank:
