@@ -127,6 +127,21 @@ def test_kill9_every_rank_then_resume_on_other_nodes_is_bit_identical(
     assert digest(out) == digest(straight8)
 
 
+def test_fsdp2_with_tp_and_pp_matches_and_resumes_bit_identically(
+    single: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "fsdp"
+    fsdp = [*PAR8, "--dp-mode", "fsdp", "--checkpoint-every", "5"]
+    straight = run(8, out, data_dir, *fsdp)
+    assert losses(straight) == pytest.approx(
+        losses(read_metrics(single)[0]), rel=LOSS_RTOL_PARALLEL
+    )
+    first = digest(out)
+    run(8, out, data_dir, *fsdp, "--resume-from", str(out / "ckpt" / "step-00000005"))
+    assert losses(read_metrics(out)[0]) == losses(straight)
+    assert digest(out) == first
+
+
 def test_dp_shrink_with_more_accumulation_continues_within_tolerance(
     straight2: Path, data_dir: Path, tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ class TrainConfig:
     clip: float
     seed: int
     schedule: str
+    dp_mode: str
     dtype: str
     out: Path
     data_dir: Path
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--corpus-seed", type=int, default=1234)
     a("--corpus-tokens", type=int, default=1 << 18)
     a("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    a(
+        "--dp-mode",
+        choices=["allreduce", "fsdp"],
+        default="allreduce",
+        help="allreduce: replicated params, gradient all-reduce; fsdp: FSDP2 fully_shard",
+    )
     a(
         "--dtype",
         choices=["auto", "fp32", "bf16"],
@@ -160,6 +167,7 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         clip=ns.clip,
         seed=ns.seed,
         schedule=ns.schedule,
+        dp_mode=ns.dp_mode,
         dtype=ns.dtype,
         out=out,
         data_dir=ns.data_dir or out / "data",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from trainer_hooks.reference.model import Transformer, loss_fn
@@ -60,7 +61,9 @@ class TrainStep:
                 self.schedule.step()
             return torch.stack([loss.detach() for loss in losses]).mean() if self.last else None
         total = torch.zeros((), device=x.device)
-        for xm, ym in zip(x.chunk(self.accum), y.chunk(self.accum), strict=True):
+        for i, (xm, ym) in enumerate(zip(x.chunk(self.accum), y.chunk(self.accum), strict=True)):
+            if isinstance(self.model, FSDPModule):  # reduce-scatter once, after the last
+                self.model.set_requires_gradient_sync(i == self.accum - 1)
             loss = loss_fn(self.model(xm), ym)
             loss.backward()
             total += loss.detach()
@@ -75,7 +78,8 @@ class TrainStep:
         x, y = tokens[:, :-1], tokens[:, 1:]
         with self._precision(x.device):
             loss = self._forward_backward(x, y)
-        all_reduce_dp_grads(self.model, self.mesh["dp"])
+        if not isinstance(self.model, FSDPModule):  # FSDP2 already reduce-scattered
+            all_reduce_dp_grads(self.model, self.mesh["dp"])
         norm = clip_grad_norm(self.model, self.mesh, self.clip)
         self.before_update()
         self.opt.step()

@@ -81,7 +81,7 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
         write_corpus(cfg.data_dir, cfg.corpus)
     dist.barrier()
     torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its part
-    model, _, _ = build_stage_model(Transformer(cfg.model), mesh, device)
+    model, _, _ = build_stage_model(Transformer(cfg.model), mesh, device, cfg.dp_mode)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay)
     loader = BatchLoader(
         Corpus(cfg.data_dir),

@@ -1,12 +1,13 @@
-"""Apply 3D parallelism: a (pp, dp, tp) DeviceMesh, DTensor TP, pipeline stages, DP all-reduce.
+"""Apply 3D parallelism: a (pp, dp, tp) DeviceMesh, DTensor TP, pipeline stages, and DP.
 
-Data parallel is DDP-style replication done explicitly: after the pipeline schedule's backward,
-each gradient's local shard is all-reduced (summed, then divided by dp) over the mesh's dp
-dimension. Why not FSDP2 or DDP: `DistributedDataParallel` does not take DTensor parameters
-without a private pre-transform, and FSDP2 composed with TP and the pipelining schedule on gloo
-adds a reduce-scatter/all-gather per micro-batch that a model this small pays for in latency on
-CPU; the explicit all-reduce is one collective per parameter per step, runs the same on gloo and
-NCCL, and its reduction order is fixed, which the bit-identical resume relies on.
+Data parallel has two modes. `allreduce` (default): parameters replicated over dp and, after
+the pipeline schedule's backward, each gradient's local shard all-reduced (summed, then / dp)
+over the mesh's dp dimension, DDP's arithmetic without its buckets (DDP itself does not take
+DTensor parameters without a private pre-transform). `fsdp`: FSDP2 `fully_shard` per block and
+per stage over the dp mesh, composed with TP (2D DTensors) and the pipelining schedule, which
+drives its gradient sync. Both run on gloo and NCCL, both resume bit-identically; allreduce is
+the default because on CPU/gloo FSDP2's per-micro-batch all-gathers cost more than they save
+for a model this small.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
@@ -50,15 +52,24 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         parallelize_module(block, tp_mesh, plan)
 
 
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh) -> None:
+    """FSDP2 over dp: each block, then the stage's remaining params (embeddings, norm, head)."""
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+
+
 def build_stage_model(
-    model: Transformer, mesh: DeviceMesh, device: torch.device
+    model: Transformer, mesh: DeviceMesh, device: torch.device, dp_mode: str = "allreduce"
 ) -> tuple[Transformer, int, int]:
-    """Prune the full (identically initialised) model to this rank's stage and shard it for TP."""
+    """Prune the full (identically initialised) model to this rank's stage; TP, then FSDP."""
     pp_mesh = mesh["pp"]
     stage, stages = pp_mesh.get_local_rank(), pp_mesh.size()
     keep_stage(model, stage, stages)
     model.to(device)
     apply_tp(model, mesh["tp"])
+    if dp_mode == "fsdp":
+        apply_fsdp(model, mesh["dp"])
     return model, stage, stages
 
 
@@ -96,29 +107,39 @@ def all_reduce_dp_grads(model: nn.Module, dp_mesh: DeviceMesh) -> None:
             g.div_(n)
 
 
+def _sharded_dims(g: torch.Tensor) -> tuple[str, ...]:
+    """Mesh dims over which this gradient is split (a plain tensor: none)."""
+    if not isinstance(g, DTensor):
+        return ()
+    names = g.device_mesh.mesh_dim_names or ()
+    # Anything not replicated or partial is a split (FSDP2 over TP uses _StridedShard, which
+    # is not a Shard).
+    split = [not (pl.is_replicate() or pl.is_partial()) for pl in g.placements]
+    return tuple(n for n, s in zip(names, split, strict=True) if s)
+
+
 @torch.no_grad()
 def clip_grad_norm(model: nn.Module, mesh: DeviceMesh, max_norm: float) -> torch.Tensor:
     """Global L2 norm over every shard of every stage, then scale grads to at most `max_norm`.
 
-    TP-sharded gradients (DTensor Shard) contribute their local squares summed over the tp group;
-    replicated gradients are counted once; stages are summed over pp. After the dp all-reduce the
-    replicas hold the same gradients, so dp needs no reduction. Every rank returns the same norm.
+    Squares are summed locally per kind of sharding, then over exactly the mesh dims that kind
+    is split over (tp for TP shards, dp for FSDP shards, both for 2D); a dim a gradient is
+    replicated over is counted once. Stages are summed over pp. Every rank gets the same norm.
     """
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
+    sums: dict[tuple[str, ...], torch.Tensor] = {}
     for p in model.parameters():
         g = local_grad(p)
         if g is None:
             continue
+        assert p.grad is not None
+        key = _sharded_dims(p.grad)
         sq = g.detach().double().pow(2).sum().cpu()
-        is_shard = isinstance(p.grad, DTensor) and any(pl.is_shard() for pl in p.grad.placements)
-        if is_shard:
-            sharded += sq
-        else:
-            replicated += sq
-    if mesh["tp"].size() > 1:
-        dist.all_reduce(sharded, group=mesh["tp"].get_group())
-    total = sharded + replicated
+        sums[key] = sums[key] + sq if key in sums else sq
+    total = torch.zeros((), dtype=torch.float64)
+    for key in sorted(sums):
+        for dim in key:
+            dist.all_reduce(sums[key], group=mesh[dim].get_group())
+        total += sums[key]
     if mesh["pp"].size() > 1:
         dist.all_reduce(total, group=mesh["pp"].get_group())
     norm = total.sqrt()
