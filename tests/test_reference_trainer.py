@@ -108,6 +108,13 @@ def test_tp2_pp2_dp2_matches_single_process(straight8: Path, single: Path) -> No
     assert one[STEPS]["loss"] < one[1]["loss"] - 0.3, "the loss must fall clearly"
 
 
+def test_gpipe_pipeline_matches_single_process(
+    single: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    gpipe = run(2, tmp_path / "gpipe", data_dir, *ONE, "--pp", "2", "--schedule", "gpipe")
+    assert losses(gpipe) == pytest.approx(losses(read_metrics(single)[0]), rel=LOSS_RTOL_PARALLEL)
+
+
 def test_kill9_every_rank_then_resume_on_other_nodes_is_bit_identical(
     straight8: Path, data_dir: Path, tmp_path: Path
 ) -> None:
