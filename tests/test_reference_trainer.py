@@ -168,7 +168,10 @@ def test_crash_then_resume_is_bit_identical_and_does_not_recur(
 ) -> None:
     out = tmp_path / "crash"
     gang = start(2, out, data_dir, *DP2, "--fault", "crash:rank=1,at_step=6")
-    codes = gang.wait(120)
+    try:
+        codes = gang.wait(120)
+    finally:
+        gang.kill()
     assert codes[1] == 1, "rank 1 must die"
     assert codes[0] not in (0, None), "its peer must fail on the dead connection"
     assert max(read_metrics(out)[0]) == 6
