@@ -1,0 +1,186 @@
+"""Command-line flags of the reference trainer, validated once into a frozen TrainConfig."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer_hooks.reference.data import CorpusSpec, parse_skip_list
+from trainer_hooks.reference.model import ModelArgs
+
+
+class ConfigError(ValueError):
+    """Bad flags: the message says which and why; the entry point exits 2."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelArgs
+    corpus: CorpusSpec
+    tp: int
+    pp: int
+    dp: int
+    mbs: int
+    accum: int
+    steps: int
+    lr: float
+    min_lr: float
+    warmup: int
+    weight_decay: float
+    clip: float
+    seed: int
+    schedule: str
+    dp_mode: str
+    dtype: str
+    out: Path
+    data_dir: Path
+    ckpt_dir: Path
+    durable_dir: Path | None
+    checkpoint_every: int
+    keep: int
+    checkpoint_mode: str
+    resume_from: str | None
+    skip_batches: frozenset[int]
+    lr_scale: tuple[float, int] | None
+    fault_file: Path | None
+    fault_flags: tuple[str, ...] = field(default_factory=tuple)
+    digest_out: Path | None = None
+    quiet: bool = False
+
+    @property
+    def global_batch(self) -> int:
+        return self.mbs * self.accum * self.dp
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer_hooks.reference.train",
+        description="Reference TP x PP x DP trainer. Run one process per rank with RANK, "
+        "WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (torchrun does).",
+    )
+    a = p.add_argument
+    a("--tp", type=int, default=1, help="tensor-parallel width")
+    a("--pp", type=int, default=1, help="pipeline stages")
+    a("--dp", type=int, default=None, help="data-parallel width (default: world / (tp*pp))")
+    a("--layers", type=int, default=4)
+    a("--dim", type=int, default=64)
+    a("--heads", type=int, default=4)
+    a("--vocab", type=int, default=256)
+    a("--seq", type=int, default=32)
+    a("--mbs", type=int, default=2, help="rows per micro-batch")
+    a("--accum", type=int, default=2, help="micro-batches per step (pipeline micro-batches)")
+    a("--steps", type=int, default=20, help="train until this many steps are done")
+    a("--lr", type=float, default=1e-2)
+    a("--min-lr", type=float, default=1e-3)
+    a("--warmup", type=int, default=5)
+    a("--weight-decay", type=float, default=0.1)
+    a("--clip", type=float, default=1.0, help="max global grad norm (0: no clipping)")
+    a("--seed", type=int, default=7, help="model init and batch sampling seed")
+    a("--corpus-seed", type=int, default=1234)
+    a("--corpus-tokens", type=int, default=1 << 18)
+    a("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    a(
+        "--dp-mode",
+        choices=["allreduce", "fsdp"],
+        default="allreduce",
+        help="allreduce: replicated params, gradient all-reduce; fsdp: FSDP2 fully_shard",
+    )
+    a(
+        "--dtype",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="auto: bf16 autocast on a GPU that supports it, fp32 otherwise",
+    )
+    a("--out", type=Path, required=True, help="run dir: metrics.jsonl, ckpt/, faults/")
+    a("--data-dir", type=Path, default=None, help="corpus dir (default OUT/data)")
+    a("--ckpt-dir", type=Path, default=None, help="fast checkpoint tier (default OUT/ckpt)")
+    a("--durable-dir", type=Path, default=None, help="durable tier, copied in the background")
+    a("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    a("--keep", type=int, default=3, help="committed checkpoints kept per tier")
+    a(
+        "--checkpoint-mode",
+        choices=["async", "sync", "alternate"],
+        default="async",
+        help="async: dcp.async_save; sync: blocking dcp.save; alternate: both (benchmarks)",
+    )
+    a("--resume-from", default=None, help="checkpoint dir, or 'latest' (either tier)")
+    a("--skip-batches", default="", help="global batch indices never trained on: 70-79,95")
+    a("--lr-scale", default=None, help="FACTOR:STEPS, scale the LR for the next STEPS steps")
+    a("--faults", type=Path, default=None, help="scenario YAML whose faults to inject")
+    a("--fault", action="append", default=[], help="one fault, e.g. sdc:rank=1,at_step=3")
+    a("--digest-out", type=Path, default=None, help="write the final parameter digest here")
+    a("--quiet", action="store_true", help="metrics to the file only, not stdout")
+    return p
+
+
+def _lr_scale(text: str | None) -> tuple[float, int] | None:
+    if text is None:
+        return None
+    f, sep, n = text.partition(":")
+    try:
+        factor, steps = float(f), int(n)
+    except ValueError:
+        raise ConfigError(f"--lr-scale {text!r}: want FACTOR:STEPS, e.g. 0.5:20") from None
+    if not sep or factor <= 0 or steps < 1:
+        raise ConfigError(f"--lr-scale {text!r}: want FACTOR > 0 and STEPS >= 1")
+    return factor, steps
+
+
+def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
+    ns = build_parser().parse_args(argv)
+    dp = ns.dp if ns.dp is not None else world // max(1, ns.tp * ns.pp)
+    if min(ns.tp, ns.pp, dp) < 1 or ns.tp * ns.pp * dp != world:
+        raise ConfigError(f"tp*pp*dp = {ns.tp}*{ns.pp}*{dp} must equal WORLD_SIZE={world}")
+    if ns.heads % ns.tp or ns.dim % ns.heads:
+        raise ConfigError(f"--heads {ns.heads} must divide --dim {ns.dim} and be divisible by --tp")
+    if ns.layers < ns.pp:
+        raise ConfigError(f"--layers {ns.layers} < --pp {ns.pp}: every stage needs a layer")
+    if ns.pp > 1 and ns.accum < ns.pp:
+        raise ConfigError(
+            f"--accum {ns.accum} < --pp {ns.pp}: the pipeline needs >= pp micro-batches"
+        )
+    if min(ns.mbs, ns.accum, ns.steps, ns.keep, ns.seq) < 1 or ns.checkpoint_every < 0:
+        raise ConfigError(
+            "--mbs, --accum, --steps, --keep, --seq must be >= 1; --checkpoint-every >= 0"
+        )
+    if ns.corpus_tokens < 4 * (ns.seq + 1):
+        raise ConfigError(f"--corpus-tokens {ns.corpus_tokens} is too small for --seq {ns.seq}")
+    try:
+        skip = parse_skip_list(ns.skip_batches)
+    except ValueError as e:
+        raise ConfigError(f"--skip-batches: {e}") from None
+    out: Path = ns.out
+    return TrainConfig(
+        model=ModelArgs(vocab=ns.vocab, dim=ns.dim, layers=ns.layers, heads=ns.heads, seq=ns.seq),
+        corpus=CorpusSpec(vocab=ns.vocab, tokens=ns.corpus_tokens, seed=ns.corpus_seed),
+        tp=ns.tp,
+        pp=ns.pp,
+        dp=dp,
+        mbs=ns.mbs,
+        accum=ns.accum,
+        steps=ns.steps,
+        lr=ns.lr,
+        min_lr=ns.min_lr,
+        warmup=ns.warmup,
+        weight_decay=ns.weight_decay,
+        clip=ns.clip,
+        seed=ns.seed,
+        schedule=ns.schedule,
+        dp_mode=ns.dp_mode,
+        dtype=ns.dtype,
+        out=out,
+        data_dir=ns.data_dir or out / "data",
+        ckpt_dir=ns.ckpt_dir or out / "ckpt",
+        durable_dir=ns.durable_dir,
+        checkpoint_every=ns.checkpoint_every,
+        keep=ns.keep,
+        checkpoint_mode=ns.checkpoint_mode,
+        resume_from=ns.resume_from,
+        skip_batches=skip,
+        lr_scale=_lr_scale(ns.lr_scale),
+        fault_file=ns.faults,
+        fault_flags=tuple(ns.fault),
+        digest_out=ns.digest_out,
+        quiet=ns.quiet,
+    )

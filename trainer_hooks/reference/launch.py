@@ -1,0 +1,241 @@
+"""A tiny local gang launcher: N trainer processes with torchrun's environment variables.
+
+For tests, benchmarks and the simulated fleet on one machine. `node_of_rank` lets a caller
+place ranks on simulated nodes (exported as SENTINEL_NODE and LOCAL_RANK), e.g. to resume on a
+different node mapping. On a real fleet use torchrun, which sets the same variables.
+
+`fork=True` imports the trainer once and forks the ranks from this process instead of starting
+`python -m ...` per rank: each rank is still its own process running the same `main(argv)`
+under the same environment, but the gang skips N-1 torch imports (~4 CPU-seconds each), which
+is most of a small run's cost on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+TRAIN_MODULE = "trainer_hooks.reference.train"
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768+), so that no connection's automatic
+    source port can take it between now and the moment rank 0 binds it."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
+
+
+class ForkedRank:
+    """The part of Popen's interface a Gang uses, for a rank forked from this process."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
+def _forked_rank(
+    main: Callable[[list[str]], int], args: list[str], env: dict[str, str], log: Path
+) -> int:
+    """In the child: point fds 1/2 at the log, take the rank's environment, run main, _exit."""
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(env)
+        import torch
+
+        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+        code = main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Gang:
+    """The processes of one launch; `wait` reaps them, `kill` sends a signal to every one."""
+
+    def __init__(
+        self, procs: list[subprocess.Popen[bytes]] | list[ForkedRank], logs: list[Path]
+    ) -> None:
+        self.procs, self.logs = procs, logs
+
+    def wait(self, timeout: float) -> list[int | None]:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return [p.poll() for p in self.procs]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+        for p in self.procs:
+            p.wait()
+
+    def tail(self, rank: int, chars: int = 4000) -> str:
+        return self.logs[rank].read_text(errors="replace")[-chars:]
+
+
+def launch(
+    nproc: int,
+    args: Sequence[str],
+    *,
+    log_dir: Path,
+    node_of_rank: Callable[[int], str] | None = None,
+    env: dict[str, str] | None = None,
+    module: str = TRAIN_MODULE,
+    fork: bool = False,
+) -> Gang:
+    """Start `nproc` ranks of `python -m module args`, each logging to log_dir/rank-R.log."""
+    main = importlib.import_module(module).main if fork else None
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    node_of = node_of_rank or (lambda r: "node-0")
+    local_counts: dict[str, int] = {}
+    procs: list[Any] = []
+    logs: list[Path] = []
+    for rank in range(nproc):
+        node = node_of(rank)
+        local = local_counts.get(node, 0)
+        local_counts[node] = local + 1
+        e = dict(os.environ if env is None else env)
+        e.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            SENTINEL_NODE=node,
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
+        log = log_dir / f"rank-{rank}.log"
+        logs.append(log)
+        if main is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _forked_rank(main, list(args), e, log)
+            procs.append(ForkedRank(pid))
+            continue
+        with log.open("ab") as fh:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    env=e,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return Gang(procs, logs)
+
+
+class GangFailed(RuntimeError):
+    pass
+
+
+def run_gang(nproc: int, args: Sequence[str], *, log_dir: Path, timeout: float, **kw: Any) -> None:
+    """Launch, wait, and raise GangFailed (with the failing ranks' log tails) unless all exit 0."""
+    gang = launch(nproc, args, log_dir=log_dir, **kw)
+    codes = gang.wait(timeout)
+    if any(c is None for c in codes):
+        gang.kill()
+    bad = [r for r, c in enumerate(codes) if c != 0]
+    if bad:
+        tails = "\n".join(f"--- rank {r} exit {codes[r]}\n{gang.tail(r, 3000)}" for r in bad)
+        raise GangFailed(f"ranks {bad} failed:\n{tails}")
+
+
+def read_metrics(out: Path) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """Per-step lines of OUT/metrics.jsonl (a replayed step's last line wins) and the digest."""
+    steps: dict[int, dict[str, Any]] = {}
+    digest = None
+    path = out / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if "digest" in rec:
+            digest = rec["digest"]
+        elif "step" in rec:
+            steps[rec["step"]] = rec
+    return steps, digest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer_hooks.reference.launch",
+        description="Run N local ranks of the reference trainer: launch --nproc 8 -- TRAIN_ARGS",
+    )
+    p.add_argument("--nproc", type=int, required=True)
+    p.add_argument("--log-dir", type=Path, default=Path("launch-logs"))
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    if ns.nproc < 1:
+        p.error("--nproc must be >= 1")
+    args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
+    try:
+        run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout)
+    except GangFailed as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
