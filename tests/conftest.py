@@ -1,7 +1,9 @@
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from coord_util import Coordinator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -10,3 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def sentinel_cmd() -> list[str]:
     """Run the CLI as a real subprocess, the way an operator would."""
     return [sys.executable, "-m", "sentinel"]
+
+
+@pytest.fixture
+def coord(tmp_path: Path) -> Iterator[Coordinator]:
+    """A real `sentinel coordinator` process on a free loopback port, stopped afterwards."""
+    c = Coordinator(tmp_path / "state")
+    c.start()
+    yield c
+    if c.proc and c.proc.poll() is None:
+        c.proc.terminate()
+        c.proc.wait(10)

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
@@ -17,6 +26,7 @@ from sentinel.protocol import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+SENTINEL = [sys.executable, "-m", "sentinel"]
 
 
 def cfg(tmp: Path, **kw: object) -> CoordinatorConfig:
@@ -55,3 +65,78 @@ def job_status(
         checkpoints=checkpoints or [],
     )
     return make_event(EventKind.JOB_STATUS, Source(job=job), payload)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Coordinator:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
+            "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
+            "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "4",
+        }
+        self.proc = subprocess.Popen(
+            [
+                *SENTINEL,
+                "coordinator",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--state-dir",
+                str(self.state),
+            ],
+            env=env,
+            stderr=open(self.state.parent / "coord.log", "ab"),  # noqa: SIM115
+        )
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/healthz", timeout=1).close()
+                return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        raise RuntimeError("coordinator did not start")
+
+    def token(self, *args: str) -> str:
+        out = subprocess.run(
+            [*SENTINEL, "token", "create", "--state-dir", str(self.state), "--json", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return str(json.loads(out.stdout)["token"])
+
+    def call(self, method: str, path: str, token: str, body: bytes | None = None) -> object:
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=body,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def db(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.state / "coordinator.db")
+        conn.row_factory = sqlite3.Row
+        return conn
+
+
+def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

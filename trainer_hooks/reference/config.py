@@ -47,6 +47,7 @@ class TrainConfig:
     fault_flags: tuple[str, ...] = field(default_factory=tuple)
     digest_out: Path | None = None
     quiet: bool = False
+    cpu_threads: int = 1
 
     @property
     def global_batch(self) -> int:
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: bf16 autocast on a GPU that supports it, fp32 otherwise",
     )
+    a(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="intra-op threads on CPU; part of the numerics: a resume must use the same value",
+    )
     a("--out", type=Path, required=True, help="run dir: metrics.jsonl, ckpt/, faults/")
     a("--data-dir", type=Path, default=None, help="corpus dir (default OUT/data)")
     a("--ckpt-dir", type=Path, default=None, help="fast checkpoint tier (default OUT/ckpt)")
@@ -136,6 +143,8 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         raise ConfigError(f"--heads {ns.heads} must divide --dim {ns.dim} and be divisible by --tp")
     if ns.layers < ns.pp:
         raise ConfigError(f"--layers {ns.layers} < --pp {ns.pp}: every stage needs a layer")
+    if ns.cpu_threads < 1:
+        raise ConfigError(f"--cpu-threads {ns.cpu_threads}: want at least 1")
     if ns.pp > 1 and ns.accum < ns.pp:
         raise ConfigError(
             f"--accum {ns.accum} < --pp {ns.pp}: the pipeline needs >= pp micro-batches"
@@ -183,4 +192,5 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         fault_flags=tuple(ns.fault),
         digest_out=ns.digest_out,
         quiet=ns.quiet,
+        cpu_threads=ns.cpu_threads,
     )

@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, default)
     os.environ.setdefault("MASTER_PORT", "29511")
     signal.signal(signal.SIGUSR1, _request_checkpoint)
+    if not torch.cuda.is_available():
+        # On CPU the intra-op thread count changes reduction order: it is part of the numerical
+        # program, so the trainer pins it itself, whoever launched it (torchrun, sentinel run).
+        torch.set_num_threads(cfg.cpu_threads)
     dist.init_process_group(device_and_backend()[1])
     try:
         train(cfg, resume, faults)
