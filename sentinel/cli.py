@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "sentinel.commands.playbooks_cmd",
     "sentinel.commands.token_cmd",
     "sentinel.commands.run_cmd",
+    "sentinel.commands.goodput_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -1,0 +1,151 @@
+"""The recovery model: what each interruption costs in detection, waiting and restart time.
+
+Two models are compared in every run. Their defaults, and where the figures come from:
+
+Sentinel (issue 8's targets for the demo, which measures them; `--from-demo` replaces them):
+- hardware (`node`): detected within one agent collection (1 s) plus delivery to the
+  coordinator → 5 s; a hot spare is swapped in by the playbook.
+- software crash (`restart`): the supervisor sees the rank exit → 5 s.
+- hang: the trainer's hang watchdog (assumed 60 s) + 10 s → 70 s, then a flight-recorder dump.
+- SDC: the periodic recompute-diff spot check → assumed every 300 s of training.
+- link: comm-wait straggler scoring over a few steps → 60 s.
+- resume (restart from the last checkpoint, spare mapped in): 60 s for every class.
+
+Baseline, no Sentinel: every interruption is noticed when the job times out (PyTorch's
+10-minute NCCL watchdog, 600 s); a broken node is replaced by hand (no hot spares, 30 min);
+the same 60 s restart; a fixed hourly checkpoint.
+
+Both: a swapped-out node is repaired and returns to the spare pool after 12 h; a checkpoint
+blocks training for `checkpoint_cost_s` (5 s: the blocking part of an async DCP save, i.e. the
+device-to-host copy of a ~0.4 GB per-GPU shard of a 405B model plus a barrier, rounded up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sentinel.exitcodes import InputError
+from sentinel.goodput.trace import FaultClass
+
+# Demo fault kinds (DESIGN.md vocabulary) → the class whose times they measure. Kinds that do
+# not interrupt the job (straggler, corrupt_batch) are accepted and ignored.
+DEMO_KIND_CLASS: dict[str, FaultClass | None] = {
+    "ecc_dbe": FaultClass.NODE,
+    "xid": FaultClass.NODE,
+    "thermal": FaultClass.NODE,
+    "crash": FaultClass.RESTART,
+    "hang": FaultClass.HANG,
+    "sdc": FaultClass.SDC,
+    "link_degraded": FaultClass.LINK,
+    "straggler": None,
+    "corrupt_batch": None,
+}
+
+SENTINEL_DETECT_S = {
+    FaultClass.NODE: 5.0,
+    FaultClass.RESTART: 5.0,
+    FaultClass.HANG: 70.0,
+    FaultClass.SDC: 300.0,
+    FaultClass.LINK: 60.0,
+}
+RESUME_S = dict.fromkeys(FaultClass, 60.0)
+JOB_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RecoveryModel:
+    name: str
+    detect_s: dict[FaultClass, float]
+    resume_s: dict[FaultClass, float]
+    spares: int
+    checkpoint_cost_s: float
+    checkpoint_interval_s: float | None  # None: Young/Daly from the trace's MTBF
+    node_repair_s: float = 12 * 3600.0
+    manual_replace_s: float = 1800.0
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def replace(self, **changes: object) -> RecoveryModel:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def scale_detection(self, factor: float) -> RecoveryModel:
+        return self.replace(detect_s={k: v * factor for k, v in self.detect_s.items()})
+
+
+def sentinel_model(spares: int = 4, checkpoint_cost_s: float = 5.0) -> RecoveryModel:
+    return RecoveryModel(
+        name="sentinel",
+        detect_s=dict(SENTINEL_DETECT_S),
+        resume_s=dict(RESUME_S),
+        spares=spares,
+        checkpoint_cost_s=checkpoint_cost_s,
+        checkpoint_interval_s=None,
+        sources={"detect_s": "defaults (issue 8 targets)", "resume_s": "defaults (issue 8 target)"},
+    )
+
+
+def baseline_model(checkpoint_cost_s: float = 5.0) -> RecoveryModel:
+    return RecoveryModel(
+        name="baseline",
+        detect_s=dict.fromkeys(FaultClass, JOB_TIMEOUT_S),
+        resume_s=dict(RESUME_S),
+        spares=0,
+        checkpoint_cost_s=checkpoint_cost_s,
+        checkpoint_interval_s=3600.0,
+        sources={"detect_s": "job timeout (NCCL watchdog 600 s)", "resume_s": "same restart"},
+    )
+
+
+def _class_of(key: str, source: str) -> FaultClass | None:
+    if key in DEMO_KIND_CLASS:
+        return DEMO_KIND_CLASS[key]
+    try:
+        return FaultClass(key)
+    except ValueError:
+        known = sorted([*DEMO_KIND_CLASS, *FaultClass])
+        raise InputError(
+            f"{source}: unknown fault kind {key!r} (known: {', '.join(known)})"
+        ) from None
+
+
+def _times(data: dict[str, object], key: str, source: str) -> dict[FaultClass, float]:
+    table = data.get(key, {})
+    if not isinstance(table, dict):
+        raise InputError(f"{source}: {key}: expected an object {{kind: seconds}}")
+    out: dict[FaultClass, float] = {}
+    for kind, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise InputError(f"{source}: {key}.{kind}: expected seconds >= 0, got {value!r}")
+        cls = _class_of(str(kind), source)
+        if cls is not None:  # several kinds of one class: keep the slowest
+            out[cls] = max(out.get(cls, 0.0), float(value))
+    return out
+
+
+def load_demo_times(path: Path) -> tuple[dict[FaultClass, float], dict[FaultClass, float]]:
+    """Read `{"time_to_detect_s": {kind: s}, "time_to_resume_s": {kind: s}}` from a demo JSON."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict) or not ("time_to_detect_s" in data or "time_to_resume_s" in data):
+        raise InputError(f"{path}: expected time_to_detect_s and/or time_to_resume_s objects")
+    return _times(data, "time_to_detect_s", str(path)), _times(data, "time_to_resume_s", str(path))
+
+
+def with_demo_times(model: RecoveryModel, path: Path) -> RecoveryModel:
+    detect, resume = load_demo_times(path)
+    sources = dict(model.sources)
+    if detect:
+        sources["detect_s"] = f"{path} ({', '.join(sorted(detect))}); defaults for the rest"
+    if resume:
+        sources["resume_s"] = f"{path} ({', '.join(sorted(resume))}); defaults for the rest"
+    return model.replace(
+        detect_s={**model.detect_s, **detect},
+        resume_s={**model.resume_s, **resume},
+        sources=sources,
+    )

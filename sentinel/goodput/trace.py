@@ -1,0 +1,123 @@
+"""Failure traces: root-cause categories with counts over a window on a fleet of a given size.
+
+A trace file (YAML or JSON) looks like the built-in reference:
+
+    name: my-cluster
+    gpus: 16384
+    days: 54
+    categories:
+      - {name: Faulty GPU, count: 148, fault_class: node}
+
+`fault_class` says how Sentinel recovers from that cause (see `FaultClass`).
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sentinel.exitcodes import InputError
+
+
+class FaultClass(StrEnum):
+    """How a cause is recovered from; each class has its own detection and repair times."""
+
+    NODE = "node"  # hardware: evict the node, swap in a spare, restart from checkpoint
+    RESTART = "restart"  # software/transient: restart from checkpoint on the same nodes
+    HANG = "hang"  # collective hang: watchdog + flight recorder, then restart
+    SDC = "sdc"  # silent data corruption: recompute-diff, evict the node, restart
+    LINK = "link"  # network link/switch: evict the node on the bad link, swap in a spare
+
+
+NEEDS_NODE = frozenset({FaultClass.NODE, FaultClass.SDC, FaultClass.LINK})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Category(_Strict):
+    name: str = Field(min_length=1)
+    count: int = Field(ge=0)
+    fault_class: FaultClass
+
+
+class Trace(_Strict):
+    name: str = Field(min_length=1)
+    gpus: int = Field(gt=0)
+    days: float = Field(gt=0)
+    categories: tuple[Category, ...] = Field(min_length=1)
+
+    @property
+    def total(self) -> int:
+        return sum(c.count for c in self.categories)
+
+    def rate_per_s(self, gpus: int) -> float:
+        """Fleet-wide interruption rate, scaled linearly with the number of GPUs."""
+        return self.total / (self.days * 86400.0) * (gpus / self.gpus)
+
+
+_N, _R, _H, _S, _L = (FaultClass.NODE, FaultClass.RESTART, FaultClass.HANG, FaultClass.SDC,
+                      FaultClass.LINK)  # fmt: skip
+
+# "The Llama 3 Herd of Models" (Meta, 2024), Table 5: root causes of the 419 unexpected
+# interruptions in a 54-day snapshot of Llama 3 405B pre-training on 16,384 H100 GPUs.
+LLAMA3_CATEGORIES: tuple[tuple[str, int, FaultClass], ...] = (
+    ("Faulty GPU", 148, _N),
+    ("GPU HBM3 Memory", 72, _N),
+    ("Software Bug", 54, _R),
+    ("Network Switch/Cable", 35, _L),
+    ("Host Maintenance", 32, _N),
+    ("GPU SRAM Memory", 19, _N),
+    ("GPU System Processor", 17, _N),
+    ("NIC", 7, _N),
+    ("NCCL Watchdog Timeouts", 7, _H),
+    ("Silent Data Corruption", 6, _S),
+    ("GPU Thermal Interface + Sensor", 6, _N),
+    ("SSD", 3, _N),
+    ("Power Supply", 3, _N),
+    ("Server Chassis", 2, _N),
+    ("IO Expansion Board", 2, _N),
+    ("Dependency", 2, _R),
+    ("CPU", 2, _N),
+    ("System Memory", 2, _N),
+)
+
+LLAMA3 = Trace(
+    name="llama3-405b (Llama 3 paper, Table 5)",
+    gpus=16384,
+    days=54,
+    categories=tuple(Category(name=n, count=c, fault_class=k) for n, c, k in LLAMA3_CATEGORIES),
+)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_trace(data: object, source: str) -> Trace:
+    try:
+        trace = Trace.model_validate(data)
+    except ValidationError as e:
+        lines = [f"  {_field_path(err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise InputError(f"{source}: invalid trace\n" + "\n".join(lines)) from None
+    if trace.total == 0:
+        raise InputError(f"{source}: invalid trace\n  categories: every count is 0")
+    return trace
+
+
+def load_trace(path: Path) -> Trace:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read trace: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise InputError(f"{path}: not valid {kind}: {e}") from None
+    return parse_trace(data, str(path))
