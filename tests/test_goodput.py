@@ -162,6 +162,9 @@ def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {("spares", "0"), ("spares", "8"), ("detection time", "x0.5"),
             ("checkpoint interval", "fixed 1 h")} <= levers  # fmt: skip
     assert rep["fleet"]["gpus"] == 4096 and rep["fleet"]["runs"] == 2
+    by_class = rep["fleet"]["simulated_by_class_mean"]
+    assert set(by_class) == set(FaultClass)
+    assert sum(by_class.values()) == pytest.approx(rep["fleet"]["simulated_interruptions_mean"])
 
 
 def test_overrides_and_demo_times(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

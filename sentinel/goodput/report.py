@@ -51,6 +51,7 @@ def build_report(
             "mtbf_h": fleet.mtbf_s / 3600.0,
             "expected_interruptions": fleet.expected_interruptions,
             "simulated_interruptions_mean": sentinel.mean_interruptions(),
+            "simulated_by_class_mean": fleet.mean_by_class(),
             "runs": len(sentinel.runs),
             "seed": seed,
         },
@@ -86,6 +87,8 @@ def render_text(rep: dict[str, Any]) -> str:
         f"{fl['expected_interruptions']:.0f} interruptions expected, "
         f"{fl['simulated_interruptions_mean']:.1f} simulated (mean of {fl['runs']} runs, "
         f"seed {fl['seed']})",
+        "  by class: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in fl["simulated_by_class_mean"].items()),
         "",
         f"{'time by category (h, mean)':<28}{'baseline':>12}{'sentinel':>12}",
     ]

@@ -149,6 +149,11 @@ class Fleet:
         self.mtbf_s = 1.0 / trace.rate_per_s(gpus)
         self.streams = [draw_failures(trace, gpus, self.wall_s, s) for s in seeds]
 
+    def mean_by_class(self) -> dict[str, float]:
+        """Mean simulated interruptions per fault class over the seeds."""
+        n = len(self.streams)
+        return {str(k): sum(c == k for s in self.streams for _, c in s) / n for k in FaultClass}
+
     @property
     def expected_interruptions(self) -> float:
         return self.wall_s / self.mtbf_s
