@@ -35,23 +35,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", type=Path, help="trace file (YAML/JSON); default: Llama 3")
     p.add_argument("--gpus", type=_positive(int, 0, True), help="fleet size (default: trace's)")
     p.add_argument("--days", type=_positive(float, 0, True), help="window (default: trace's)")
-    p.add_argument("--spares", type=_positive(int, 0, False), default=8, help="hot spare nodes")
+    p.add_argument(
+        "--spares", type=_positive(int, 0, False), default=8, help="hot spare nodes (default 8)"
+    )
     ckpt = p.add_mutually_exclusive_group()
-    ckpt.add_argument("--checkpoint-interval", type=_positive(float, 0, True), metavar="S")
+    ckpt.add_argument(
+        "--checkpoint-interval",
+        type=_positive(float, 0, True),
+        metavar="S",
+        help="fixed seconds of training between checkpoints",
+    )
     ckpt.add_argument("--young-daly", action="store_true", help="√(2·cost·MTBF) (the default)")
-    p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), default=5.0, metavar="S")
+    p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), default=5.0, metavar="S",
+                   help="seconds a checkpoint blocks training (default 5)")  # fmt: skip
     p.add_argument("--detect-s", action="append", default=[], metavar="[CLASS=]S",
                    help="Sentinel detection time, for all classes or one (node, restart, hang, "
                    "sdc, link); repeatable")  # fmt: skip
     p.add_argument("--repair-s", action="append", default=[], metavar="[CLASS=]S",
                    help="Sentinel time from detection to resumed training; same form")  # fmt: skip
     p.add_argument("--node-repair-h", type=_positive(float, 0, False), default=12.0,
-                   help="hours until a swapped-out node is back in the spare pool")  # fmt: skip
+                   help="hours until a swapped-out node is back in the spare pool (default 12)")  # fmt: skip
     p.add_argument("--from-demo", type=Path, metavar="DEMO_JSON",
                    help="measured time_to_detect_s / time_to_resume_s per fault kind")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--runs", type=_positive(int, 1, False), default=10)
-    p.add_argument("--target", type=_positive(float, 0, True), default=0.97)
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument(
+        "--runs", type=_positive(int, 1, False), default=10, help="seeded runs (default 10)"
+    )
+    p.add_argument(
+        "--target",
+        type=_positive(float, 0, True),
+        default=0.97,
+        help="ratio to compare with (default 0.97)",
+    )
     p.add_argument("--json", action="store_true", help="print the projection as JSON")
     p.set_defaults(handler=run_goodput)
 
