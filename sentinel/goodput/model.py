@@ -74,7 +74,7 @@ class RecoveryModel:
         return self.replace(detect_s={k: v * factor for k, v in self.detect_s.items()})
 
 
-def sentinel_model(spares: int = 4, checkpoint_cost_s: float = 5.0) -> RecoveryModel:
+def sentinel_model(spares: int = 8, checkpoint_cost_s: float = 5.0) -> RecoveryModel:
     return RecoveryModel(
         name="sentinel",
         detect_s=dict(SENTINEL_DETECT_S),
