@@ -243,8 +243,8 @@ def test_loss_chart_series_markers_and_bands(full: str) -> None:
     assert names == [
         "clean reference run",
         "generation 0",
-        "generation 0, rolled back",
         "generation 1",
+        "generation 0, rolled back",
     ]
     assert loss.count('class="marker"') == 5  # 3 faults + 2 incidents
     assert loss.count('class="band"') == 1
@@ -272,7 +272,9 @@ def test_burnin_matrix_outlines_the_slow_node(full: str) -> None:
 
 def test_timeline_correctness_goodput(full: str) -> None:
     timeline = section(full, "timeline")
-    assert timeline.count('class="event"') == 8
+    assert timeline.count('class="event"') == 8 + 3  # entries + measured detect/resume bars
+    for span in ("1.2 s to detect", "21.5 s to resume", "4.0 s to detect"):
+        assert f">{span}</text>" in timeline
     for lane in ("Faults", "Detection", "Actions", "Resume", "Burn-in"):
         assert f">{lane}</text>" in timeline
     assert ">Info</text>" not in timeline
@@ -366,4 +368,10 @@ def test_chart_helpers_escape_and_validate() -> None:
         svg.heatmap([[1.0]], ["a", "b"], ["c"], title="t", x_label="x", y_label="y", unit="s")
     with pytest.raises(ValueError, match="unknown lanes"):
         svg.lane_chart(["A"], [svg.LaneEvent("B", 0, None, "x", "#000")], title="t", x_label="s")
+    assert svg.labelled_columns([str(s) for s in range(1, 121)], 12) == {
+        i - 1 for i in range(10, 121, 10)
+    }
+    assert svg.labelled_columns(["a", "b", "c", "d"], 2) == {0, 2}
+    spans, flips = svg.label_extents([10, 95], ["abc", "abc"], 10, 100)
+    assert flips == [False, True] and spans[1][1] == 99 and spans[0][0] == 6
     assert svg.place_labels([(0, 50), (10, 60), (20, 70), (100, 120)], 2) == [0, 1, None, 0]

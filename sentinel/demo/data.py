@@ -51,7 +51,10 @@ class TimelineEntry:
 
 @dataclass(frozen=True)
 class DemoData:
-    """Everything the report draws. `result` is the demo JSON of DESIGN.md."""
+    """Everything the report draws. `result` is the demo JSON of DESIGN.md; in its `faults`,
+    `time_to_detect_s` runs from injection to detection and `time_to_resume_s` from detection
+    to the first resumed step. `summary` replaces the derived one-line summary;
+    `nodes_of_ranks` labels heatmap rows with the node that hosted each rank."""
 
     result: dict[str, Any]
     steps: list[StepPoint]

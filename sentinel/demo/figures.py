@@ -79,7 +79,7 @@ def loss_chart(
         pts = [(p.step, p.loss) for p in sorted(reference, key=lambda p: p.step)]
         series.append(Series("clean reference run", pts, REFERENCE_COLOUR, width=1.2))
     cut = rolled_back_from(steps)
-    bands = []
+    bands, replaced = [], []
     for i, gen in enumerate(sorted({p.generation for p in steps})):
         colour = PALETTE[i % len(PALETTE)]
         mine = sorted((p for p in steps if p.generation == gen), key=lambda p: p.step)
@@ -88,13 +88,12 @@ def loss_chart(
         if kept:
             series.append(Series(f"generation {gen}", kept, colour))
         if gen in cut and len(lost) > 1:
-            series.append(
-                Series(f"generation {gen}, rolled back", lost, colour, dash="5 4", opacity=0.55)
-            )
+            name = f"generation {gen}, rolled back"
+            replaced.append(Series(name, lost, colour, dash="5 4", opacity=0.8))
             bands.append(Band(cut[gen], mine[-1].step, "rolled back, then replayed"))
     losses = [p.loss for p in [*steps, *reference]]
     return line_chart(
-        series,
+        series + replaced,  # on top: replayed steps often retrace them exactly
         title="Training loss per step",
         x_label="step",
         y_label="loss",
@@ -227,7 +226,7 @@ def burnin_heatmap(report: dict[str, Any]) -> str:
     )
 
 
-def timeline_chart(entries: Sequence[TimelineEntry]) -> str:
+def timeline_chart(entries: Sequence[TimelineEntry], result: dict[str, Any]) -> str:
     lanes = [(name, kinds, c) for name, kinds, c in LANES if any(e.kind in kinds for e in entries)]
     events = []
     for e in entries:
@@ -237,12 +236,45 @@ def timeline_chart(entries: Sequence[TimelineEntry]) -> str:
         who = f"{e.target}: " if e.target else ""
         detail = f"{who}{e.text} ({where}t={e.t:.1f} s)"
         events.append(LaneEvent(name, e.t, None, label, colour, detail))
+    names = [name for name, _, _ in lanes]
+    events += repair_spans(entries, result.get("faults") or [], names)
     return lane_chart(
-        [name for name, _, _ in lanes],
+        names,
         events,
-        title="Incident timeline",
+        title="Faults, detection, repair and resume over time",
         x_label="seconds since the demo started",
     )
+
+
+def repair_spans(
+    entries: Sequence[TimelineEntry], faults: Sequence[dict[str, Any]], lanes: Sequence[str]
+) -> list[LaneEvent]:
+    """Bars for each fault's measured time to detect (from its injection entry) and time to
+    resume (from detection), on the Detection and Resume lanes where those exist."""
+    out = []
+    for f in faults:
+        start = next(
+            (
+                e.t
+                for e in entries
+                if e.kind == "fault"
+                and e.target == f.get("target")
+                and e.step in (None, f.get("injected_step"))
+            ),
+            None,
+        )
+        detect, resume = f.get("time_to_detect_s"), f.get("time_to_resume_s")
+        if start is None or not isinstance(detect, int | float):
+            continue
+        what = f"{f.get('kind')} on {f.get('target')}"
+        if "Detection" in lanes:
+            label = f"{detect:.1f} s to detect"
+            out.append(LaneEvent("Detection", start, start + detect, label, "#c8b6f2", what))
+        if isinstance(resume, int | float) and "Resume" in lanes:
+            label = f"{resume:.1f} s to resume"
+            span = (start + detect, start + detect + resume)
+            out.append(LaneEvent("Resume", *span, label, "#9fd8c0", what))
+    return out
 
 
 def goodput_chart(goodput: dict[str, Any]) -> str:

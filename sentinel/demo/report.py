@@ -35,8 +35,8 @@ h2 { font-size:18px; margin:0 0 10px; } h3 { font-size:15px; margin:18px 0 6px; 
 .lead { color:var(--muted); margin:0 0 12px; }
 .scroll { overflow-x:auto; }
 table { border-collapse:collapse; width:100%; font-size:14px; }
-th, td { text-align:left; padding:6px 10px; border-bottom:1px solid var(--line); vertical-align:top; }
-th { background:var(--soft); font-weight:600; white-space:nowrap; }
+th, td { text-align:left; padding:6px 8px; border-bottom:1px solid var(--line); vertical-align:top; }
+th { background:var(--soft); font-weight:600; }
 td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
 .ok { color:var(--pass); font-weight:600; } .bad { color:var(--fail); font-weight:600; }
 .na { color:var(--muted); font-style:italic; background:var(--soft); border-left:4px solid var(--line);
@@ -182,7 +182,7 @@ def _what_happened(r: dict[str, Any]) -> str:
             ]
         )
     headers = ["Fault", "Target", "Injected at step", "Detected at step", "Time to detect"]
-    headers += ["Incident", "Playbook actions", "Time to resume"]
+    headers += ["Incident", "Playbook actions", "Time to resume (after detection)"]
     parts = [
         _table(headers, rows, numeric=(2, 4, 7))
         if rows
@@ -266,10 +266,10 @@ def _ranks(data: DemoData) -> str:
     note = figures.straggler_note(data.ranks)
     if note:
         parts.append(f'<p id="straggler-note">{esc(note)}</p>')
-    parts.append("<h3>Model FLOPs utilisation</h3>")
     if any(s.mfu is not None for s in data.ranks):
         parts.append(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "mfu"))
     else:
+        parts.append("<h3>Model FLOPs utilisation</h3>")
         parts.append(not_available("the ranks did not report MFU."))
     return _section("ranks", "Per-rank step time", lead, *parts)
 
@@ -346,7 +346,10 @@ def _timeline(data: DemoData) -> str:
         return _section(
             "timeline", "Incident timeline", "", not_available("no timeline was recorded.")
         )
-    lead = "Everything that happened, by time since the demo started, one lane per kind. Hover a mark for its full text."
+    lead = (
+        "Everything that happened, by time since the demo started, one lane per kind. Light bars "
+        "show each fault's measured time to detect and time to resume. Hover a mark for its full text."
+    )
     rows = [
         [f"{e.t:.1f} s", _val(e.step), esc(e.kind), _val(e.target), esc(e.text)]
         for e in sorted(data.timeline, key=lambda e: e.t)
@@ -357,7 +360,11 @@ def _timeline(data: DemoData) -> str:
         + "</details>"
     )
     return _section(
-        "timeline", "Incident timeline", lead, figures.timeline_chart(data.timeline), table
+        "timeline",
+        "Incident timeline",
+        lead,
+        figures.timeline_chart(data.timeline, data.result),
+        table,
     )
 
 

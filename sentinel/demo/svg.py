@@ -31,6 +31,7 @@ VIRIDIS = (
     "#fde725",
 )
 MISSING = "#eef1f4"
+BAND = "band"  # legend swatch style: a shaded box instead of a line
 
 
 def esc(text: object) -> str:
@@ -179,7 +180,8 @@ class ColourScale:
 def _open_svg(width: float, height: float, title: str, css_class: str) -> list[str]:
     return [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart {esc(css_class)}" '
-        f'viewBox="0 0 {num(width)} {num(height)}" width="100%" role="img" '
+        f'viewBox="0 0 {num(width)} {num(height)}" width="100%" style="max-width:{num(width)}px" '
+        f'role="img" '
         f'font-family="{esc(FONT)}" font-size="12" fill="{INK}">',
         f"<title>{esc(title)}</title>",
         f'<text x="0" y="18" font-size="15" font-weight="600">{esc(title)}</text>',
@@ -201,12 +203,14 @@ def _legend(
         if cx + w > x + width and cx > x:
             cx, cy = x, cy + 18
         dash_attr = f' stroke-dasharray="{esc(dash)}"' if dash else ""
-        out.append(
-            f'<g class="legend-item"><line x1="{num(cx)}" y1="{num(cy - 4)}" x2="{num(cx + 22)}" '
-            f'y2="{num(cy - 4)}" stroke="{esc(colour)}" stroke-width="3"{dash_attr}/>'
-            + _text(cx + 28, cy, label)
-            + "</g>"
+        swatch = (
+            f'<rect x="{num(cx)}" y="{num(cy - 10)}" width="22" height="12" fill="{esc(colour)}" '
+            f'fill-opacity="0.25"/>'
+            if dash == BAND
+            else f'<line x1="{num(cx)}" y1="{num(cy - 4)}" x2="{num(cx + 22)}" y2="{num(cy - 4)}" '
+            f'stroke="{esc(colour)}" stroke-width="3"{dash_attr}/>'
         )
+        out.append(f'<g class="legend-item">{swatch}{_text(cx + 28, cy, label)}</g>')
         cx += w
     return out, (cy - y + 18) if items else 0.0
 
@@ -214,15 +218,30 @@ def _legend(
 def place_labels(
     spans: Sequence[tuple[float, float]], rows: int, gap: float = 6
 ) -> list[int | None]:
-    """Greedy row assignment for labels at pixel extents (x0, x1): None where none fits."""
+    """Greedy row per label at pixel extents (x0, x1), left to right; None where none fits."""
     ends = [-math.inf] * rows
-    out: list[int | None] = []
-    for x0, x1 in spans:
+    out: list[int | None] = [None] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+        x0, x1 = spans[i]
         row = next((r for r in range(rows) if ends[r] + gap <= x0), None)
         if row is not None:
             ends[row] = x1
-        out.append(row)
+        out[i] = row
     return out
+
+
+def label_extents(
+    xs: Sequence[float], labels: Sequence[str], size: float, right: float
+) -> tuple[list[tuple[float, float]], list[bool]]:
+    """Pixel extent of each label set right of its x, or left of it (flipped) where it would
+    run past `right`."""
+    spans, flips = [], []
+    for x, label in zip(xs, labels, strict=True):
+        w = text_width(label, size)
+        flip = x + 4 + w > right
+        spans.append((x - w - 4, x + 4) if flip else (x - 4, x + w + 4))
+        flips.append(flip)
+    return spans, flips
 
 
 def _x_axis(
@@ -313,7 +332,7 @@ def line_chart(
         raise ValueError("a line chart needs at least one finite point")
     left, right = 64.0, 16.0
     legend_items = [(s.name, s.colour, s.dash) for s in series if s.legend]
-    legend_items += [(b.label, b.colour, "2 3") for b in bands[:1]]
+    legend_items += [(b.label, b.colour, BAND) for b in bands[:1]]
     legend, legend_h = _legend(legend_items, left, 42, width - left - right)
     label_rows = 3 if markers else 0
     top = 30 + legend_h + label_rows * 14 + 8
@@ -346,24 +365,20 @@ def line_chart(
 def _markers(
     markers: Sequence[VMarker], sx: LinearScale, top: float, bottom: float, rows: int
 ) -> list[str]:
+    xs = [sx(m.x) for m in markers]
+    spans, flips = label_extents(xs, [m.label for m in markers], 11, sx.out[1])
     out = []
-    order = sorted(range(len(markers)), key=lambda i: markers[i].x)
-    spans = [
-        (sx(markers[i].x) - 3, sx(markers[i].x) + text_width(markers[i].label, 11) + 3)
-        for i in order
-    ]
-    placed = dict(zip(order, place_labels(spans, rows), strict=True))
-    for i, m in enumerate(markers):
-        x = sx(m.x)
+    for m, x, row, flip in zip(markers, xs, place_labels(spans, rows), flips, strict=True):
         dash = f' stroke-dasharray="{esc(m.dash)}"' if m.dash else ""
         tip = f"{m.label}: {m.detail}" if m.detail else m.label
-        row = placed[i]
-        label = ""
-        y_top = top
+        label, y_top = "", top
         if row is not None:
             y_text = top - 6 - (rows - 1 - row) * 14
             y_top = y_text + 3
-            label = _text(x + 3, y_text, m.label, font_size=11, fill=m.colour)
+            anchor = {"text_anchor": "end"} if flip else {}
+            label = _text(
+                x + (-3 if flip else 3), y_text, m.label, font_size=11, fill=m.colour, **anchor
+            )
         out.append(
             f'<g class="marker"><title>{esc(tip)}</title><line x1="{num(x)}" y1="{num(y_top)}" '
             f'x2="{num(x)}" y2="{num(bottom)}" stroke="{esc(m.colour)}" stroke-width="1.5"{dash}/>'
@@ -436,9 +451,9 @@ def heatmap(
     out = _open_svg(width, height + 52 if col_labels else height + 20, title, "heatmap")
     for r, label in enumerate(row_labels):
         out.append(_text(left - 8, top + (r + 0.5) * cell_height + 4, label, text_anchor="end"))
-    every = max(1, math.ceil(len(col_labels) / max(1, int(grid_w // 44))))
+    shown = labelled_columns(col_labels, max(1, int(grid_w // 44)))
     for c, label in enumerate(col_labels):
-        if c % every == 0:
+        if c in shown:
             out.append(
                 _text(left + (c + 0.5) * cw, height + 16, label, text_anchor="middle", fill=MUTED)
             )
@@ -471,6 +486,25 @@ def heatmap(
     out += _colour_bar(scale, width - bar_w + 8, top, min(height - top, 160), unit)
     out.append("</svg>")
     return "".join(out)
+
+
+def labelled_columns(labels: Sequence[str], most: int) -> set[int]:
+    """Which column labels to print: at most `most`; numeric labels at round values."""
+    if len(labels) <= most:
+        return set(range(len(labels)))
+    if all(label.lstrip("-").isdigit() for label in labels):
+        values = [int(label) for label in labels]
+        step = max(1, round(nice_step(values[0], values[-1], most)))
+        picked = [i for i, v in enumerate(values) if v % step == 0]
+        keep, last = set(), -math.inf
+        gap = len(labels) / most
+        for i in picked:
+            if i - last >= gap * 0.8:
+                keep.add(i)
+                last = i
+        return keep
+    every = math.ceil(len(labels) / most)
+    return set(range(0, len(labels), every))
 
 
 def _cell(
@@ -586,10 +620,11 @@ def lane_chart(
 
 def _lane_events(events: Sequence[LaneEvent], sx: LinearScale, y0: float, h: float) -> list[str]:
     base = y0 + h - 12
-    spans = [(sx(e.start) - 4, sx(e.start) + text_width(e.label, 11)) for e in events]
+    xs = [sx(e.start) for e in events]
+    spans, flip = label_extents(xs, [e.label for e in events], 11, sx.out[1])
     rows = place_labels(spans, 3, gap=8)
     out = []
-    for e, row in zip(events, rows, strict=True):
+    for e, row, f in zip(events, rows, flip, strict=True):
         x = sx(e.start)
         tip = f"{e.label} — {e.detail}" if e.detail else e.label
         if e.end is not None:
@@ -604,7 +639,10 @@ def _lane_events(events: Sequence[LaneEvent], sx: LinearScale, y0: float, h: flo
             )
         label = ""
         if row is not None:
-            label = _text(x - 4, base - 11 - row * 13, e.label, font_size=11)
+            anchor = {"text_anchor": "end"} if f else {}
+            label = _text(
+                x + (4 if f else -4), base - 11 - row * 13, e.label, font_size=11, **anchor
+            )
         out.append(f'<g class="event"><title>{esc(tip)}</title>{mark}{label}</g>')
     return out
 
