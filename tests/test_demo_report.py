@@ -375,3 +375,22 @@ def test_chart_helpers_escape_and_validate() -> None:
     spans, flips = svg.label_extents([10, 95], ["abc", "abc"], 10, 100)
     assert flips == [False, True] and spans[1][1] == 99 and spans[0][0] == 6
     assert svg.place_labels([(0, 50), (10, 60), (20, 70), (100, 120)], 2) == [0, 1, None, 0]
+
+
+def test_partial_inputs_degrade_to_notes(tmp_path: Path) -> None:
+    base = make_data()
+    burnin = {
+        "verdict": "pass",
+        "nodes": {},
+        "links": [{"a": "node-0", "b": "node-1", "gbps": None}],
+    }
+    nan_steps = [StepPoint(1, float("nan"), 0, 0.0)]
+    data = dataclasses.replace(base, steps=nan_steps, reference_steps=[], burnin=burnin)
+    html = write_report(tmp_path, data).read_text(encoding="utf-8")
+    parse(html)
+    assert "Not available: the burn-in report has no measured link bandwidths" in html
+    assert "Not available: no training steps were recorded" in section(html, "loss")
+    one_gen = [p for p in base.steps if p.generation == 1]
+    html = write_report(tmp_path, dataclasses.replace(base, steps=one_gen)).read_text("utf-8")
+    loss = section(html, "loss")
+    assert 'class="band"' not in loss and loss.count('<g class="series"') == 2

@@ -192,9 +192,21 @@ def straggler_note(samples: Sequence[RankSample]) -> str | None:
     )
 
 
+def measured_links(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The links with both ends and a numeric bandwidth (others cannot be placed on the matrix)."""
+    return [
+        link
+        for link in report.get("links") or []
+        if isinstance(link, dict)
+        and link.get("a") is not None
+        and link.get("b") is not None
+        and isinstance(link.get("gbps"), int | float)
+    ]
+
+
 def burnin_nodes(report: dict[str, Any]) -> list[str]:
     names = set(report.get("nodes") or {})
-    for link in report.get("links") or []:
+    for link in measured_links(report):
         names.update((str(link["a"]), str(link["b"])))
     return sorted(names, key=natural_key)
 
@@ -204,7 +216,7 @@ def burnin_heatmap(report: dict[str, Any]) -> str:
     index = {n: i for i, n in enumerate(nodes)}
     matrix: list[list[float | None]] = [[None] * len(nodes) for _ in nodes]
     flagged: set[tuple[int, int]] = set()
-    for link in report.get("links") or []:
+    for link in measured_links(report):
         a, b = index[str(link["a"])], index[str(link["b"])]
         gbps = float(link["gbps"])
         for i, j in {(a, b), (b, a)}:

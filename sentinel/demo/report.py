@@ -141,8 +141,11 @@ def summary_line(data: DemoData) -> str:
     faults = r.get("faults") or []
     found = sum(1 for f in faults if f.get("detected"))
     false = len(r.get("false_incidents") or [])
-    same = {True: "bit-identical to", False: "different from"}.get(r.get("bit_identical"))
-    tail = f"; final parameters {same} the clean reference" if same else ""
+    identical = r.get("bit_identical")
+    tail = ""
+    if isinstance(identical, bool):
+        same = "bit-identical to" if identical else "different from"
+        tail = f"; final parameters {same} the clean reference"
     return (
         f"{len(faults)} fault(s) injected, {found} detected; {false} false incident(s); "
         f"{r.get('completed_steps', '?')} steps completed{tail}."
@@ -283,10 +286,10 @@ def _burnin(report: dict[str, Any] | None) -> str:
     parts = [
         f'<p>Burn-in verdict: <span class="{cls}">{esc(verdict)}</span>. Excluded nodes: {esc(", ".join(map(str, report.get("exclude") or [])) or "none")}.</p>'
     ]
-    if report.get("links"):
+    if figures.measured_links(report):
         parts.append(figures.burnin_heatmap(report))
     else:
-        parts.append(not_available("the burn-in report has no link tests."))
+        parts.append(not_available("the burn-in report has no measured link bandwidths."))
     nodes = report.get("nodes") or {}
     flagged = [(n, v) for n, v in nodes.items() if (v or {}).get("verdict", "pass") != "pass"]
     parts.append("<h3>Flagged nodes</h3>")
@@ -393,8 +396,8 @@ def _correctness(r: dict[str, Any]) -> str:
 def _goodput(goodput: dict[str, Any] | None) -> str:
     title = "Goodput"
     if not goodput or not any(
-        isinstance(goodput.get(k), int | float) and goodput.get(k) > 0
-        for k, _, _ in figures.GOODPUT_PARTS
+        isinstance(v, int | float) and v > 0
+        for v in (goodput.get(k) for k, _, _ in figures.GOODPUT_PARTS)
     ):
         return _section(
             "goodput", title, "", not_available("time accounting was not recorded for this run.")
