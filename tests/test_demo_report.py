@@ -343,10 +343,12 @@ def test_colour_mapping() -> None:
     assert scale.colour(2.0) == svg.VIRIDIS[-1] and scale.colour(None) == svg.MISSING
     assert scale.colour(float("nan")) == svg.MISSING
     assert svg.mix("#000000", "#ffffff", 0.5) == "#808080"
-    log = svg.ColourScale.for_values([0.5, 0.52, 60.0])  # a hang: log so the rest still varies
-    assert log.log and log.fraction(0.5) == 0 and 0.0 < log.fraction(0.52) < 0.05
+    log = svg.ColourScale(0.5, 60.0, log=True)
+    assert log.fraction(0.5) == 0 and 0.0 < log.fraction(0.52) < 0.05 and log.fraction(60) == 1
     assert log.ticks() == [0.5, 1, 2, 5, 10, 20, 50]
-    assert not svg.ColourScale.for_values([0.5, 0.65]).log
+    hang = svg.ColourScale.for_values([0.5] * 30 + [0.65] * 10 + [62.0])  # one hung step
+    assert hang.saturated and hang.hi == 0.65 and hang.colour(62.0) == svg.VIRIDIS[-1]
+    assert not svg.ColourScale.for_values([0.5, 0.65]).saturated
     assert svg.ink_on(svg.VIRIDIS[0]) == "#ffffff" and svg.ink_on(svg.VIRIDIS[-1]) == svg.INK
     with pytest.raises(ValueError, match="positive"):
         svg.ColourScale(0.0, 1.0, log=True)

@@ -41,7 +41,7 @@ td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap
 .ok { color:var(--pass); font-weight:600; } .bad { color:var(--fail); font-weight:600; }
 .na { color:var(--muted); font-style:italic; background:var(--soft); border-left:4px solid var(--line);
   padding:8px 12px; margin:8px 0; }
-svg.chart { display:block; max-width:100%; height:auto; margin:8px 0; }
+svg.chart { display:block; max-width:100%; min-width:640px; height:auto; margin:8px 0; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size:13px;
   background:var(--soft); padding:2px 6px; border-radius:4px; word-break:break-all; }
 .big { font-size:28px; font-weight:700; }
@@ -87,6 +87,11 @@ def render_report(data: DemoData) -> str:
 def _section(ident: str, title: str, lead: str, *content: str) -> str:
     lead_html = f'<p class="lead">{esc(lead)}</p>' if lead else ""
     return f'<section id="{ident}">\n<h2>{esc(title)}</h2>\n{lead_html}\n{"".join(content)}\n</section>'
+
+
+def _chart(svg: str) -> str:
+    """A chart keeps a legible minimum width; narrower screens scroll it sideways."""
+    return f'<div class="scroll">{svg}</div>'
 
 
 def not_available(what: str) -> str:
@@ -249,7 +254,7 @@ def _loss(data: DemoData) -> str:
         "loss",
         "Loss curve",
         lead,
-        figures.loss_chart(data.steps, data.reference_steps, data.result),
+        _chart(figures.loss_chart(data.steps, data.reference_steps, data.result)),
     )
 
 
@@ -265,12 +270,12 @@ def _ranks(data: DemoData) -> str:
         "One row per rank, one column per step; brighter is slower. A straggler is a bright row, "
         "a hang a bright column or a row that stops (crossed grey cells: no sample)."
     )
-    parts = [figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "step_s")]
+    parts = [_chart(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "step_s"))]
     note = figures.straggler_note(data.ranks)
     if note:
         parts.append(f'<p id="straggler-note">{esc(note)}</p>')
     if any(s.mfu is not None for s in data.ranks):
-        parts.append(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "mfu"))
+        parts.append(_chart(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "mfu")))
     else:
         parts.append("<h3>Model FLOPs utilisation</h3>")
         parts.append(not_available("the ranks did not report MFU."))
@@ -287,7 +292,7 @@ def _burnin(report: dict[str, Any] | None) -> str:
         f'<p>Burn-in verdict: <span class="{cls}">{esc(verdict)}</span>. Excluded nodes: {esc(", ".join(map(str, report.get("exclude") or [])) or "none")}.</p>'
     ]
     if figures.measured_links(report):
-        parts.append(figures.burnin_heatmap(report))
+        parts.append(_chart(figures.burnin_heatmap(report)))
     else:
         parts.append(not_available("the burn-in report has no measured link bandwidths."))
     nodes = report.get("nodes") or {}
@@ -366,7 +371,7 @@ def _timeline(data: DemoData) -> str:
         "timeline",
         "Incident timeline",
         lead,
-        figures.timeline_chart(data.timeline, data.result),
+        _chart(figures.timeline_chart(data.timeline, data.result)),
         table,
     )
 
@@ -406,7 +411,7 @@ def _goodput(goodput: dict[str, Any] | None) -> str:
     shown = f"{100 * ratio:.1f}%" if isinstance(ratio, int | float) and ratio <= 1 else _val(ratio)
     lead = "The run's wall time by category. The effective training time ratio is the useful share."
     big = f'<p>Effective training time ratio: <span class="big" id="goodput-ratio">{esc(shown)}</span></p>'
-    return _section("goodput", title, lead, big, figures.goodput_chart(goodput))
+    return _section("goodput", title, lead, big, _chart(figures.goodput_chart(goodput)))
 
 
 def _how_to_read() -> str:

@@ -135,19 +135,24 @@ def ink_on(colour: str) -> str:
 class ColourScale:
     """Maps values onto viridis (low = dark purple, high = yellow), linearly or by log."""
 
-    def __init__(self, lo: float, hi: float, *, log: bool = False) -> None:
+    def __init__(self, lo: float, hi: float, *, log: bool = False, saturated: bool = False) -> None:
         if log and (lo <= 0 or hi <= 0):
             raise ValueError("a log colour scale needs positive bounds")
         self.lo, self.hi, self.log = min(lo, hi), max(lo, hi), log
+        self.saturated = saturated  # values above `hi` exist and share its colour
 
     @classmethod
     def for_values(cls, values: Sequence[float]) -> ColourScale:
-        """Linear over the values, or log when they span more than a factor of 8 (a hang)."""
-        finite = [v for v in values if math.isfinite(v)]
+        """Linear over the values; when a few outliers (a hang's step) exceed 3x the 95th
+        percentile, colours saturate there so the rest (a 1.3x straggler) still shows."""
+        finite = sorted(v for v in values if math.isfinite(v))
         if not finite:
             return cls(0.0, 1.0)
-        lo, hi = min(finite), max(finite)
-        return cls(lo, hi, log=lo > 0 and hi / lo > 8)
+        lo, hi = finite[0], finite[-1]
+        p95 = finite[int(0.95 * (len(finite) - 1))]
+        if p95 > lo and hi > 3 * p95 > 0:
+            return cls(lo, p95, saturated=True)
+        return cls(lo, hi)
 
     def fraction(self, value: float) -> float:
         if self.hi == self.lo:
@@ -559,7 +564,8 @@ def _colour_bar(scale: ColourScale, x: float, top: float, height: float, unit: s
         out.append(
             f'<line x1="{num(x + 14)}" y1="{num(y)}" x2="{num(x + 18)}" y2="{num(y)}" stroke="{MUTED}"/>'
         )
-        out.append(_text(x + 21, y + 4, fmt_tick(t), fill=MUTED))
+        top_tick = scale.saturated and t == scale.ticks()[-1]
+        out.append(_text(x + 21, y + 4, ("≥ " if top_tick else "") + fmt_tick(t), fill=MUTED))
     return out
 
 
