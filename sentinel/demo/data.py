@@ -1,0 +1,66 @@
+"""What the demo hands to the report: the result JSON plus the raw series behind the plots.
+
+This is the contract between `sentinel demo` (which records) and `sentinel.demo.report`
+(which draws); both sides only read these frozen records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TIMELINE_KINDS = ("fault", "detect", "incident", "action", "resume", "burnin", "info")
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """The global loss of one optimizer step; `t` is seconds since the demo started."""
+
+    step: int
+    loss: float
+    generation: int
+    t: float
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One rank's wall time for one step, and its model FLOPs utilisation when known."""
+
+    rank: int
+    step: int
+    step_s: float
+    mfu: float | None
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    """One thing that happened; `kind` is one of `TIMELINE_KINDS`."""
+
+    t: float
+    step: int | None
+    kind: str
+    target: str | None
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in TIMELINE_KINDS:
+            raise ValueError(
+                f"timeline kind {self.kind!r} is not one of {', '.join(TIMELINE_KINDS)}"
+            )
+
+
+@dataclass(frozen=True)
+class DemoData:
+    """Everything the report draws. `result` is the demo JSON of DESIGN.md; in its `faults`,
+    `time_to_detect_s` runs from injection to detection and `time_to_resume_s` from detection
+    to the first resumed step. `summary` replaces the derived one-line summary;
+    `nodes_of_ranks` labels heatmap rows with the node that hosted each rank."""
+
+    result: dict[str, Any]
+    steps: list[StepPoint]
+    reference_steps: list[StepPoint]
+    ranks: list[RankSample]
+    burnin: dict[str, Any] | None
+    timeline: list[TimelineEntry]
+    summary: str | None = None
+    nodes_of_ranks: dict[int, str] = field(default_factory=dict)
