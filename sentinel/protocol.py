@@ -112,11 +112,88 @@ class AgentHeartbeatPayload(_Strict):
     spooled_events: int = Field(default=0, ge=0)
 
 
+# Training-rank events (trainer hooks). The four detector events keep the coordinator's field
+# names; the extra fields are optional additions a playbook or operator can read.
+
+
+class RankAnomalyPayload(_Strict):
+    """A loss or grad-norm anomaly seen by a rank; `anomaly` is "spike", "nan" or "inf"."""
+
+    step: int = Field(ge=0)
+    metric: str = "loss"
+    anomaly: str
+    value: float | None = None
+    baseline: float | None = None
+    batch: int | None = Field(default=None, ge=0)
+    threshold: float | None = None
+
+
+class RankHangPayload(_Strict):
+    step: int | None = Field(default=None, ge=0)
+    waited_s: float = Field(ge=0)
+    collective: str | None = None
+    timeout_s: float | None = Field(default=None, ge=0)
+    dump_path: str | None = None
+
+
+class RankSdcPayload(_Strict):
+    """A digest of a recomputed piece of work; ranks that should agree and do not point at SDC."""
+
+    step: int = Field(ge=0)
+    digest: str
+    check_id: str | None = None
+    mismatch: bool = False
+    check: str = "matmul"
+    mismatched_ranks: list[int] = Field(default_factory=list)
+
+
+class RankStragglerPayload(_Strict):
+    """The source rank computes `slowdown` times slower than the gang's median, persistently."""
+
+    step: int | None = Field(default=None, ge=0)
+    slowdown: float = Field(gt=0)
+    window: int | None = Field(default=None, ge=1)
+    compute_s: float | None = Field(default=None, ge=0)
+    median_compute_s: float | None = Field(default=None, ge=0)
+
+
+class RankStepPayload(_Strict):
+    """Per-rank step metrics (sent every N steps); fields a rank cannot measure are null."""
+
+    step: int = Field(ge=0)
+    step_s: float = Field(ge=0)
+    compute_s: float = Field(ge=0)
+    comm_s: float = Field(ge=0)
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    tflops: float | None = Field(default=None, ge=0)
+    mfu: float | None = Field(default=None, ge=0)
+    loss: float | None = None
+    grad_norm: float | None = None
+    mem_bytes: int | None = Field(default=None, ge=0)
+    hook_errors: int = Field(default=0, ge=0)
+    dropped_events: int = Field(default=0, ge=0)
+
+
+class RankFrDumpPayload(_Strict):
+    """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual."""
+
+    step: int | None = Field(default=None, ge=0)
+    path: str
+    reason: str
+    entries: int | None = Field(default=None, ge=0)
+
+
 class EventKind(StrEnum):
     GPU_VERDICT = "gpu.verdict"
     NODE_VERDICT = "node.verdict"
     GPU_XID = "gpu.xid"
     AGENT_HEARTBEAT = "agent.heartbeat"
+    RANK_ANOMALY = "rank.anomaly"
+    RANK_HANG = "rank.hang"
+    RANK_SDC = "rank.sdc"
+    RANK_STRAGGLER = "rank.straggler"
+    RANK_STEP = "rank.step"
+    RANK_FR_DUMP = "rank.fr_dump"
 
 
 PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
@@ -124,6 +201,12 @@ PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
     EventKind.NODE_VERDICT: NodeVerdictPayload,
     EventKind.GPU_XID: XidPayload,
     EventKind.AGENT_HEARTBEAT: AgentHeartbeatPayload,
+    EventKind.RANK_ANOMALY: RankAnomalyPayload,
+    EventKind.RANK_HANG: RankHangPayload,
+    EventKind.RANK_SDC: RankSdcPayload,
+    EventKind.RANK_STRAGGLER: RankStragglerPayload,
+    EventKind.RANK_STEP: RankStepPayload,
+    EventKind.RANK_FR_DUMP: RankFrDumpPayload,
 }
 
 
@@ -262,4 +345,3 @@ def decode_command(raw: str | bytes | dict[str, Any]) -> Command:
 def encode(message: BaseModel) -> str:
     """Compact one-line JSON: what goes on a socket line or into a spool file."""
     return message.model_dump_json()
-
