@@ -25,7 +25,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(world: int, args: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def launch(
+    world: int, args: list[str], env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world):

@@ -1,0 +1,181 @@
+"""Reading flight-recorder dumps without torch, and without trusting them.
+
+A dump is the pickle PyTorch's `_dump_fr_trace` writes (NCCL or gloo, format versions 2.x):
+`{"version", "pg_config", "pg_status", "entries": [...], ...}`. Pickle can run code, so dumps
+are read by an unpickler that refuses every global: only the builtin containers and scalars the
+format uses come back. Each dump is boiled down at once to a `RankSummary` — per process group,
+the last sequence number the rank issued and the signatures of the collectives still in its
+ring buffer — which is all the analysis needs and keeps 16k-rank directories in memory.
+
+Files: `<prefix><rank>` for dumps (PyTorch's naming; the prefix is inferred), and the optional
+Sentinel sidecars `sentinel_fr_meta.<rank>.json` with process-group membership.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import pickle
+import re
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SIDECAR_RE = re.compile(r"^sentinel_fr_meta\.(\d+)\.json$")
+DUMP_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.\-]*?)(?P<rank>\d+)$")
+
+# op, input sizes, input dtypes of one collective entry
+Signature = tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]
+
+
+class DumpError(ValueError):
+    """The directory or a file in it cannot be read as flight-recorder dumps."""
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing global {module}.{name} in a flight-recorder dump")
+
+
+def safe_loads(data: bytes) -> Any:
+    return _NoGlobals(io.BytesIO(data)).load()
+
+
+@dataclass
+class GroupState:
+    desc: str = ""
+    seq: int | None = None  # last collective sequence number this rank issued in the group
+    ops: dict[int, list[Signature]] = field(default_factory=dict)  # seq -> entries in buffer
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    version: str
+    groups: dict[str, GroupState]
+    pg_config: dict[str, list[int]]
+    entries: int
+    wrapped: bool  # the ring buffer has overwritten older entries
+
+
+@dataclass
+class DumpDir:
+    summaries: dict[int, RankSummary]
+    sidecars: dict[int, dict[str, Any]]
+    unreadable: dict[int, str]
+    prefix: str
+
+
+def _ranks_of(raw: Any) -> list[int]:
+    if isinstance(raw, str):
+        try:
+            raw = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return []
+    if isinstance(raw, list | tuple):
+        return sorted(int(r) for r in raw if isinstance(r, int))
+    return []
+
+
+def _signature(entry: dict[str, Any]) -> Signature:
+    sizes = tuple(tuple(int(x) for x in s) for s in entry.get("input_sizes") or ())
+    dtypes = tuple(str(d) for d in entry.get("input_dtypes") or ())
+    return (str(entry.get("profiling_name", "")), sizes, dtypes)
+
+
+def summarize(dump: Any, rank: int) -> RankSummary:
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
+        raise DumpError("not a flight-recorder dump (expected a dict with an 'entries' list)")
+    groups: dict[str, GroupState] = {}
+    id_to_name: dict[str, str] = {}
+    record_ids = []
+    for e in dump.get("entries", []):
+        if not isinstance(e, dict) or e.get("is_p2p"):
+            continue
+        pg = e.get("process_group") or ("", "")
+        name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+        id_to_name[str(e.get("pg_id", name))] = name
+        g = groups.setdefault(name, GroupState(desc=desc))
+        seq = int(e.get("collective_seq_id", 0))
+        g.ops.setdefault(seq, []).append(_signature(e))
+        g.seq = seq if g.seq is None else max(g.seq, seq)
+        if "record_id" in e:
+            record_ids.append(int(e["record_id"]))
+    # pg_status survives ring-buffer wrap-around; it is keyed by the rank-local pg id.
+    for pg_id, status in (dump.get("pg_status") or {}).items():
+        name = id_to_name.get(str(pg_id))
+        if name is None or not isinstance(status, dict):
+            continue
+        enq = status.get("last_enqueued_collective")
+        if isinstance(enq, int) and enq >= 0:
+            g = groups[name]
+            g.seq = enq if g.seq is None else max(g.seq, enq)
+    pg_config = {}
+    for name, cfg in (dump.get("pg_config") or {}).items():
+        ranks = _ranks_of(cfg.get("ranks")) if isinstance(cfg, dict) else []
+        if name and ranks:
+            pg_config[str(name)] = ranks
+    return RankSummary(
+        rank=rank,
+        version=str(dump.get("version", "")),
+        groups=groups,
+        pg_config=pg_config,
+        entries=len(dump.get("entries", [])),
+        wrapped=bool(record_ids) and min(record_ids) > 0,
+    )
+
+
+def _load_one(path_rank: tuple[str, int]) -> RankSummary | str:
+    path, rank = path_rank
+    try:
+        return summarize(safe_loads(Path(path).read_bytes()), rank)
+    except (OSError, pickle.UnpicklingError, DumpError, EOFError, ValueError, TypeError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _infer_prefix(names: list[str]) -> str:
+    prefixes = Counter(m["prefix"] for n in names if (m := DUMP_RE.match(n)))
+    if not prefixes:
+        raise DumpError("no flight-recorder dumps (files named <prefix><rank>) found")
+    return prefixes.most_common(1)[0][0]
+
+
+def load_dir(path: str | Path, prefix: str | None = None, workers: int | None = None) -> DumpDir:
+    root = Path(path)
+    if not root.is_dir():
+        raise DumpError(f"{root} is not a directory")
+    names = [n for n in os.listdir(root) if not n.startswith(".")]
+    sidecars: dict[int, dict[str, Any]] = {}
+    for n in names:
+        if m := SIDECAR_RE.match(n):
+            try:
+                sidecars[int(m[1])] = json.loads((root / n).read_text())
+            except (OSError, ValueError):
+                continue
+    candidates = [n for n in names if DUMP_RE.match(n) and not SIDECAR_RE.match(n)]
+    prefix = _infer_prefix(candidates) if prefix is None else prefix
+    jobs = [
+        (str(root / n), int(n[len(prefix) :]))
+        for n in candidates
+        if n.startswith(prefix) and n[len(prefix) :].isdigit()
+    ]
+    if not jobs:
+        raise DumpError(f"no dumps named {prefix}<rank> in {root}")
+    results = _load_all(jobs, workers)
+    summaries = {
+        r: s for (_, r), s in zip(jobs, results, strict=True) if isinstance(s, RankSummary)
+    }
+    unreadable = {r: s for (_, r), s in zip(jobs, results, strict=True) if isinstance(s, str)}
+    return DumpDir(summaries, sidecars, unreadable, prefix)
+
+
+def _load_all(jobs: list[tuple[str, int]], workers: int | None) -> list[RankSummary | str]:
+    workers = workers if workers is not None else min(8, os.cpu_count() or 1)
+    if workers <= 1 or len(jobs) < 512:
+        return [_load_one(j) for j in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_load_one, jobs, chunksize=256))
