@@ -311,7 +311,7 @@ class SentinelHooks:
         check_id = f"sdc-{step}"
         local = sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)
         digests = self.exchange.gather_digests(local)
-        top, bad = sdc.majority(digests)
+        _, bad = sdc.majority(digests)
         me = self.exchange.rank
         self._send(
             EventKind.RANK_SDC,

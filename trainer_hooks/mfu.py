@@ -50,7 +50,7 @@ def flops_per_token(
     head_dim: int = 0,
     seq_len: int = 0,
 ) -> float:
-    """TorchTitan's dense-transformer count; leave the attention shape at 0 for non-attention models."""
+    """TorchTitan's dense-transformer count; leave the attention shape at 0 without attention."""
     return 6.0 * n_params_non_embedding + 12.0 * layers * heads * head_dim * seq_len
 
 
@@ -64,7 +64,7 @@ def lookup_peak_flops(device_name: str) -> float | None:
 
 
 def measure_cpu_peak_flops(n: int = 512, repeats: int = 5) -> float:
-    """Best achieved float32 GEMM rate on this CPU: the denominator of MFU where no table applies."""
+    """Best float32 GEMM rate achieved on this CPU: MFU's denominator where no table applies."""
     a = torch.randn(n, n)
     b = torch.randn(n, n)
     torch.mm(a, b)  # warm up the BLAS threads

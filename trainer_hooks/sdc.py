@@ -57,7 +57,7 @@ def majority(digests: Sequence[str]) -> tuple[str | None, list[int]]:
     """
     if not digests:
         return None, []
-    (top, count), *rest = Counter(digests).most_common()
+    (top, count), *_ = Counter(digests).most_common()
     if count * 2 <= len(digests):
         return None, []
     return top, [r for r, d in enumerate(digests) if d != top]

@@ -5,8 +5,8 @@ time over the window, to one small `all_gather` on a side gloo group
 (`hooks.Exchange`). Every rank then sees the whole gang's vector and judges *itself*: its
 slowdown is its own value divided by the gang's median. A rank that stays at or above
 `threshold` (e.g. 1.03) for `persist` consecutive windows is flagged once, and cleared when it
-has stayed back under it for `persist` windows. With window=20 and persist=3 a persistent 5% straggler is flagged within 60 steps of
-the slowdown starting (80 if it starts mid-window).
+has stayed back under it for `persist` windows. With window=20 and persist=3 a persistent 5%
+straggler is flagged within 60 steps of the slowdown starting (80 if it starts mid-window).
 """
 
 from __future__ import annotations
