@@ -39,22 +39,37 @@ class SpikePolicy(Protocol):
 
 
 class RobustSpike:
+    """Median + k x MAD; the statistics are refreshed every `refresh` values (they move slowly)."""
+
     def __init__(
-        self, window: int = 128, k: float = 8.0, min_ratio: float = 1.3, warmup: int = 16
+        self,
+        window: int = 128,
+        k: float = 8.0,
+        min_ratio: float = 1.3,
+        warmup: int = 16,
+        refresh: int = 8,
     ) -> None:
         self.values: deque[float] = deque(maxlen=window)
-        self.k, self.min_ratio, self.warmup = k, min_ratio, warmup
+        self.k, self.min_ratio, self.warmup, self.refresh = k, min_ratio, warmup, refresh
         self.baseline: float | None = None
+        self._threshold = math.inf
+        self._since = refresh
+
+    def _recompute(self) -> None:
+        med = statistics.median(self.values)
+        mad = statistics.median([abs(v - med) for v in self.values])
+        self.baseline = med
+        self._threshold = max(med + self.k * 1.4826 * mad, med * self.min_ratio)
+        self._since = 0
 
     def update(self, value: float) -> float | None:
         if len(self.values) >= self.warmup:
-            med = statistics.median(self.values)
-            mad = statistics.median(abs(v - med) for v in self.values)
-            self.baseline = med
-            threshold = max(med + self.k * 1.4826 * mad, med * self.min_ratio)
-            if value > threshold:
-                return threshold
+            if self._since >= self.refresh:
+                self._recompute()
+            if value > self._threshold:
+                return self._threshold
         self.values.append(value)
+        self._since += 1
         return None
 
 
@@ -75,18 +90,27 @@ class RunningMaxSpike:
 
 class WindowSigmaSpike:
     def __init__(self, window: int = 128, sigmas: float = 6.0, warmup: int = 16) -> None:
-        self.values: deque[float] = deque(maxlen=window)
-        self.sigmas, self.warmup = sigmas, warmup
+        self.values: deque[float] = deque()
+        self.window, self.sigmas, self.warmup = window, sigmas, warmup
         self.baseline: float | None = None
+        self._sum = 0.0
+        self._sumsq = 0.0
 
     def update(self, value: float) -> float | None:
-        if len(self.values) >= self.warmup:
-            mean = statistics.fmean(self.values)
-            threshold = mean + self.sigmas * statistics.pstdev(self.values)
+        n = len(self.values)
+        if n >= self.warmup:
+            mean = self._sum / n
+            threshold = mean + self.sigmas * math.sqrt(max(0.0, self._sumsq / n - mean * mean))
             self.baseline = mean
             if value > threshold:
                 return threshold
         self.values.append(value)
+        self._sum += value
+        self._sumsq += value * value
+        if len(self.values) > self.window:
+            old = self.values.popleft()
+            self._sum -= old
+            self._sumsq -= old * old
         return None
 
 

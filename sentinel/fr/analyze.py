@@ -40,6 +40,7 @@ class Stuck:
     op: str | None
     waiting: list[int]
     behind: list[int]
+    issued_ns: int | None  # when the first waiting rank issued it (None: not in the buffers)
 
 
 @dataclass
@@ -67,9 +68,11 @@ def build_groups(dumps: DumpDir) -> dict[str, Group]:
     members: dict[str, set[int]] = {}
     descs: dict[str, str] = {}
     known: set[str] = set()  # membership from a config, not inferred
-    for s in dumps.summaries.values():
-        for name, ranks in s.pg_config.items():
-            members.setdefault(name, set()).update(ranks)
+    configs = all_configs(dumps)
+    pairs = {(name, key) for s in dumps.summaries.values() for name, key in s.pg_config.items()}
+    for name, key in pairs:
+        if key in configs:
+            members.setdefault(name, set()).update(configs[key])
             known.add(name)
     for meta in dumps.sidecars.values():
         for name, pg in (meta.get("process_groups") or {}).items():
@@ -88,12 +91,15 @@ def build_groups(dumps: DumpDir) -> dict[str, Group]:
     return {n: Group(n, descs.get(n, ""), sorted(r)) for n, r in members.items()}
 
 
+def all_configs(dumps: DumpDir) -> dict[str, list[int]]:
+    return {k: v for s in dumps.summaries.values() for k, v in s.configs.items()}
+
+
 def expected_world(dumps: DumpDir) -> int:
     sizes = [int(m["world_size"]) for m in dumps.sidecars.values() if m.get("world_size")]
     top = max([*dumps.summaries, *dumps.unreadable, *dumps.sidecars], default=-1) + 1
-    for s in dumps.summaries.values():
-        for ranks in s.pg_config.values():
-            top = max(top, max(ranks) + 1)
+    for ranks in all_configs(dumps).values():
+        top = max(top, max(ranks) + 1)
     return max([top, *sizes])
 
 
@@ -116,7 +122,8 @@ def find_stuck(groups: dict[str, Group], summaries: dict[int, RankSummary]) -> l
         waiting = sorted(r for r, q in seqs.items() if q > low)
         behind = sorted(r for r, q in seqs.items() if q == low)
         op = _op_at(summaries, waiting, g.name, low + 1)
-        stuck.append(Stuck(g, low + 1, op, waiting, behind))
+        times = [t for r in waiting if (t := summaries[r].groups[g.name].created_ns.get(low + 1))]
+        stuck.append(Stuck(g, low + 1, op, waiting, behind, min(times, default=None)))
     return stuck
 
 
@@ -243,10 +250,15 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
     culprits = sorted(behind - waiting)
     if culprits:
         report.verdict = "hang"
-        # The most specific place: the smallest group in which a culprit holds others up.
+        # Where the culprit first held others up: the earliest-issued stuck collective it
+        # is missing from, then the smallest such group.
         where = min(
             (s for s in stuck if set(s.behind) & set(culprits)),
-            key=lambda s: (len(s.group.ranks), s.group.name),
+            key=lambda s: (
+                s.issued_ns if s.issued_ns is not None else 2**63,
+                len(s.group.ranks),
+                _natural(s.group.name),
+            ),
         )
         report.reason = (
             f"ranks {culprits} never issued collective seq {where.seq} ({where.op}) of group "
@@ -255,7 +267,7 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
     else:  # everybody waits on somebody: collectives issued in different orders
         report.verdict = "mismatch"
         culprits = sorted(behind)
-        where = min(stuck, key=lambda s: (s.seq, s.group.name))
+        where = min(stuck, key=lambda s: (s.seq, _natural(s.group.name)))
         report.reason = (
             "cyclic wait: ranks are blocked in different groups' collectives, each waiting on "
             "the other (collectives issued in different orders)"
@@ -268,3 +280,7 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
         "seq": where.seq,
         "op": where.op,
     }
+
+
+def _natural(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (2**63, name)

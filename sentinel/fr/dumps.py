@@ -14,6 +14,7 @@ Sentinel sidecars `sentinel_fr_meta.<rank>.json` with process-group membership.
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import json
 import os
@@ -50,6 +51,7 @@ class GroupState:
     desc: str = ""
     seq: int | None = None  # last collective sequence number this rank issued in the group
     ops: dict[int, list[Signature]] = field(default_factory=dict)  # seq -> entries in buffer
+    created_ns: dict[int, int] = field(default_factory=dict)  # seq -> when it was issued
 
 
 @dataclass
@@ -57,9 +59,15 @@ class RankSummary:
     rank: int
     version: str
     groups: dict[str, GroupState]
-    pg_config: dict[str, list[int]]
+    pg_config: dict[str, str]  # group name -> key into `configs`
+    configs: dict[str, list[int]]  # member lists this process had not seen before
     entries: int
     wrapped: bool  # the ring buffer has overwritten older entries
+
+
+# Every rank's dump repeats the member lists (the world group's has every rank in it): parse
+# and ship each distinct list once per process, keyed by a digest, instead of once per rank.
+_seen_configs: set[str] = set()
 
 
 @dataclass
@@ -73,9 +81,12 @@ class DumpDir:
 def _ranks_of(raw: Any) -> list[int]:
     if isinstance(raw, str):
         try:
-            raw = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            return []
+            raw = json.loads(raw)
+        except ValueError:
+            try:
+                raw = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                return []
     if isinstance(raw, list | tuple):
         return sorted(int(r) for r in raw if isinstance(r, int))
     return []
@@ -102,6 +113,8 @@ def summarize(dump: Any, rank: int) -> RankSummary:
         g = groups.setdefault(name, GroupState(desc=desc))
         seq = int(e.get("collective_seq_id", 0))
         g.ops.setdefault(seq, []).append(_signature(e))
+        if isinstance(e.get("time_created_ns"), int):
+            g.created_ns.setdefault(seq, e["time_created_ns"])
         g.seq = seq if g.seq is None else max(g.seq, seq)
         if "record_id" in e:
             record_ids.append(int(e["record_id"]))
@@ -114,16 +127,26 @@ def summarize(dump: Any, rank: int) -> RankSummary:
         if isinstance(enq, int) and enq >= 0:
             g = groups[name]
             g.seq = enq if g.seq is None else max(g.seq, enq)
-    pg_config = {}
+    pg_config: dict[str, str] = {}
+    configs: dict[str, list[int]] = {}
     for name, cfg in (dump.get("pg_config") or {}).items():
-        ranks = _ranks_of(cfg.get("ranks")) if isinstance(cfg, dict) else []
-        if name and ranks:
-            pg_config[str(name)] = ranks
+        raw = cfg.get("ranks") if isinstance(cfg, dict) else None
+        if not name or not isinstance(raw, str | list):
+            continue
+        key = hashlib.blake2b(str(raw).encode(), digest_size=16).hexdigest()
+        if key not in _seen_configs:
+            ranks = _ranks_of(raw)
+            if not ranks:
+                continue
+            _seen_configs.add(key)
+            configs[key] = ranks
+        pg_config[str(name)] = key
     return RankSummary(
         rank=rank,
         version=str(dump.get("version", "")),
         groups=groups,
         pg_config=pg_config,
+        configs=configs,
         entries=len(dump.get("entries", [])),
         wrapped=bool(record_ids) and min(record_ids) > 0,
     )
@@ -165,6 +188,7 @@ def load_dir(path: str | Path, prefix: str | None = None, workers: int | None = 
     ]
     if not jobs:
         raise DumpError(f"no dumps named {prefix}<rank> in {root}")
+    _seen_configs.clear()
     results = _load_all(jobs, workers)
     summaries = {
         r: s for (_, r), s in zip(jobs, results, strict=True) if isinstance(s, RankSummary)
