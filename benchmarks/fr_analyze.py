@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sentinel.fr import analyze, load_dir  # noqa: E402
-from sentinel.fr.synth import write_job  # noqa: E402
+from sentinel.fr import analyze, load_dir
+from sentinel.fr.synth import write_job
 
 
 def main() -> None:

@@ -65,7 +65,9 @@ def test_straggler_scorer_flags_persistent_slowdown_only() -> None:
 def test_watchdog_calibrates_and_fires_once_per_stall() -> None:
     now = [0.0]
     fired: list[tuple] = []
-    wd = HangWatchdog(lambda *a: fired.append(a), k=5, floor_s=2, first_step_s=30, clock=lambda: now[0])
+    wd = HangWatchdog(
+        lambda *a: fired.append(a), k=5, floor_s=2, first_step_s=30, clock=lambda: now[0]
+    )
     now[0] = 29
     assert not wd.check()
     for step in range(10):
@@ -95,7 +97,9 @@ def test_transport_batches_to_a_real_socket_and_reads_commands(tmp_path: Path) -
 
         src = Source(node="n0", rank=1, job="j")
         for i in range(300):
-            tr.send(make_event(EventKind.RANK_FR_DUMP, src, RankFrDumpPayload(path=f"p{i}", reason="x")))
+            tr.send(
+                make_event(EventKind.RANK_FR_DUMP, src, RankFrDumpPayload(path=f"p{i}", reason="x"))
+            )
         wait_for(lambda: len(agent.events) == 300)
         assert agent.lines < 300  # batched
         assert [e.payload["path"] for e in agent.events] == [f"p{i}" for i in range(300)]
@@ -112,7 +116,9 @@ def test_transport_without_agent_never_blocks_and_bounds_its_queue(tmp_path: Pat
 
     tr = AgentTransport(tmp_path / "absent.sock", max_queue=100)
     tr.start()
-    ev = make_event(EventKind.RANK_FR_DUMP, Source(job="j"), RankFrDumpPayload(path="p", reason="x"))
+    ev = make_event(
+        EventKind.RANK_FR_DUMP, Source(job="j"), RankFrDumpPayload(path="p", reason="x")
+    )
     t0 = time.perf_counter()
     for _ in range(1000):
         tr.send(ev)
@@ -132,7 +138,9 @@ def test_hooks_in_a_loop_with_no_agent_keep_working(tmp_path: Path) -> None:
     hooks.observe(loss="not a number")  # bad input is counted, never raised
     hooks.close()
     queued = list(hooks.transport._queue)
-    anomalies = [(e.payload["step"], e.payload["anomaly"]) for e in queued if e.kind == "rank.anomaly"]
+    anomalies = [
+        (e.payload["step"], e.payload["anomaly"]) for e in queued if e.kind == "rank.anomaly"
+    ]
     assert anomalies == [(30, "spike"), (35, "nan")]
     steps = [e for e in queued if e.kind == "rank.step"]
     assert len(steps) == 40 and steps[-1].payload["tokens_per_s"] > 0
@@ -152,7 +160,10 @@ def test_config_from_env_and_errors() -> None:
 def test_mfu_formula_and_peak_table() -> None:
     model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 16))
     assert non_embedding_params(model) == 16 * 16 + 16
-    assert flops_per_token(1000, layers=2, heads=4, head_dim=8, seq_len=128) == 6000 + 12 * 2 * 4 * 8 * 128
+    assert (
+        flops_per_token(1000, layers=2, heads=4, head_dim=8, seq_len=128)
+        == 6000 + 12 * 2 * 4 * 8 * 128
+    )
     assert lookup_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert lookup_peak_flops("NVIDIA H100 NVL") == 835e12
     assert lookup_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
