@@ -82,11 +82,12 @@ def build_groups(dumps: DumpDir) -> dict[str, Group]:
     world = expected_world(dumps)
     for s in dumps.summaries.values():
         for name, g in s.groups.items():
-            descs.setdefault(name, g.desc)
-            if g.desc == "default_pg":
-                members.setdefault(name, set()).update(range(world))
-                known.add(name)
-            elif name not in known:
+            if name not in descs:
+                descs[name] = g.desc
+                if g.desc == "default_pg":  # the default group spans the world
+                    members.setdefault(name, set()).update(range(world))
+                    known.add(name)
+            if name not in known:
                 members.setdefault(name, set()).add(s.rank)
     return {n: Group(n, descs.get(n, ""), sorted(r)) for n, r in members.items()}
 
@@ -137,6 +138,7 @@ def _op_at(summaries: dict[int, RankSummary], ranks: list[int], pg: str, seq: in
 
 def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary]) -> list[dict]:
     found = []
+    cache: dict[tuple[Signature, ...], tuple[Signature, ...]] = {}
     for g in groups.values():
         by_seq: dict[int, dict[int, tuple[Signature, ...]]] = {}
         for r in g.ranks:
@@ -144,7 +146,11 @@ def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary])
             if state is None:
                 continue
             for seq, sigs in state.ops.items():
-                by_seq.setdefault(seq, {})[r] = tuple(_comparable(s) for s in sigs)
+                key = tuple(sigs)
+                comparable = cache.get(key)
+                if comparable is None:
+                    comparable = cache[key] = tuple(_comparable(s) for s in sigs)
+                by_seq.setdefault(seq, {})[r] = comparable
         for seq in sorted(by_seq):
             sigs_by_rank = by_seq[seq]
             if len(sigs_by_rank) < 2:
@@ -173,13 +179,11 @@ def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary])
 def _comparable(sig: Signature) -> Signature:
     op, sizes, dtypes = sig
     base = op.split(":")[-1]
-    return (op, sizes if base in SAME_SIZE_OPS else (), dtypes)
+    return (op, sizes if base in SAME_SIZE_OPS else "", dtypes)
 
 
 def _describe(sigs: tuple[Signature, ...]) -> str:
-    return "; ".join(
-        f"{op} sizes={list(map(list, sizes))} dtypes={list(dt)}" for op, sizes, dt in sigs
-    )
+    return "; ".join(f"{op} sizes={sizes} dtypes={dt}" for op, sizes, dt in sigs)
 
 
 def analyze(dumps: DumpDir) -> Report:

@@ -14,7 +14,6 @@ Sentinel sidecars `sentinel_fr_meta.<rank>.json` with process-group membership.
 from __future__ import annotations
 
 import ast
-import hashlib
 import io
 import json
 import os
@@ -29,8 +28,8 @@ from typing import Any
 SIDECAR_RE = re.compile(r"^sentinel_fr_meta\.(\d+)\.json$")
 DUMP_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.\-]*?)(?P<rank>\d+)$")
 
-# op, input sizes, input dtypes of one collective entry
-Signature = tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]
+# op, input sizes, input dtypes of one collective entry (sizes and dtypes as their repr)
+Signature = tuple[str, str, str]
 
 
 class DumpError(ValueError):
@@ -66,7 +65,8 @@ class RankSummary:
 
 
 # Every rank's dump repeats the member lists (the world group's has every rank in it): parse
-# and ship each distinct list once per process, keyed by a digest, instead of once per rank.
+# and ship each distinct list once per process instead of once per rank. Keys are only
+# compared with keys made by the same process, so a per-process string hash is enough.
 _seen_configs: set[str] = set()
 
 
@@ -92,32 +92,42 @@ def _ranks_of(raw: Any) -> list[int]:
     return []
 
 
-def _signature(entry: dict[str, Any]) -> Signature:
-    sizes = tuple(tuple(int(x) for x in s) for s in entry.get("input_sizes") or ())
-    dtypes = tuple(str(d) for d in entry.get("input_dtypes") or ())
-    return (str(entry.get("profiling_name", "")), sizes, dtypes)
-
-
 def summarize(dump: Any, rank: int) -> RankSummary:
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
         raise DumpError("not a flight-recorder dump (expected a dict with an 'entries' list)")
     groups: dict[str, GroupState] = {}
     id_to_name: dict[str, str] = {}
-    record_ids = []
-    for e in dump.get("entries", []):
+    first_record: int | None = None
+    for e in dump.get("entries", []):  # the hot loop of a 16k-rank analysis: keep it plain
         if not isinstance(e, dict) or e.get("is_p2p"):
             continue
         pg = e.get("process_group") or ("", "")
-        name, desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
-        id_to_name[str(e.get("pg_id", name))] = name
-        g = groups.setdefault(name, GroupState(desc=desc))
+        name = str(pg[0])
+        g = groups.get(name)
+        if g is None:
+            g = groups[name] = GroupState(desc=str(pg[1]) if len(pg) > 1 else "")
+        pg_id = e.get("pg_id", name)
+        if pg_id not in id_to_name:
+            id_to_name[pg_id] = name
         seq = int(e.get("collective_seq_id", 0))
-        g.ops.setdefault(seq, []).append(_signature(e))
-        if isinstance(e.get("time_created_ns"), int):
-            g.created_ns.setdefault(seq, e["time_created_ns"])
-        g.seq = seq if g.seq is None else max(g.seq, seq)
-        if "record_id" in e:
-            record_ids.append(int(e["record_id"]))
+        sig = (
+            str(e.get("profiling_name", "")),
+            repr(e.get("input_sizes")),
+            repr(e.get("input_dtypes")),
+        )
+        ops = g.ops.get(seq)
+        if ops is None:
+            g.ops[seq] = [sig]
+            created = e.get("time_created_ns")
+            if isinstance(created, int):
+                g.created_ns[seq] = created
+        else:
+            ops.append(sig)
+        if g.seq is None or seq > g.seq:
+            g.seq = seq
+        if first_record is None and isinstance(e.get("record_id"), int):
+            first_record = e["record_id"]  # entries come oldest first
+    id_to_name = {str(k): v for k, v in id_to_name.items()}
     # pg_status survives ring-buffer wrap-around; it is keyed by the rank-local pg id.
     for pg_id, status in (dump.get("pg_status") or {}).items():
         name = id_to_name.get(str(pg_id))
@@ -133,7 +143,8 @@ def summarize(dump: Any, rank: int) -> RankSummary:
         raw = cfg.get("ranks") if isinstance(cfg, dict) else None
         if not name or not isinstance(raw, str | list):
             continue
-        key = hashlib.blake2b(str(raw).encode(), digest_size=16).hexdigest()
+        text = raw if isinstance(raw, str) else repr(raw)
+        key = f"{len(text)}:{hash(text)}"  # a key within this run, not a stable digest
         if key not in _seen_configs:
             ranks = _ranks_of(raw)
             if not ranks:
@@ -148,7 +159,7 @@ def summarize(dump: Any, rank: int) -> RankSummary:
         pg_config=pg_config,
         configs=configs,
         entries=len(dump.get("entries", [])),
-        wrapped=bool(record_ids) and min(record_ids) > 0,
+        wrapped=first_record is not None and first_record > 0,
     )
 
 

@@ -11,6 +11,7 @@ ranks in `pg_config`; `gloo=True` empties it as gloo does).
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ def synth_rank(
     config = (
         {"": {"name": "", "desc": "", "ranks": "[]"}}
         if gloo
-        else {n: {"name": n, "desc": d, "ranks": str(r)} for n, d, r in groups}
+        else {n: {"name": n, "desc": d, "ranks": _ranks_str(tuple(r))} for n, d, r in groups}
     )
     return {
         "version": VERSION,
@@ -117,6 +118,11 @@ def synth_rank(
         "pg_status": pg_status,
         "entries": entries,
     }
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_str(ranks: tuple[int, ...]) -> str:
+    return str(list(ranks))
 
 
 def write_job(
