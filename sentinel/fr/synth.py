@@ -44,13 +44,13 @@ def _entry(record_id: int, pg_id: int, name: str, desc: str, seq: int, op: str) 
     }
 
 
-def groups_of(rank: int, world: int, tp: int) -> list[tuple[str, str, list[int]]]:
+def groups_of(rank: int, world: int, tp: int) -> list[tuple[str, str, range]]:
     """(name, desc, global ranks) for the groups `rank` belongs to; names agree across ranks."""
     node, local = divmod(rank, tp)
     return [
-        ("0", "default_pg", list(range(world))),
-        (str(1 + node), f"tp{node}", list(range(node * tp, node * tp + tp))),
-        (str(1 + world // tp + local), f"dp{local}", list(range(local, world, tp))),
+        ("0", "default_pg", range(world)),
+        (str(1 + node), f"tp{node}", range(node * tp, node * tp + tp)),
+        (str(1 + world // tp + local), f"dp{local}", range(local, world, tp)),
     ]
 
 
@@ -109,7 +109,7 @@ def synth_rank(
     config = (
         {"": {"name": "", "desc": "", "ranks": "[]"}}
         if gloo
-        else {n: {"name": n, "desc": d, "ranks": _ranks_str(tuple(r))} for n, d, r in groups}
+        else {n: {"name": n, "desc": d, "ranks": _ranks_str(r)} for n, d, r in groups}
     )
     return {
         "version": VERSION,
@@ -121,7 +121,7 @@ def synth_rank(
 
 
 @functools.lru_cache(maxsize=4096)
-def _ranks_str(ranks: tuple[int, ...]) -> str:
+def _ranks_str(ranks: range) -> str:
     return str(list(ranks))
 
 
