@@ -47,7 +47,7 @@ class RobustSpike:
         k: float = 8.0,
         min_ratio: float = 1.3,
         warmup: int = 16,
-        refresh: int = 8,
+        refresh: int = 16,
     ) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self.k, self.min_ratio, self.warmup, self.refresh = k, min_ratio, warmup, refresh

@@ -26,7 +26,7 @@ class StepScalars:
 
 def _to_float(value: Any) -> float:
     if isinstance(value, torch.Tensor):
-        return float(value.detach().reshape(-1)[0])
+        return float(value.item() if value.numel() == 1 else value.detach().reshape(-1)[0])
     return float(value)
 
 

@@ -71,8 +71,8 @@ class AgentTransport:
                 self._queue.popleft()
                 self.dropped += 1
             self._queue.append(event)
-        if len(self._queue) >= self._max_batch:
-            self._wake.set()
+        if self._sock is not None and len(self._queue) >= self._max_batch:
+            self._wake.set()  # connected and a full batch waits: send it now
 
     def on_command(self, handler: CommandHandler) -> None:
         """`handler` runs on the transport thread: it must be quick and thread-safe."""
