@@ -159,3 +159,33 @@ def _torch_fr_trace(path: Path) -> subprocess.CompletedProcess:
         text=True,
         timeout=120,
     )
+
+
+def test_sigterm_dumps_even_when_blocked_in_a_collective(tmp_path: Path) -> None:
+    # Rank 1 stops (sleeping in Python); rank 0 blocks inside a gloo all-reduce. SIGTERM must
+    # leave both dumps, in PyTorch's format, and still end both processes.
+    fr = tmp_path / "fr"
+    args = ["--steps", "40", "--compute-s", "0.005", "--stop-rank", "1", "--stop-step", "8"]
+    args += ["--hang-floor-s", "600"]
+    with fake_agent(tmp_path) as agent:
+        procs = launch(2, args, _env(agent.path, fr))
+        try:
+            _wait(
+                lambda: {r for r, p in agent.payloads("rank.step") if p["step"] >= 5} == {0, 1}, 60
+            )
+            time.sleep(1.0)
+            for p in procs:
+                p.terminate()
+            codes = [p.wait(timeout=30) for p in procs]
+        finally:
+            kill_all(procs)
+        # Ended as SIGTERM ends a process: by its default action after the Python handler
+        # dumped (-15), or by the dump thread if the main thread never got to run it (143).
+        assert all(code in (-15, 128 + 15) for code in codes), codes
+        reasons = {r: p["reason"] for r, p in agent.payloads("rank.fr_dump")}
+    for rank in (0, 1):
+        meta = json.loads((fr / f"sentinel_fr_meta.{rank}.json").read_text())
+        assert meta["reason"] == "signal:SIGTERM"
+    assert reasons.get(1) == "signal:SIGTERM"
+    report = analyze(load_dir(fr))
+    assert report.verdict == "hang" and report.culprit_ranks == [1]

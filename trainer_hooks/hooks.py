@@ -135,7 +135,7 @@ class SentinelHooks:
         self._tokens: int | None = None
         self._step_wall0 = 0.0
         self._last_scalars: dict[str, float | None] = {}
-        self.signals = SignalDumper(lambda why: self.dump_flight_recorder(why))
+        self.signals = SignalDumper(self._dump_before_exit)
         if cfg.enabled:
             self.transport.start()
             self.watchdog.start()
@@ -371,6 +371,10 @@ class SentinelHooks:
             self._requests["sdc"].set()
         elif cmd.kind == CommandKind.CHECKPOINT_NOW:
             self._requests["checkpoint"].set()
+
+    def _dump_before_exit(self, reason: str) -> None:
+        self.dump_flight_recorder(reason)
+        self.transport.flush(timeout_s=1.0)  # the process is about to end: deliver the news
 
     def _fr_meta(self) -> dict[str, Any]:
         world = dist.get_world_size() if dist.is_initialized() else 1

@@ -93,15 +93,19 @@ class AgentTransport:
         """Try to deliver what is queued for up to `flush_timeout_s`, then stop the thread."""
         if self._thread is None:
             return
-        deadline = time.monotonic() + flush_timeout_s
-        while self._queue and self._sock is not None and time.monotonic() < deadline:
-            self._wake.set()
-            time.sleep(0.01)
+        self.flush(flush_timeout_s)
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=flush_timeout_s)
         self._thread = None
         self._close()
+
+    def flush(self, timeout_s: float = 1.0) -> None:
+        """Wait up to `timeout_s` for the queue to reach a connected agent (e.g. before exit)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue and self._sock is not None and time.monotonic() < deadline:
+            self._wake.set()
+            time.sleep(0.01)
 
     # --- the background thread ---------------------------------------------------------------
 
