@@ -39,7 +39,7 @@ def enable_flight_recorder(buffer_size: int = DEFAULT_BUFFER) -> None:
 
 def recorder_enabled() -> bool:
     size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
-    return bool(size) and int(size) > 0
+    return size is not None and size.strip().isdigit() and int(size) > 0
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
@@ -81,7 +81,7 @@ class FlightRecorder:
 
         import torch
 
-        raw = torch._C._distributed_c10d._dump_fr_trace(
+        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
             includeCollectives=True, includeStackTraces=False, onlyActive=False
         )
         entries = len(pickle.loads(raw).get("entries", []))  # our own bytes, just produced

@@ -130,12 +130,12 @@ def summarize(dump: Any, rank: int) -> RankSummary:
     id_to_name = {str(k): v for k, v in id_to_name.items()}
     # pg_status survives ring-buffer wrap-around; it is keyed by the rank-local pg id.
     for pg_id, status in (dump.get("pg_status") or {}).items():
-        name = id_to_name.get(str(pg_id))
-        if name is None or not isinstance(status, dict):
+        group_name = id_to_name.get(str(pg_id))
+        if group_name is None or not isinstance(status, dict):
             continue
         enq = status.get("last_enqueued_collective")
         if isinstance(enq, int) and enq >= 0:
-            g = groups[name]
+            g = groups[group_name]
             g.seq = enq if g.seq is None else max(g.seq, enq)
     pg_config: dict[str, str] = {}
     configs: dict[str, list[int]] = {}
