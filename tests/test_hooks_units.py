@@ -137,7 +137,7 @@ def test_hooks_in_a_loop_with_no_agent_keep_working(tmp_path: Path) -> None:
             hooks.observe(loss=loss, grad_norm=torch.tensor(float("nan") if step == 35 else 1.0))
     hooks.observe(loss="not a number")  # bad input is counted, never raised
     hooks.close()
-    queued = list(hooks.transport._queue)
+    queued = hooks.transport.pending_events()
     anomalies = [
         (e.payload["step"], e.payload["anomaly"]) for e in queued if e.kind == "rank.anomaly"
     ]

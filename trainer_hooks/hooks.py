@@ -249,7 +249,7 @@ class SentinelHooks:
     def _report_step(self, t: timing.StepTiming) -> None:
         tokens = self._tokens
         tflops, util = self.mfu.compute(tokens, t.step_s)
-        payload = RankStepPayload(
+        fields: dict[str, Any] = dict(
             step=t.step,
             step_s=t.step_s,
             compute_s=t.compute_s,
@@ -263,7 +263,11 @@ class SentinelHooks:
             hook_errors=self.errors,
             dropped_events=self.transport.dropped,
         )
-        self._send(EventKind.RANK_STEP, payload)
+        # Validation and serialisation happen on the transport thread, not in the step.
+        source = self.source
+        self.transport.send(
+            lambda: make_event(EventKind.RANK_STEP, source, RankStepPayload(**fields))
+        )
 
     def _check_scalars(self, step: int, loss: float | None, grad_norm: float | None) -> None:
         self._last_scalars = {"loss": loss, "grad_norm": grad_norm}

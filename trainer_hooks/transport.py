@@ -30,6 +30,9 @@ from sentinel.protocol import (
 log = logging.getLogger("trainer_hooks.transport")
 
 CommandHandler = Callable[[Command], None]
+# An event, or a function building it: the sender's thread only queues; the transport thread
+# pays for validation and serialisation.
+Outgoing = Event | Callable[[], Event]
 
 
 class AgentTransport:
@@ -46,7 +49,7 @@ class AgentTransport:
         send_timeout_s: float = 1.0,
     ) -> None:
         self.socket_path = str(socket_path) if socket_path else None
-        self._queue: deque[Event] = deque()
+        self._queue: deque[Outgoing] = deque()
         self._max_queue = max_queue
         self._max_batch = max_batch
         self._flush_interval_s = flush_interval_s
@@ -65,7 +68,7 @@ class AgentTransport:
 
     # --- the training thread's side: O(1), never blocks --------------------------------------
 
-    def send(self, event: Event) -> None:
+    def send(self, event: Outgoing) -> None:
         with self._lock:
             if len(self._queue) >= self._max_queue:
                 self._queue.popleft()
@@ -80,6 +83,22 @@ class AgentTransport:
 
     def pending(self) -> int:
         return len(self._queue)
+
+    def pending_events(self) -> list[Event]:
+        """What is queued, built (for inspection and tests)."""
+        with self._lock:
+            items = list(self._queue)
+        return [e for e in map(self._build, items) if e is not None]
+
+    def _build(self, item: Outgoing) -> Event | None:
+        if isinstance(item, Event):
+            return item
+        try:
+            return item()
+        except Exception:
+            self.dropped += 1
+            log.exception("could not build an event; dropped")
+            return None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -146,9 +165,10 @@ class AgentTransport:
     def _take_batch(self) -> list[Event]:
         with self._lock:
             n = min(len(self._queue), self._max_batch)
-            return [self._queue.popleft() for _ in range(n)]
+            items = [self._queue.popleft() for _ in range(n)]
+        return [e for e in map(self._build, items) if e is not None]
 
-    def _requeue(self, batch: list[Event]) -> None:
+    def _requeue(self, batch: list[Event]) -> None:  # built events go back as they are
         with self._lock:
             self._queue.extendleft(reversed(batch))
             while len(self._queue) > self._max_queue:
