@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "sentinel.commands.token_cmd",
     "sentinel.commands.run_cmd",
     "sentinel.commands.goodput_cmd",
+    "sentinel.commands.fr_cmd",
 )
 
 log = logging.getLogger("sentinel")

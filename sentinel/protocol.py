@@ -112,8 +112,8 @@ class AgentHeartbeatPayload(_Strict):
     spooled_events: int = Field(default=0, ge=0)
 
 
-# Training-rank and job events (trainer hooks, job supervisor). Small on purpose: what a
-# playbook needs to decide, not a metrics stream.
+# Training-rank and job events (trainer hooks, job supervisor): what a playbook needs to
+# decide, plus optional fields an operator can read.
 
 
 class RankAnomalyPayload(_Strict):
@@ -125,12 +125,15 @@ class RankAnomalyPayload(_Strict):
     value: float | None = None
     baseline: float | None = None
     batch: int | None = Field(default=None, ge=0)
+    threshold: float | None = None
 
 
 class RankHangPayload(_Strict):
     step: int | None = Field(default=None, ge=0)
     waited_s: float = Field(ge=0)
     collective: str | None = None
+    timeout_s: float | None = Field(default=None, ge=0)
+    dump_path: str | None = None
 
 
 class RankSdcPayload(_Strict):
@@ -140,11 +143,44 @@ class RankSdcPayload(_Strict):
     digest: str
     check_id: str | None = None
     mismatch: bool = False
+    check: str = "matmul"
+    mismatched_ranks: list[int] = Field(default_factory=list)
 
 
 class RankStragglerPayload(_Strict):
+    """The source rank computes `slowdown` times slower than the gang's median, persistently."""
+
     step: int | None = Field(default=None, ge=0)
     slowdown: float = Field(gt=0)
+    window: int | None = Field(default=None, ge=1)
+    compute_s: float | None = Field(default=None, ge=0)
+    median_compute_s: float | None = Field(default=None, ge=0)
+
+
+class RankStepPayload(_Strict):
+    """Per-rank step metrics (sent every N steps); fields a rank cannot measure are null."""
+
+    step: int = Field(ge=0)
+    step_s: float = Field(ge=0)
+    compute_s: float = Field(ge=0)
+    comm_s: float = Field(ge=0)
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    tflops: float | None = Field(default=None, ge=0)
+    mfu: float | None = Field(default=None, ge=0)
+    loss: float | None = None
+    grad_norm: float | None = None
+    mem_bytes: int | None = Field(default=None, ge=0)
+    hook_errors: int = Field(default=0, ge=0)
+    dropped_events: int = Field(default=0, ge=0)
+
+
+class RankFrDumpPayload(_Strict):
+    """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual."""
+
+    step: int | None = Field(default=None, ge=0)
+    path: str
+    reason: str
+    entries: int | None = Field(default=None, ge=0)
 
 
 class RankCrashPayload(_Strict):
@@ -191,6 +227,8 @@ class EventKind(StrEnum):
     RANK_CRASH = "rank.crash"
     JOB_STATUS = "job.status"
     FR_ANALYSIS = "fr.analysis"
+    RANK_STEP = "rank.step"
+    RANK_FR_DUMP = "rank.fr_dump"
 
 
 PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
@@ -205,6 +243,8 @@ PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
     EventKind.RANK_CRASH: RankCrashPayload,
     EventKind.JOB_STATUS: JobStatusPayload,
     EventKind.FR_ANALYSIS: FrAnalysisPayload,
+    EventKind.RANK_STEP: RankStepPayload,
+    EventKind.RANK_FR_DUMP: RankFrDumpPayload,
 }
 
 

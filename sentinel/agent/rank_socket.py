@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from sentinel.protocol import Event, ProtocolError, decode_event
+from sentinel.protocol import Event, ProtocolError, decode_batch, decode_event
 
 log = logging.getLogger("sentinel.agent.ranks")
 
@@ -30,6 +30,7 @@ class RankSocketServer:
         self.garbage = 0
         self._server: asyncio.AbstractServer | None = None
         self._logged_reasons: set[str] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,23 +49,38 @@ class RankSocketServer:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    def handle_line(self, line: bytes) -> Event | None:
-        """Validate one line; relay it if it is a valid event from a rank on this node."""
+    def handle_line(self, line: bytes) -> list[Event]:
+        """Validate one line — an event or a batch of them — and relay it if every event comes
+        from a rank on this node. A line is accepted or dropped whole."""
         line = line.strip()
         if not line:
-            return None
+            return []
         try:
-            event = decode_event(line)
-            if event.source.node != self.node_id:
-                raise ProtocolError(
-                    f"source.node {event.source.node!r} is not this node ({self.node_id!r})"
-                )
+            events = decode_batch(line).events if b'"events"' in line else [decode_event(line)]
+            for event in events:
+                if event.source.node != self.node_id:
+                    raise ProtocolError(
+                        f"source.node {event.source.node!r} is not this node ({self.node_id!r})"
+                    )
         except ProtocolError as e:
             self._drop(str(e))
-            return None
-        self.received += 1
-        self.on_event(event)
-        return event
+            return []
+        self.received += len(events)
+        for event in events:
+            self.on_event(event)
+        return events
+
+    def broadcast(self, line: str) -> int:
+        """Write one line (a command) to every connected rank; returns how many got it."""
+        data = (line.rstrip("\n") + "\n").encode()
+        sent = 0
+        for writer in list(self._writers):
+            if writer.is_closing():
+                self._writers.discard(writer)
+                continue
+            writer.write(data)
+            sent += 1
+        return sent
 
     def _drop(self, reason: str) -> None:
         self.garbage += 1
@@ -74,6 +90,7 @@ class RankSocketServer:
             log.warning("dropped a rank message", extra={"reason": reason})
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -87,4 +104,5 @@ class RankSocketServer:
         except (ConnectionResetError, BrokenPipeError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()

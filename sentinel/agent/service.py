@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
 from sentinel import __version__
+from sentinel.agent.commands import CommandRelay
 from sentinel.agent.delivery import Deliverer
 from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
 from sentinel.agent.health import HealthEvaluator
@@ -94,15 +95,18 @@ class Agent:
         self.ranks = RankMetrics()
         self.spool: Spool | None = None
         self.deliverer: Deliverer | None = None
-        if cfg.coordinator_url:
-            self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
-            token = cfg.token_file.read_text().strip() if cfg.token_file else None
-            self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
         self.rank_server = (
             RankSocketServer(cfg.rank_socket, cfg.node_id, self._on_rank_event)
             if cfg.rank_socket
             else None
         )
+        self.relay: CommandRelay | None = None
+        if cfg.coordinator_url:
+            self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
+            token = cfg.token_file.read_text().strip() if cfg.token_file else None
+            self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
+            if self.rank_server is not None:
+                self.relay = CommandRelay(cfg.coordinator_url, token, cfg.node_id, self.rank_server)
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect")
@@ -124,6 +128,8 @@ class Agent:
         ]
         if self.deliverer is not None:
             self._tasks.append(asyncio.create_task(self.deliverer.run(), name="deliver"))
+        if self.relay is not None:
+            self._tasks.append(asyncio.create_task(self.relay.run(), name="commands"))
         self.notifier.ready(f"watching {self.backend.gpu_count()} GPUs")
         log.info(
             "agent ready",

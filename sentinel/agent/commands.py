@@ -1,0 +1,66 @@
+"""Relay the coordinator's rank commands (dump the flight recorder, run an SDC check, checkpoint
+now) to the training ranks connected to this node's socket.
+
+Long-polls `GET /v1/commands?node=ID` with the node's token; a command is acknowledged only
+after it was written to the ranks, so one lost with the agent is delivered again (at least once;
+the actions are safe to repeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from sentinel.agent.delivery import Backoff
+from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.protocol import ProtocolError, decode_command, encode
+
+log = logging.getLogger("sentinel.agent.commands")
+
+
+class CommandRelay:
+    def __init__(
+        self, url: str, token: str | None, node_id: str, ranks: RankSocketServer, wait_s: float = 20
+    ) -> None:
+        self.base = url.rstrip("/")
+        self.token = token
+        self.node_id = node_id
+        self.ranks = ranks
+        self.wait_s = wait_s
+        self.relayed = 0
+        self._backoff = Backoff()
+
+    async def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        timeout = aiohttp.ClientTimeout(total=self.wait_s + 10)
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            while True:
+                try:
+                    await self.poll_once(session)
+                    self._backoff.reset()
+                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                    log.warning("command poll failed", extra={"error": str(e)})
+                    await asyncio.sleep(self._backoff.next_delay())
+
+    async def poll_once(self, session: aiohttp.ClientSession) -> int:
+        params = {"node": self.node_id, "wait": str(self.wait_s)}
+        async with session.get(f"{self.base}/v1/commands", params=params) as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+        handled = 0
+        for raw in body.get("commands", []):
+            try:
+                cmd = decode_command(raw)
+            except ProtocolError as e:
+                log.error("coordinator sent a malformed command", extra={"reason": str(e)})
+                continue
+            reached = self.ranks.broadcast(encode(cmd))
+            log.info("relayed %s to %d rank(s)", cmd.kind.value, reached, extra={"id": cmd.id})
+            ack = {"ok": True, "detail": {"relayed_to_ranks": reached}}
+            async with session.post(f"{self.base}/v1/commands/{cmd.id}/ack", json=ack) as resp:
+                resp.raise_for_status()
+            self.relayed += 1
+            handled += 1
+        return handled

@@ -1,0 +1,290 @@
+"""Which rank is stuck, and in what: cross-rank matching of flight-recorder dumps.
+
+Per process group, every member's last issued collective sequence number is compared. A
+collective `s` that some members issued and others did not is where the group is stuck: the
+members at or past `s` wait on those still at `s - 1`. Across groups this gives a wait-for
+relation, and the root cause is a rank that others wait on while it waits on nobody — a rank
+behind in the world group because it is itself blocked in a subgroup is a victim, not a cause.
+If everybody waits on somebody, the ranks issued collectives in different orders (a mismatch).
+Collectives every member issued are also compared entry by entry (op, input sizes, dtypes); the
+minority at the earliest disagreement is the culprit of a mismatch.
+
+Membership of each group comes from the dumps' `pg_config` (NCCL), from Sentinel's sidecars
+(gloo dumps carry none), or failing both from which dumps mention the group; the default group
+spans all ranks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.fr.dumps import DumpDir, RankSummary, Signature
+
+# Ops whose inputs must have the same shape on every member.
+SAME_SIZE_OPS = ("all_reduce", "broadcast", "reduce", "allreduce", "_allgather_base", "all_gather")
+
+
+@dataclass
+class Group:
+    name: str
+    desc: str
+    ranks: list[int]
+
+
+@dataclass
+class Stuck:
+    group: Group
+    seq: int
+    op: str | None
+    waiting: list[int]
+    behind: list[int]
+    issued_ns: int | None  # when the first waiting rank issued it (None: not in the buffers)
+
+
+@dataclass
+class Report:
+    verdict: str
+    culprit_ranks: list[int] = field(default_factory=list)
+    waiting_ranks: list[int] = field(default_factory=list)
+    collective: dict[str, Any] | None = None
+    reason: str = ""
+    missing_ranks: list[int] = field(default_factory=list)
+    unreadable: dict[int, str] = field(default_factory=dict)
+    wrapped_ranks: list[int] = field(default_factory=list)
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    stuck_groups: list[dict[str, Any]] = field(default_factory=list)
+    ranks_analyzed: int = 0
+    versions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["unreadable"] = {str(k): v for k, v in self.unreadable.items()}
+        return d
+
+
+def build_groups(dumps: DumpDir) -> dict[str, Group]:
+    members: dict[str, set[int]] = {}
+    descs: dict[str, str] = {}
+    known: set[str] = set()  # membership from a config, not inferred
+    configs = all_configs(dumps)
+    pairs = {(name, key) for s in dumps.summaries.values() for name, key in s.pg_config.items()}
+    for name, key in pairs:
+        if key in configs:
+            members.setdefault(name, set()).update(configs[key])
+            known.add(name)
+    for meta in dumps.sidecars.values():
+        for name, pg in (meta.get("process_groups") or {}).items():
+            members.setdefault(name, set()).update(int(r) for r in pg.get("ranks", []))
+            descs.setdefault(name, str(pg.get("desc", "")))
+            known.add(name)
+    world = expected_world(dumps)
+    for s in dumps.summaries.values():
+        for name, g in s.groups.items():
+            if name not in descs:
+                descs[name] = g.desc
+                if g.desc == "default_pg":  # the default group spans the world
+                    members.setdefault(name, set()).update(range(world))
+                    known.add(name)
+            if name not in known:
+                members.setdefault(name, set()).add(s.rank)
+    return {n: Group(n, descs.get(n, ""), sorted(r)) for n, r in members.items()}
+
+
+def all_configs(dumps: DumpDir) -> dict[str, list[int]]:
+    return {k: v for s in dumps.summaries.values() for k, v in s.configs.items()}
+
+
+def expected_world(dumps: DumpDir) -> int:
+    sizes = [int(m["world_size"]) for m in dumps.sidecars.values() if m.get("world_size")]
+    top = max([*dumps.summaries, *dumps.unreadable, *dumps.sidecars], default=-1) + 1
+    for ranks in all_configs(dumps).values():
+        top = max(top, max(ranks) + 1)
+    return max([top, *sizes])
+
+
+def find_stuck(groups: dict[str, Group], summaries: dict[int, RankSummary]) -> list[Stuck]:
+    stuck = []
+    for g in groups.values():
+        seqs = {}
+        for r in g.ranks:
+            s = summaries.get(r)
+            if s is None:
+                continue
+            state = s.groups.get(g.name)
+            seq = state.seq if state is not None else 0
+            if state is None and s.wrapped:
+                continue  # the group's entries may have been overwritten: unknown, not zero
+            seqs[r] = seq if seq is not None else 0
+        if len(set(seqs.values())) < 2:
+            continue
+        low = min(seqs.values())
+        waiting = sorted(r for r, q in seqs.items() if q > low)
+        behind = sorted(r for r, q in seqs.items() if q == low)
+        op = _op_at(summaries, waiting, g.name, low + 1)
+        times = [t for r in waiting if (t := summaries[r].groups[g.name].created_ns.get(low + 1))]
+        stuck.append(Stuck(g, low + 1, op, waiting, behind, min(times, default=None)))
+    return stuck
+
+
+def _op_at(summaries: dict[int, RankSummary], ranks: list[int], pg: str, seq: int) -> str | None:
+    for r in ranks:
+        ops = summaries[r].groups[pg].ops.get(seq)
+        if ops:
+            return ops[0][0]
+    return None
+
+
+def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary]) -> list[dict]:
+    found = []
+    cache: dict[tuple[Signature, ...], tuple[Signature, ...]] = {}
+    for g in groups.values():
+        by_seq: dict[int, dict[int, tuple[Signature, ...]]] = {}
+        for r in g.ranks:
+            state = summaries[r].groups.get(g.name) if r in summaries else None
+            if state is None:
+                continue
+            for seq, sigs in state.ops.items():
+                key = tuple(sigs)
+                comparable = cache.get(key)
+                if comparable is None:
+                    comparable = cache[key] = tuple(_comparable(s) for s in sigs)
+                by_seq.setdefault(seq, {})[r] = comparable
+        for seq in sorted(by_seq):
+            sigs_by_rank = by_seq[seq]
+            if len(sigs_by_rank) < 2:
+                continue
+            counts = Counter(sigs_by_rank.values())
+            if len(counts) == 1:
+                continue
+            majority, n = counts.most_common(1)[0]
+            odd = sorted(r for r, sig in sigs_by_rank.items() if sig != majority)
+            if n * 2 <= len(sigs_by_rank):
+                odd = sorted(sigs_by_rank)  # no majority: everyone is suspect
+            found.append(
+                {
+                    "pg": g.name,
+                    "pg_desc": g.desc,
+                    "seq": seq,
+                    "expected": _describe(majority),
+                    "ranks": {str(r): _describe(sigs_by_rank[r]) for r in odd},
+                    "culprit_ranks": odd,
+                }
+            )
+            break  # later collectives of a group that already disagreed prove nothing more
+    return found
+
+
+def _comparable(sig: Signature) -> Signature:
+    op, sizes, dtypes = sig
+    base = op.split(":")[-1]
+    return (op, sizes if base in SAME_SIZE_OPS else "", dtypes)
+
+
+def _describe(sigs: tuple[Signature, ...]) -> str:
+    return "; ".join(f"{op} sizes={sizes} dtypes={dt}" for op, sizes, dt in sigs)
+
+
+def analyze(dumps: DumpDir) -> Report:
+    summaries = dumps.summaries
+    groups = build_groups(dumps)
+    world = expected_world(dumps)
+    missing = sorted(set(range(world)) - set(summaries) - set(dumps.unreadable))
+    report = Report(
+        verdict="ok",
+        missing_ranks=missing,
+        unreadable=dict(dumps.unreadable),
+        wrapped_ranks=sorted(r for r, s in summaries.items() if s.wrapped),
+        ranks_analyzed=len(summaries),
+        versions=sorted({s.version for s in summaries.values()}),
+    )
+    absent = sorted(set(missing) | set(dumps.unreadable))
+    mismatches = find_mismatches(groups, summaries)
+    stuck = find_stuck(groups, summaries)
+    report.mismatches = mismatches
+    report.stuck_groups = [_stuck_json(s) for s in stuck]
+    if mismatches:
+        _blame_mismatch(report, mismatches[0], groups)
+    elif stuck:
+        _blame_hang(report, stuck)
+    elif absent:
+        report.culprit_ranks = absent
+        report.waiting_ranks = sorted(summaries)
+        report.reason = "no disagreement among the dumps present; the absent ranks are suspects"
+    else:
+        report.reason = "every group's members issued the same collectives"
+    if absent:
+        report.verdict = "incomplete"
+        report.reason = f"dumps missing or unreadable for ranks {absent}; " + report.reason
+    return report
+
+
+def _stuck_json(s: Stuck) -> dict[str, Any]:
+    return {
+        "pg": s.group.name,
+        "pg_desc": s.group.desc,
+        "pg_ranks": s.group.ranks,
+        "seq": s.seq,
+        "op": s.op,
+        "waiting": s.waiting,
+        "behind": s.behind,
+    }
+
+
+def _blame_mismatch(report: Report, m: dict[str, Any], groups: dict[str, Group]) -> None:
+    report.verdict = "mismatch"
+    report.culprit_ranks = m["culprit_ranks"]
+    report.waiting_ranks = [r for r in groups[m["pg"]].ranks if r not in m["culprit_ranks"]]
+    report.collective = {
+        "pg": m["pg"],
+        "pg_desc": m["pg_desc"],
+        "seq": m["seq"],
+        "op": m["expected"],
+    }
+    report.reason = (
+        f"ranks {m['culprit_ranks']} issued a different collective at seq {m['seq']} of group "
+        f"{m['pg']} ({m['pg_desc']}): expected {m['expected']}, got {m['ranks']}"
+    )
+
+
+def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
+    waiting = {r for s in stuck for r in s.waiting}
+    behind = {r for s in stuck for r in s.behind}
+    culprits = sorted(behind - waiting)
+    if culprits:
+        report.verdict = "hang"
+        # Where the culprit first held others up: the earliest-issued stuck collective it
+        # is missing from, then the smallest such group.
+        where = min(
+            (s for s in stuck if set(s.behind) & set(culprits)),
+            key=lambda s: (
+                s.issued_ns if s.issued_ns is not None else 2**63,
+                len(s.group.ranks),
+                _natural(s.group.name),
+            ),
+        )
+        report.reason = (
+            f"ranks {culprits} never issued collective seq {where.seq} ({where.op}) of group "
+            f"{where.group.name} ({where.group.desc}) that ranks {where.waiting} wait in"
+        )
+    else:  # everybody waits on somebody: collectives issued in different orders
+        report.verdict = "mismatch"
+        culprits = sorted(behind)
+        where = min(stuck, key=lambda s: (s.seq, _natural(s.group.name)))
+        report.reason = (
+            "cyclic wait: ranks are blocked in different groups' collectives, each waiting on "
+            "the other (collectives issued in different orders)"
+        )
+    report.culprit_ranks = culprits
+    report.waiting_ranks = sorted(waiting - set(culprits))
+    report.collective = {
+        "pg": where.group.name,
+        "pg_desc": where.group.desc,
+        "seq": where.seq,
+        "op": where.op,
+    }
+
+
+def _natural(name: str) -> tuple[int, str]:
+    return (int(name), "") if name.isdigit() else (2**63, name)

@@ -1,0 +1,121 @@
+"""`sentinel fr analyze` on synthesized dumps (PyTorch's format): every verdict and edge case."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from sentinel.cli import main
+from sentinel.fr import analyze, load_dir
+from sentinel.fr.dumps import safe_loads
+from sentinel.fr.synth import synth_rank, write_job
+
+
+def _write(root: Path, rank: int, dump: dict) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
+
+
+def test_clean_job_is_ok(tmp_path: Path) -> None:
+    write_job(tmp_path, 16, tp=4, steps=5, buffer=100)
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "ok"
+    assert report.culprit_ranks == [] and report.missing_ranks == []
+
+
+@pytest.mark.parametrize("gloo", [False, True])
+def test_stopped_rank_is_the_only_culprit_across_groups(tmp_path: Path, gloo: bool) -> None:
+    # Rank 6 stops before its TP all-reduce: TP peers wait there, DP groups and the world behind
+    # them are victims. Gloo dumps carry no pg_config: membership is inferred from the dumps.
+    write_job(tmp_path, 16, tp=4, steps=6, buffer=100, stop_rank=6, stop_step=3, gloo=gloo)
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "hang"
+    assert report.culprit_ranks == [6]
+    assert report.waiting_ranks == [r for r in range(16) if r != 6]
+    assert report.collective is not None
+    assert report.collective["pg_desc"] == "tp1" and report.collective["seq"] == 4
+
+
+def test_ring_wraparound_uses_pg_status(tmp_path: Path) -> None:
+    write_job(tmp_path, 8, tp=4, steps=30, buffer=4, stop_rank=2, stop_step=20)
+    report = analyze(load_dir(tmp_path))
+    assert report.wrapped_ranks == list(range(8))
+    assert report.verdict == "hang" and report.culprit_ranks == [2]
+
+
+def test_missing_dump_makes_it_incomplete_and_names_suspects(tmp_path: Path) -> None:
+    write_job(tmp_path, 8, tp=4, steps=4, buffer=50)
+    os.remove(tmp_path / "nccl_trace_rank_5")
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "incomplete"
+    assert report.missing_ranks == [5] and report.culprit_ranks == [5]
+
+
+def test_mismatched_size_dtype_and_op(tmp_path: Path) -> None:
+    for rank in range(4):
+        dump = synth_rank(rank, 4, 2, steps=3, buffer=100, issued=9)
+        if rank == 3:
+            entry = dump["entries"][3]  # world all-reduce of step 1
+            entry["input_sizes"] = [[999]]
+            entry["input_dtypes"] = ["BFloat16"]
+        _write(tmp_path, rank, dump)
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "mismatch"
+    assert report.culprit_ranks == [3]
+    assert report.collective and report.collective["seq"] == 2 and report.collective["pg"] == "0"
+    assert "999" in report.reason and "BFloat16" in report.reason
+
+    dump = synth_rank(1, 4, 2, steps=3, buffer=100, issued=9)
+    dump["entries"][0]["profiling_name"] = "nccl:broadcast"
+    _write(tmp_path, 1, dump)
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "mismatch" and report.culprit_ranks == [1]
+
+
+def test_cyclic_wait_is_an_order_mismatch(tmp_path: Path) -> None:
+    # Rank 0 waits in group A for rank 1; rank 1 waits in group B for rank 0.
+    def dump(seq_a: int, seq_b: int) -> dict:
+        entries = []
+        for i in range(seq_a):
+            entries.append({"pg_id": 0, "process_group": ("1", "a"), "collective_seq_id": i + 1})
+        for i in range(seq_b):
+            entries.append({"pg_id": 1, "process_group": ("2", "b"), "collective_seq_id": i + 1})
+        cfg = {"1": {"ranks": "[0, 1]", "desc": "a"}, "2": {"ranks": "[0, 1]", "desc": "b"}}
+        return {"version": "2.10", "pg_config": cfg, "pg_status": {}, "entries": entries}
+
+    _write(tmp_path, 0, dump(2, 1))
+    _write(tmp_path, 1, dump(1, 2))
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "mismatch" and report.culprit_ranks == [0, 1]
+
+
+def test_restricted_unpickler_refuses_globals(tmp_path: Path) -> None:
+    assert safe_loads(pickle.dumps({"entries": [("a", 1)], "x": None})) == {
+        "entries": [("a", 1)],
+        "x": None,
+    }
+    with pytest.raises(pickle.UnpicklingError):
+        safe_loads(pickle.dumps(Path("/etc")))
+    write_job(tmp_path, 2, tp=2, steps=2, buffer=10)
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(Path("/etc/passwd")))
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "incomplete" and "1" in {str(k) for k in report.unreadable}
+
+
+def test_cli_json_exit_codes_and_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_job(tmp_path / "hang", 8, tp=4, steps=4, buffer=20, stop_rank=7, stop_step=2)
+    assert main(["fr", "analyze", str(tmp_path / "hang"), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "hang" and out["culprit_ranks"] == [7]
+    assert set(out["collective"]) >= {"pg", "seq", "op"}
+    write_job(tmp_path / "ok", 4, tp=2, steps=2, buffer=20)
+    assert main(["fr", "analyze", str(tmp_path / "ok")]) == 0
+    assert "verdict:        ok" in capsys.readouterr().out
+    assert main(["fr", "analyze", str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["fr", "analyze", str(tmp_path / "empty")]) == 2
+    assert "no flight-recorder dumps" in capsys.readouterr().err

@@ -1,0 +1,104 @@
+"""The hooks' settings: one frozen object, read from the environment once, at the edge.
+
+Every field `x` can be set with `SENTINEL_HOOKS_X` (e.g. `SENTINEL_HOOKS_REPORT_EVERY=20`);
+identity comes from the launcher's usual variables: `SENTINEL_AGENT_SOCKET`, `SENTINEL_NODE`,
+`SENTINEL_JOB`, and `RANK` / `WORLD_SIZE` (torchrun) when torch.distributed is not up yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class HooksConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    enabled: bool = True
+    agent_socket: str | None = None
+    node: str | None = None
+    job: str | None = None
+    # Metrics: a `rank.step` event every N steps.
+    report_every: int = 10
+    peak_flops: float | None = None  # overrides the GPU table / the CPU GEMM measurement
+    flops_per_token: float | None = None
+    instrument_collectives: bool = True
+    # Anomalies: spike policy "robust" (default), "megatron", "olmo" or "zclip".
+    anomaly_policy: str = "robust"
+    # Gang exchange (stragglers, SDC and checkpoint consensus) every N steps on a gloo side group.
+    exchange_every: int = 20
+    straggler_threshold: float = 1.03
+    straggler_persist: int = 3
+    sdc_every: int = 0  # steps between SDC spot checks; 0 = on command only
+    sdc_size: int = 256
+    sdc_chain: int = 8
+    sdc_params: bool = True  # compare parameter digests across data-parallel replicas
+    # Hang watchdog.
+    hang_k: float = 5.0
+    hang_floor_s: float = 60.0
+    hang_first_step_s: float = 900.0
+    watchdog_poll_s: float = 1.0
+    # Flight recorder.
+    fr_dir: str | None = None
+    fr_prefix: str = "fr_trace_rank_"
+    fr_on_signal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in (
+            "report_every",
+            "exchange_every",
+            "straggler_persist",
+            "sdc_size",
+            "sdc_chain",
+        ):
+            if getattr(self, name) < 1:
+                raise HooksConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sdc_every < 0 or self.sdc_every % self.exchange_every:
+            raise HooksConfigError(
+                f"sdc_every ({self.sdc_every}) must be 0 or a multiple of exchange_every "
+                f"({self.exchange_every})"
+            )
+        if self.straggler_threshold <= 1.0:
+            raise HooksConfigError("straggler_threshold is a slowdown ratio and must be > 1")
+        if self.hang_k <= 0 or self.hang_floor_s <= 0 or self.hang_first_step_s <= 0:
+            raise HooksConfigError("hang_k, hang_floor_s and hang_first_step_s must be > 0")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> HooksConfig:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {
+            "agent_socket": env.get("SENTINEL_AGENT_SOCKET") or None,
+            "node": env.get("SENTINEL_NODE") or None,
+            "job": env.get("SENTINEL_JOB") or None,
+        }
+        for f in dataclasses.fields(cls):
+            raw = env.get(f"SENTINEL_HOOKS_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _parse(f.name, str(f.type), raw)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(name: str, type_name: str, raw: str) -> Any:
+    if raw == "" and "None" in type_name:
+        return None
+    try:
+        if type_name.startswith("bool"):
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise HooksConfigError(
+            f"SENTINEL_HOOKS_{name.upper()}={raw!r} is not a valid {type_name}"
+        ) from None
+    return raw

@@ -1,0 +1,178 @@
+"""PyTorch's flight recorder: turned on, dumped in PyTorch's own format, plus a sidecar.
+
+The recorder keeps the last N collectives of every process group in a ring buffer
+(`TORCH_FR_BUFFER_SIZE=N`, read when a process group is created, so it must be set before
+`init_process_group`: call `enable_flight_recorder()` first or export it in the launcher).
+`FlightRecorder.dump()` writes `torch._C._distributed_c10d._dump_fr_trace(...)`'s pickle as is,
+one file per rank named `<prefix><rank>` — the layout `python -m
+torch.distributed.flight_recorder.fr_trace DIR` reads — and next to it a JSON sidecar
+`sentinel_fr_meta.<rank>.json` with what the dump lacks: gloo dumps carry an empty `pg_config`,
+so the sidecar lists the global ranks of every process group this rank belongs to, plus job,
+node, step and why the dump was taken.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("trainer_hooks.flight")
+
+DEFAULT_BUFFER = 2000
+DEFAULT_PREFIX = "fr_trace_rank_"
+SIDECAR_FMT = "sentinel_fr_meta.{rank}.json"
+FATAL_SIGNALS = (signal.SIGTERM,)
+
+
+def enable_flight_recorder(buffer_size: int = DEFAULT_BUFFER) -> None:
+    """Turn the recorder on for process groups created from now on (keeps an explicit setting)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", str(buffer_size))
+
+
+def recorder_enabled() -> bool:
+    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    return size is not None and size.strip().isdigit() and int(size) > 0
+
+
+def process_groups() -> dict[str, dict[str, Any]]:
+    """{pg name: {"desc", "ranks": [global ranks]}} for the groups this rank belongs to."""
+    from torch.distributed import distributed_c10d as c10d
+
+    out: dict[str, dict[str, Any]] = {}
+    world = c10d._world
+    for pg, name in world.pg_names.items():
+        ranks = world.pg_group_ranks.get(pg, {})
+        desc = getattr(pg, "group_desc", "") or ""
+        out[str(name)] = {"desc": desc, "ranks": sorted(int(r) for r in ranks)}
+    return out
+
+
+class FlightRecorder:
+    def __init__(
+        self,
+        dump_dir: str | Path,
+        rank: int,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.dump_dir = Path(dump_dir)
+        self.rank = rank
+        self.prefix = prefix
+        self.meta = dict(meta or {})
+        self._lock = threading.Lock()
+        self.dumps = 0
+
+    @property
+    def path(self) -> Path:
+        return self.dump_dir / f"{self.prefix}{self.rank}"
+
+    def dump(self, reason: str, step: int | None = None) -> tuple[Path, int]:
+        """Write this rank's buffer and sidecar; returns (dump path, number of entries)."""
+        import pickle
+
+        import torch
+
+        raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+            includeCollectives=True, includeStackTraces=False, onlyActive=False
+        )
+        entries = len(pickle.loads(raw).get("entries", []))  # our own bytes, just produced
+        with self._lock:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self.path, raw)
+            sidecar = {
+                "format": "sentinel-fr-sidecar/1",
+                "rank": self.rank,
+                "dump_file": self.path.name,
+                "reason": reason,
+                "step": step,
+                "time": time.time(),
+                "hostname": socket.gethostname(),
+                "pid": os.getpid(),
+                "process_groups": process_groups(),
+                **self.meta,
+            }
+            _atomic_write(
+                self.dump_dir / SIDECAR_FMT.format(rank=self.rank), json.dumps(sidecar).encode()
+            )
+            self.dumps += 1
+        return self.path, entries
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class SignalDumper:
+    """Dump the recorder when the process gets SIGTERM, even if the main thread is stuck in C++.
+
+    Python runs signal handlers on the main thread between bytecodes, which never happens while
+    it waits inside a collective. So the C-level handler's wakeup byte (`signal.set_wakeup_fd`)
+    is read by a small thread that dumps at once; then the process ends as SIGTERM would have
+    ended it (the previous handler runs if there was one). Installed only from the main thread
+    and only if no one else uses the wakeup fd (asyncio does).
+    """
+
+    def __init__(self, dump: Callable[[str], None], grace_s: float = 2.0) -> None:
+        self._dump = dump
+        self._grace_s = grace_s
+        self._done = threading.Event()
+        self._previous: dict[int, Any] = {}
+        self.installed = False
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        if old != -1:
+            signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return False
+        for sig in FATAL_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self._previous[sig] = signal.signal(sig, self._on_main_thread)
+        threading.Thread(
+            target=self._watch, args=(r,), name="sentinel-signals", daemon=True
+        ).start()
+        self.installed = True
+        return True
+
+    def _dump_once(self, signum: int) -> None:
+        if not self._done.is_set():
+            self._done.set()
+            try:
+                self._dump(f"signal:{signal.Signals(signum).name}")
+            except Exception:
+                log.exception("flight recorder dump on signal failed")
+
+    def _watch(self, fd: int) -> None:
+        while True:
+            data = os.read(fd, 64)
+            for signum in data:
+                if signum in self._previous:
+                    self._dump_once(signum)
+                    time.sleep(self._grace_s)  # let the main thread's handler end the process
+                    if not callable(self._previous[signum]):
+                        os._exit(128 + signum)
+
+    def _on_main_thread(self, signum: int, frame: Any) -> None:
+        self._dump_once(signum)
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

@@ -1,0 +1,407 @@
+"""`SentinelHooks`: the one object a training loop holds.
+
+    hooks = SentinelHooks.from_env(model=model, flops_per_token=fpt)   # on every rank
+    for step in range(start, steps):
+        with hooks.step(step, tokens=batch_tokens):
+            loss = model(x).loss; loss.backward()
+            hooks.observe(loss=loss, grad_norm=clip_grad_norm_(model.parameters(), 1.0))
+            opt.step()
+        if hooks.should_checkpoint(): save(...)
+    hooks.close()
+
+Nothing here raises into the loop: every entry point is guarded, and internal failures are
+counted in `errors` (and reported in `rank.step`). Nothing here syncs host and device in a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel
+from torch import nn
+
+from sentinel.protocol import (
+    Command,
+    CommandKind,
+    EventKind,
+    RankAnomalyPayload,
+    RankFrDumpPayload,
+    RankHangPayload,
+    RankSdcPayload,
+    RankStepPayload,
+    RankStragglerPayload,
+    Source,
+    make_event,
+)
+from trainer_hooks import mfu, sdc, timing
+from trainer_hooks.anomaly import AnomalyMonitor
+from trainer_hooks.config import HooksConfig
+from trainer_hooks.exchange import GangExchange
+from trainer_hooks.flight import FlightRecorder, SignalDumper, recorder_enabled
+from trainer_hooks.scalars import ScalarReader
+from trainer_hooks.straggler import StragglerScorer, WindowStats
+from trainer_hooks.transport import AgentTransport
+from trainer_hooks.watchdog import HangWatchdog
+
+log = logging.getLogger("trainer_hooks")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _guarded(fn: Callable[P, R]) -> Callable[P, R | None]:
+    """Count and log (once per place) any internal error instead of raising into the loop."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
+        self = args[0]
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            self.errors += 1  # type: ignore[attr-defined]
+            if fn.__name__ not in self._logged:  # type: ignore[attr-defined]
+                self._logged.add(fn.__name__)  # type: ignore[attr-defined]
+                log.exception(
+                    "sentinel hooks: %s failed (counted, training continues)", fn.__name__
+                )
+            return None
+
+    return wrapper
+
+
+class SentinelHooks:
+    def __init__(
+        self,
+        config: HooksConfig | None = None,
+        *,
+        model: nn.Module | None = None,
+        flops_per_token: float | None = None,
+        device: torch.device | None = None,
+        replica_groups: list[list[int]] | None = None,
+        transport: AgentTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = cfg = config or HooksConfig()
+        self.errors = 0
+        self._logged: set[str] = set()
+        self._clock = clock
+        self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        self.source = Source(node=cfg.node, rank=self.rank, job=cfg.job or "local")
+        self.device = device or _default_device()
+        self.model = model
+        self.replica_groups = replica_groups
+        self.timer = timing.StepTimer(self.device)
+        self.scalars = ScalarReader()
+        self.anomalies = AnomalyMonitor(cfg.anomaly_policy)
+        self.stragglers = StragglerScorer(cfg.straggler_threshold, cfg.straggler_persist)
+        self.window = WindowStats()
+        fpt = flops_per_token or cfg.flops_per_token
+        if fpt is None and model is not None:
+            fpt = mfu.flops_per_token(mfu.non_embedding_params(model))
+        self.mfu = mfu.MfuMeter(
+            fpt, mfu.device_peak_flops(self.device, cfg.peak_flops) if fpt else None
+        )
+        self.exchange = GangExchange()
+        self.transport = transport or AgentTransport(cfg.agent_socket)
+        self.transport.on_command(self._on_command)
+        self.flight = (
+            FlightRecorder(cfg.fr_dir, self.rank, prefix=cfg.fr_prefix, meta=self._fr_meta())
+            if cfg.fr_dir
+            else None
+        )
+        if self.flight and not recorder_enabled():
+            log.warning("TORCH_FR_BUFFER_SIZE is not set: flight-recorder dumps will be empty")
+        self.watchdog = HangWatchdog(
+            self._on_hang,
+            k=cfg.hang_k,
+            floor_s=cfg.hang_floor_s,
+            first_step_s=cfg.hang_first_step_s,
+            clock=clock,
+            poll_s=cfg.watchdog_poll_s,
+        )
+        self._requests = {"sdc": threading.Event(), "checkpoint": threading.Event()}
+        self._checkpoint_due = False
+        self._steps_done = 0
+        self._step: int | None = None
+        self._tokens: int | None = None
+        self._step_wall0 = 0.0
+        self._last_scalars: dict[str, float | None] = {}
+        self.signals = SignalDumper(self._dump_before_exit)
+        if cfg.enabled:
+            self.transport.start()
+            self.watchdog.start()
+            if cfg.instrument_collectives:
+                timing.instrument_collectives(self.timer)
+            if self.flight and cfg.fr_on_signal:
+                self.signals.install()
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> SentinelHooks:
+        """Settings from `SENTINEL_*` variables (see `HooksConfig`); keyword args as `__init__`."""
+        return cls(HooksConfig.from_env(), **kwargs)
+
+    # --- the loop's API -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def step(self, step: int, tokens: int | None = None) -> Iterator[SentinelHooks]:
+        self.begin_step(step, tokens)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    @_guarded
+    def begin_step(self, step: int, tokens: int | None = None) -> None:
+        if not self.config.enabled:
+            return
+        self._step, self._tokens = step, tokens
+        self._step_wall0 = self._clock()
+        self.timer.begin(step)
+
+    @_guarded
+    def observe(
+        self, *, loss: Any = None, grad_norm: Any = None, tokens: int | None = None
+    ) -> None:
+        """Hand over this step's loss / grad norm (tensors stay on the device) and tokens."""
+        if not self.config.enabled:
+            return
+        if loss is not None:
+            self.scalars.observe("loss", loss)
+        if grad_norm is not None:
+            self.scalars.observe("grad_norm", grad_norm)
+        if tokens is not None:
+            self._tokens = tokens
+
+    def comm(self) -> contextlib.AbstractContextManager[None]:
+        """Mark a region as communication wait (e.g. around an async collective's `.wait()`)."""
+        return self.timer.comm() if self.config.enabled else contextlib.nullcontext()
+
+    @_guarded
+    def end_step(self) -> None:
+        if not self.config.enabled or self._step is None:
+            return
+        step, self._step = self._step, None
+        self.timer.end()
+        self.scalars.end_step(step)
+        self.watchdog.progress(step, self._clock() - self._step_wall0)
+        self._steps_done += 1
+        for t in self.timer.poll():
+            self.window.add(t.compute_s)
+            if t.step % self.config.report_every == 0:
+                self._report_step(t)
+        for s in self.scalars.poll():
+            self._check_scalars(s.step, s.loss, s.grad_norm)
+        if self._steps_done % self.config.exchange_every == 0:
+            self._exchange(step)
+
+    def should_checkpoint(self) -> bool:
+        """True once, on every rank at the same step, after a `checkpoint.now` command."""
+        due, self._checkpoint_due = self._checkpoint_due, False
+        return due
+
+    def request_sdc_check(self) -> None:
+        """Run the SDC check at the next exchange (all ranks together)."""
+        self._requests["sdc"].set()
+
+    def pause_watchdog(self) -> contextlib.AbstractContextManager[None]:
+        return self.watchdog.paused()
+
+    def dump_flight_recorder(self, reason: str = "manual") -> Path | None:
+        if self.flight is None:
+            return None
+        try:
+            path, entries = self.flight.dump(reason, self._last_step())
+        except Exception:
+            self.errors += 1
+            log.exception("flight recorder dump failed")
+            return None
+        self._send(
+            EventKind.RANK_FR_DUMP,
+            RankFrDumpPayload(
+                step=self._last_step(), path=str(path), reason=reason, entries=entries
+            ),
+        )
+        return path
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.watchdog.stop()
+            timing.uninstrument_collectives()
+            self.transport.stop()
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _last_step(self) -> int | None:
+        return self.watchdog._last_step
+
+    def _send(self, kind: EventKind, payload: BaseModel) -> None:
+        self.transport.send(make_event(kind, self.source, payload))
+
+    def _report_step(self, t: timing.StepTiming) -> None:
+        tokens = self._tokens
+        tflops, util = self.mfu.compute(tokens, t.step_s)
+        fields: dict[str, Any] = dict(
+            step=t.step,
+            step_s=t.step_s,
+            compute_s=t.compute_s,
+            comm_s=t.comm_s,
+            tokens_per_s=tokens / t.step_s if tokens and t.step_s > 0 else None,
+            tflops=tflops,
+            mfu=util,
+            loss=_finite_or_none(self._last_scalars.get("loss")),
+            grad_norm=_finite_or_none(self._last_scalars.get("grad_norm")),
+            mem_bytes=_memory_bytes(self.device),
+            hook_errors=self.errors,
+            dropped_events=self.transport.dropped,
+        )
+        # Validation and serialisation happen on the transport thread, not in the step.
+        source = self.source
+        self.transport.send(
+            lambda: make_event(EventKind.RANK_STEP, source, RankStepPayload(**fields))
+        )
+
+    def _check_scalars(self, step: int, loss: float | None, grad_norm: float | None) -> None:
+        self._last_scalars = {"loss": loss, "grad_norm": grad_norm}
+        for metric, value in (("loss", loss), ("grad_norm", grad_norm)):
+            found = self.anomalies.update(step, metric, value)
+            if found is None:
+                continue
+            payload = RankAnomalyPayload(
+                step=found.step,
+                metric=found.metric,
+                anomaly=found.anomaly,
+                value=_finite_or_none(found.value),
+                baseline=found.baseline,
+                threshold=found.threshold,
+            )
+            self._send(EventKind.RANK_ANOMALY, payload)
+
+    def _exchange(self, step: int) -> None:
+        cfg = self.config
+        sdc_req = self._requests["sdc"].is_set()
+        ckpt_req = self._requests["checkpoint"].is_set()
+        rows = self.exchange.gather([self.window.take_median(), float(sdc_req), float(ckpt_req)])
+        if sdc_req:
+            self._requests["sdc"].clear()
+        if ckpt_req:
+            self._requests["checkpoint"].clear()
+        for found in self.stragglers.update([r[0] for r in rows]):
+            if found.rank == self.exchange.rank:
+                payload = RankStragglerPayload(
+                    step=step,
+                    slowdown=found.slowdown,
+                    window=cfg.exchange_every * cfg.straggler_persist,
+                    compute_s=found.compute_s,
+                    median_compute_s=found.median_compute_s,
+                )
+                self._send(EventKind.RANK_STRAGGLER, payload)
+        if any(r[2] for r in rows):
+            self._checkpoint_due = True
+        periodic = cfg.sdc_every and self._steps_done % cfg.sdc_every == 0
+        if periodic or any(r[1] for r in rows):
+            self._sdc_check(step)
+
+    def _sdc_check(self, step: int) -> None:
+        cfg = self.config
+        check_id = f"sdc-{step}"
+        local = sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)
+        digests = self.exchange.gather_digests(local)
+        _, bad = sdc.majority(digests)
+        me = self.exchange.rank
+        self._send(
+            EventKind.RANK_SDC,
+            RankSdcPayload(
+                step=step,
+                digest=digests[me],
+                check_id=check_id,
+                mismatch=me in bad,
+                check="matmul",
+                mismatched_ranks=bad,
+            ),
+        )
+        if self.model is not None and cfg.sdc_params:
+            self._param_check(step, check_id)
+
+    def _param_check(self, step: int, check_id: str) -> None:
+        assert self.model is not None
+        digests = self.exchange.gather_digests(sdc.param_digest(self.model))
+        groups = self.replica_groups or [list(range(len(digests)))]
+        me = self.exchange.rank
+        for group in groups:
+            if me not in group or len(group) < 3:
+                continue  # a majority needs at least three replicas
+            _, bad_local = sdc.majority([digests[r] for r in group])
+            bad = [group[i] for i in bad_local]
+            self._send(
+                EventKind.RANK_SDC,
+                RankSdcPayload(
+                    step=step,
+                    digest=digests[me],
+                    check_id=f"{check_id}-params",
+                    mismatch=me in bad,
+                    check="params",
+                    mismatched_ranks=bad,
+                ),
+            )
+
+    def _on_hang(self, step: int | None, waited_s: float, timeout_s: float) -> None:
+        path = self.dump_flight_recorder("hang")
+        self._send(
+            EventKind.RANK_HANG,
+            RankHangPayload(
+                step=step,
+                waited_s=waited_s,
+                timeout_s=timeout_s,
+                dump_path=str(path) if path else None,
+            ),
+        )
+
+    def _on_command(self, cmd: Command) -> None:
+        """Runs on the transport thread: a dump happens now, the rest at the next exchange."""
+        if cmd.target.rank is not None and cmd.target.rank != self.rank:
+            return
+        if cmd.kind == CommandKind.FR_DUMP:
+            self.dump_flight_recorder("command")
+        elif cmd.kind == CommandKind.SDC_CHECK:
+            self._requests["sdc"].set()
+        elif cmd.kind == CommandKind.CHECKPOINT_NOW:
+            self._requests["checkpoint"].set()
+
+    def _dump_before_exit(self, reason: str) -> None:
+        self.dump_flight_recorder(reason)
+        self.transport.flush(timeout_s=1.0)  # the process is about to end: deliver the news
+
+    def _fr_meta(self) -> dict[str, Any]:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return {"world_size": world, "job": self.config.job, "node": self.config.node}
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    import math
+
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
