@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from coord_util import ROOT
-from test_coordinator_e2e import SENTINEL, Coordinator, coord, wait_for
+from coord_util import ROOT, SENTINEL, Coordinator, wait_for
 
 from sentinel.protocol import (
     Action,
@@ -37,7 +36,6 @@ from sentinel.protocol import (
 )
 
 pytestmark = pytest.mark.slow
-__all__ = ["coord"]
 
 
 class Job:

@@ -127,6 +127,7 @@ class SignalDumper:
         self._dump = dump
         self._grace_s = grace_s
         self._done = threading.Event()
+        self._lock = threading.Lock()
         self._previous: dict[int, Any] = {}
         self.installed = False
 
@@ -151,12 +152,18 @@ class SignalDumper:
         return True
 
     def _dump_once(self, signum: int) -> None:
-        if not self._done.is_set():
-            self._done.set()
-            try:
+        # The watcher thread and the main thread's handler can both get here. The second waits
+        # for the first's dump to be written: ending the process mid-dump would lose it.
+        if not self._lock.acquire(timeout=30):
+            return
+        try:
+            if not self._done.is_set():
                 self._dump(f"signal:{signal.Signals(signum).name}")
-            except Exception:
-                log.exception("flight recorder dump on signal failed")
+        except Exception:
+            log.exception("flight recorder dump on signal failed")
+        finally:
+            self._done.set()
+            self._lock.release()
 
     def _watch(self, fd: int) -> None:
         while True:
