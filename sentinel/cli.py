@@ -19,6 +19,7 @@ from sentinel.logs import setup_logging
 # import their machinery inside the handler, so `sentinel agent` never loads burn-in's torch.
 COMMAND_MODULES = (
     "sentinel.commands.config_cmd",
+    "sentinel.commands.burnin_cmd",
 )
 
 log = logging.getLogger("sentinel")

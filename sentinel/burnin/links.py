@@ -1,0 +1,215 @@
+"""Phase 2: find the bad node or cable, which a fleet-wide collective average cannot.
+
+Two searches over node leaders (the lowest rank of each node):
+- circle: the round-robin tournament schedule, n-1 rounds of n/2 concurrent pairs, measures
+  every node pair once and keeps the matrix; each node's score is the upper median of its links,
+  judged against the median node score (a bad node drags down all of its own links but only
+  one of anybody else's).
+- bisection: for large fleets, ceil(log2 n) rounds. Each round splits the suspects in two halves
+  and runs a ring exchange in each half at the same time; the half that is clearly slower holds
+  the bad node; the other half is cleared and lends members to pad later, smaller groups.
+Intra-node pairs (local ranks 0-1, 2-3, ...) are measured in one extra round.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sentinel.burnin.comm import Comm
+from sentinel.burnin.settings import Thresholds
+from sentinel.burnin.stats import mad, median, upper_median, variance
+
+Pair = tuple[str, str]
+
+
+def circle_rounds(nodes: Sequence[str]) -> list[list[Pair]]:
+    """Round-robin schedule: every pair exactly once, no node twice in a round."""
+    ring: list[str | None] = list(nodes)
+    if len(ring) % 2:
+        ring.append(None)  # a bye
+    n = len(ring)
+    rounds = []
+    for _ in range(n - 1):
+        pairs = [(ring[i], ring[n - 1 - i]) for i in range(n // 2)]
+        rounds.append([(a, b) for a, b in pairs if a is not None and b is not None])
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return rounds
+
+
+def bisection_round_bound(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+# --- measurement (inside ranks) -------------------------------------------------------------
+
+
+def _ring_seconds(comm: Comm, ring: Sequence[int], nbytes: int, trials: int) -> float:
+    """Best-of-trials seconds for this rank's step of a ring exchange among `ring`."""
+    i = ring.index(comm.rank)
+    dst, src = ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
+    count = max(1, nbytes // 4)
+    send = torch.ones(count, device=comm.device)
+    recv = torch.empty(count, device=comm.device)
+    comm.sendrecv(send[:16], dst, recv[:16], src)  # warm the path
+    best = math.inf
+    for _ in range(trials):
+        comm.sync()
+        t0 = time.perf_counter()
+        comm.sendrecv(send, dst, recv, src)
+        comm.sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_rings(
+    comm: Comm, rings: Sequence[Sequence[int]], nbytes: int, trials: int
+) -> list[float]:
+    """One round: every ring exchanges at once; GB/s per ring (its slowest member sets it)."""
+    comm.barrier()
+    mine = next((r for r in rings if comm.rank in r), None)
+    seconds = _ring_seconds(comm, mine, nbytes, trials) if mine else 0.0
+    everyone = comm.gather_objects(seconds)
+    return [nbytes / max(everyone[r] for r in ring) / 1e9 for ring in rings]
+
+
+def leaders(node_of: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rank, node in enumerate(node_of):
+        out.setdefault(node, rank)
+    return out
+
+
+def intra_pairs(node_of: Sequence[str]) -> list[tuple[str, int, int]]:
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(node_of):
+        by_node.setdefault(node, []).append(rank)
+    return [
+        (node, ranks[i], ranks[i + 1])
+        for node, ranks in by_node.items()
+        for i in range(0, len(ranks) - 1, 2)
+    ]
+
+
+# --- bisection (pure search over a measuring function) --------------------------------------
+
+
+@dataclass
+class Bisection:
+    found: str | None = None
+    rounds: int = 0
+    trace: list[dict[str, object]] = field(default_factory=list)
+    note: str = ""
+
+
+def bisect(
+    nodes: Sequence[str],
+    measure: Callable[[list[list[str]]], list[float]],
+    tolerance: float,
+) -> Bisection:
+    """Find one bad node in ceil(log2 n) rounds; `measure` runs groups concurrently, GB/s each."""
+    out = Bisection()
+    if len(nodes) < 4:
+        out.note = "bisection needs 4 or more nodes; use the circle search"
+        return out
+    suspects, cleared = list(nodes), []
+    while len(suspects) > 1:
+        halves = [suspects[: len(suspects) // 2], suspects[len(suspects) // 2 :]]
+        spare = iter(cleared)
+        groups = [h if len(h) > 1 else [*h, next(spare)] for h in halves]
+        gbps = measure(groups)
+        out.rounds += 1
+        slow = [g < max(gbps) * (1 - tolerance) for g in gbps]
+        out.trace.append({"groups": groups, "gbps": [round(g, 4) for g in gbps], "slow": slow})
+        if slow[0] == slow[1]:
+            out.note = (
+                "both halves slow: more than one bad node, run the circle search"
+                if slow[0]
+                else "no half slower than the other: no single bad node"
+            )
+            return out
+        suspects, good = (halves[0], halves[1]) if slow[0] else (halves[1], halves[0])
+        cleared.extend(good)
+    out.found = suspects[0]
+    return out
+
+
+# --- judgement (rank 0) ---------------------------------------------------------------------
+
+
+@dataclass
+class LinkVerdicts:
+    rows: list[dict[str, object]]
+    node_reasons: dict[str, list[str]]
+    reference_gbps: float
+    node_scores: dict[str, float]
+
+
+def judge_matrix(
+    nodes: Sequence[str],
+    matrix: dict[Pair, float],
+    th: Thresholds,
+    baseline: dict[str, float] | None = None,
+) -> LinkVerdicts:
+    """Flag nodes whose links sit well under the fleet's (or under their saved baseline)."""
+    touching = {n: [(p, g) for p, g in matrix.items() if n in p] for n in nodes}
+    scores = {n: upper_median([g for _, g in ps]) for n, ps in touching.items() if ps}
+    if not scores:
+        return LinkVerdicts([], {}, 0.0, {})
+    ref = median(list(scores.values()))
+    spread = mad(list(scores.values()))
+    floor = ref * (1 - th.link_tolerance)
+    reasons: dict[str, list[str]] = {}
+    for node, score in scores.items():
+        slow = sorted((g, p) for p, g in touching[node] if g < floor)
+        if score < floor and ref - score > th.link_mad_k * spread:
+            peers = ", ".join(f"{a if b == node else b} {g:.3f}" for g, (a, b) in slow)
+            reasons.setdefault(node, []).append(
+                f"links: median {score:.3f} GB/s vs fleet {ref:.3f} GB/s "
+                f"(floor {floor:.3f}); {len(slow)}/{len(touching[node])} links slow: {peers}"
+            )
+        base = (baseline or {}).get(node)
+        if base and variance(score, base) < -th.baseline_tolerance:
+            reasons.setdefault(node, []).append(
+                f"links: {score:.3f} GB/s is {variance(score, base):+.0%} "
+                f"against baseline {base:.3f}"
+            )
+    rows = [
+        {
+            "a": a,
+            "b": b,
+            "gbps": round(g, 4),
+            "verdict": "fail" if g < floor and (a in reasons or b in reasons) else "pass",
+        }
+        for (a, b), g in sorted(matrix.items())
+    ]
+    return LinkVerdicts(rows, reasons, ref, scores)
+
+
+def judge_intra(pairs: list[tuple[str, int, int, float]], th: Thresholds) -> LinkVerdicts:
+    """Intra-node pairs against the median intra-node pair."""
+    if not pairs:
+        return LinkVerdicts([], {}, 0.0, {})
+    values = [g for *_, g in pairs]
+    ref, spread = median(values), mad(values)
+    floor = ref * (1 - th.link_tolerance)
+    rows, reasons = [], {}
+    for node, a, b, g in pairs:
+        bad = g < floor and ref - g > th.link_mad_k * spread
+        rows.append(
+            {
+                "node": node,
+                "ranks": [a, b],
+                "gbps": round(g, 4),
+                "verdict": "fail" if bad else "pass",
+            }
+        )
+        if bad:
+            reasons.setdefault(node, []).append(
+                f"intra-node ranks {a}<->{b}: {g:.3f} GB/s vs fleet {ref:.3f} GB/s"
+            )
+    return LinkVerdicts(rows, reasons, ref, {})

@@ -1,0 +1,125 @@
+"""Phase 3: straggler screen by timed matrix products and a memory-bandwidth copy.
+
+Every rank times the same GEMM and the same large copy. A synchronous job runs at the pace of
+its slowest rank, so a rank noticeably slower than the median rank is flagged: its time must be
+over `median * (1 + straggler_slowdown)` and more than `k` robust deviations (MAD) out, so a
+noisy fleet widens the band instead of flagging ranks at random.
+
+Ranks that share one host without GPUs (the simulated fleet) take turns, so they measure their
+own arithmetic rather than their neighbours'; each rank keeps its best of several rounds, which
+discards interference from whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from sentinel.burnin.comm import Comm, Compute
+from sentinel.burnin.settings import Thresholds
+from sentinel.burnin.stats import mad, median, variance
+
+MEMBW_TOLERANCE = 0.25  # memory bandwidth is noisier than GEMMs: only a large drop flags
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    gemm_s: float = math.nan
+    membw_gbps: float = math.nan
+    error: str | None = None
+
+
+def turn_slots(hosts: Sequence[str], use_gpu: bool) -> list[int]:
+    """Which turn each rank measures in: 0 for all on GPUs, else its index on its host."""
+    if use_gpu:
+        return [0] * len(hosts)
+    seen: dict[str, int] = {}
+    slots = []
+    for h in hosts:
+        slots.append(seen.get(h, 0))
+        seen[h] = slots[-1] + 1
+    return slots
+
+
+def _one_round(
+    compute: Compute,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    reps: int,
+) -> tuple[float, float]:
+    compute.matmul(a, b)  # warm caches and kernels
+    _, t_gemm = compute.timed(lambda: [compute.matmul(a, b) for _ in range(reps)])
+    compute.copy(dst, src)
+    _, t_copy = compute.timed(lambda: [compute.copy(dst, src) for _ in range(reps)])
+    return t_gemm / reps, 2 * src.numel() * src.element_size() * reps / t_copy / 1e9
+
+
+def measure(
+    comm: Comm,
+    compute: Compute,
+    slots: Sequence[int],
+    size: int,
+    rounds: int,
+    reps: int,
+    membw_bytes: int,
+    seed: int,
+) -> list[RankTiming]:
+    """Every rank's best GEMM time and copy bandwidth, gathered on every rank."""
+    dtype = torch.bfloat16 if compute.device.type == "cuda" else torch.float32
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(size, size, generator=g).to(compute.device, dtype)
+    b = torch.randn(size, size, generator=g).to(compute.device, dtype)
+    src = torch.ones(membw_bytes // 4, device=compute.device)
+    dst = torch.empty_like(src)
+    best_gemm, best_bw, error = math.inf, 0.0, None
+    for _ in range(rounds):
+        for slot in range(max(slots) + 1):
+            comm.barrier()
+            if slot != slots[comm.rank] or error:
+                continue
+            try:
+                gemm_s, bw = _one_round(compute, a, b, src, dst, reps)
+            except RuntimeError as e:
+                error = str(e)
+                continue
+            best_gemm, best_bw = min(best_gemm, gemm_s), max(best_bw, bw)
+    mine = RankTiming(error=error) if error else RankTiming(best_gemm, best_bw)
+    return comm.gather_objects(mine)
+
+
+def judge(
+    timings: Sequence[RankTiming],
+    th: Thresholds,
+    baseline_gemm_s: float | None = None,
+) -> tuple[list[int], dict[int, str]]:
+    """Straggler ranks and a reason for each (errors included: a GPU that faults is out)."""
+    ok = {r: t for r, t in enumerate(timings) if t.error is None}
+    reasons = {r: f"GEMM failed: {t.error}" for r, t in enumerate(timings) if t.error}
+    if ok:
+        times = [t.gemm_s for t in ok.values()]
+        bws = [t.membw_gbps for t in ok.values()]
+        med_t, mad_t, med_bw, mad_bw = median(times), mad(times), median(bws), mad(bws)
+        for r, t in ok.items():
+            slow = t.gemm_s / med_t - 1
+            if slow > th.straggler_slowdown and t.gemm_s - med_t > th.straggler_mad_k * mad_t:
+                reasons[r] = f"GEMM {t.gemm_s * 1e3:.2f} ms is {slow:+.1%} against the median rank"
+            elif (
+                t.membw_gbps < med_bw * (1 - MEMBW_TOLERANCE)
+                and med_bw - t.membw_gbps > th.straggler_mad_k * mad_bw
+            ):
+                reasons[r] = f"memory bandwidth {t.membw_gbps:.1f} GB/s vs median {med_bw:.1f} GB/s"
+            elif baseline_gemm_s and variance(t.gemm_s, baseline_gemm_s) > th.baseline_tolerance:
+                reasons[r] = (
+                    f"GEMM {t.gemm_s * 1e3:.2f} ms is "
+                    f"{variance(t.gemm_s, baseline_gemm_s):+.0%} against baseline"
+                )
+    return sorted(reasons), reasons
+
+
+def gemm_tflops(size: int, seconds: float) -> float:
+    return 2 * size**3 / seconds / 1e12
