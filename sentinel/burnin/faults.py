@@ -32,6 +32,17 @@ from sentinel.scenario import (
 )
 
 THROTTLE_START_C = 85.0
+SPIN_BELOW_S = 0.002
+
+
+def _wait(seconds: float) -> None:
+    """Sleep, or spin for waits too short for the scheduler to honour precisely."""
+    if seconds > SPIN_BELOW_S:
+        time.sleep(seconds)
+        return
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 @dataclass(frozen=True)
@@ -105,11 +116,12 @@ class FaultyCompute(Compute):
         super().__init__(device)
         self._faults = faults
         self._rng = random.Random()  # unseeded on purpose: SDC differs run to run
+        self._bookkeeping = 0.0
 
     def _slow(self, t0: float) -> None:
         if self._faults.slowdown > 1.0:
             self.sync()
-            time.sleep((time.perf_counter() - t0) * (self._faults.slowdown - 1.0))
+            _wait((time.perf_counter() - t0) * (self._faults.slowdown - 1.0))
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self._faults.device_error:
@@ -118,10 +130,18 @@ class FaultyCompute(Compute):
         out = super().matmul(a, b)
         self._slow(t0)
         if self._faults.sdc and out.dtype == torch.float32:
-            flat = out.view(-1).view(torch.int32)
-            i = self._rng.randrange(flat.numel())
-            flat[i] ^= 1 << 22  # the top mantissa bit: a silent, plausible-looking error
+            t1 = time.perf_counter()
+            bits = out.view(-1).view(torch.int32)
+            # the top mantissa bit of one element: a silent, plausible-looking error
+            bits.narrow(0, self._rng.randrange(bits.numel()), 1).bitwise_xor_(1 << 22)
+            self._bookkeeping += time.perf_counter() - t1
         return out
+
+    def timed(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        """Bit flips cost the simulated GPU nothing: the injector's own time is not counted."""
+        before = self._bookkeeping
+        out, seconds = super().timed(fn, *args)
+        return out, seconds - (self._bookkeeping - before)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if self._faults.device_error:

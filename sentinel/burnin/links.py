@@ -67,12 +67,23 @@ def _ring_seconds(comm: Comm, ring: Sequence[int], nbytes: int, trials: int) -> 
 
 
 def measure_rings(
-    comm: Comm, rings: Sequence[Sequence[int]], nbytes: int, trials: int
+    comm: Comm,
+    rings: Sequence[Sequence[int]],
+    nbytes: int,
+    trials: int,
+    take_turns: bool = False,
 ) -> list[float]:
-    """One round: every ring exchanges at once; GB/s per ring (its slowest member sets it)."""
-    comm.barrier()
-    mine = next((r for r in rings if comm.rank in r), None)
-    seconds = _ring_seconds(comm, mine, nbytes, trials) if mine else 0.0
+    """One round: every ring exchanges at once; GB/s per ring (its slowest member sets it).
+
+    `take_turns` runs the rings one after the other: when every "node" shares one host's CPUs
+    (a simulated fleet, namespaces), concurrent rings would measure CPU contention, not links.
+    """
+    seconds = 0.0
+    for turn, ring in enumerate(rings):
+        if take_turns or turn == 0:
+            comm.barrier()
+        if comm.rank in ring:
+            seconds = _ring_seconds(comm, ring, nbytes, trials)
     everyone = comm.gather_objects(seconds)
     return [nbytes / max(everyone[r] for r in ring) / 1e9 for ring in rings]
 

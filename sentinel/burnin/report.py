@@ -89,7 +89,9 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"links: fleet median {search.get('reference_gbps', 0):.3f} GB/s; "
             + "; ".join(
-                f"{k} {v['rounds']} rounds" for k, v in search.items() if k in ("circle", "bisection")
+                f"{k} {v['rounds']} rounds"
+                for k, v in search.items()
+                if k in ("circle", "bisection")
             ),
         ]
         lines += [

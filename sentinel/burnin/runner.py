@@ -88,16 +88,20 @@ def _links(comm: Comm, s: BurninSettings, f: Findings, base: dict[str, Any]) -> 
         search = "circle" if len(nodes) <= BISECTION_FROM_NODES else "bisection"
     schedule = links.circle_rounds(nodes) if search in ("circle", "both") else []
     intra = links.intra_pairs(comm.node_of)
+    hosts = comm.gather_objects(socket.gethostname())
+    turns = comm.device.type != "cuda" and len(set(hosts)) < len(nodes)
     bar = Progress("links", len(schedule) + bool(intra), comm.rank == 0 and s.progress)
 
     def rings(groups: list[list[str]]) -> list[float]:
         return links.measure_rings(
-            comm, [[lead[n] for n in g] for g in groups], s.link_bytes, s.link_trials
+            comm, [[lead[n] for n in g] for g in groups], s.link_bytes, s.link_trials, turns
         )
 
     out: dict[str, Any] = {"link_search": {}}
     if intra:
-        gbps = links.measure_rings(comm, [[a, b] for _, a, b in intra], s.link_bytes, s.link_trials)
+        gbps = links.measure_rings(
+            comm, [[a, b] for _, a, b in intra], s.link_bytes, s.link_trials, turns
+        )
         bar.step("intra-node")
         verdicts = links.judge_intra(
             [(n, a, b, g) for (n, a, b), g in zip(intra, gbps, strict=True)], s.thresholds
@@ -146,12 +150,14 @@ def _stragglers(
     hosts = comm.gather_objects(socket.gethostname())
     slots = stragglers.turn_slots(hosts, comm.device.type == "cuda")
     bar = Progress("stragglers", 1, comm.rank == 0 and s.progress)
+    size = s.gemm_size_gpu if comm.device.type == "cuda" else s.gemm_size
     timings = stragglers.measure(
-        comm, compute, slots, s.gemm_size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
+        comm, compute, slots, size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
     )
     flagged, reasons = stragglers.judge(timings, s.thresholds, base.get("gemm_s"))
     for r in flagged:
         f.blame_rank(r, reasons[r])
+    flagged = [r for r in flagged if timings[r].error is None]  # failed GPUs are not slow ones
     bar.step()
     bar.finish(f"flagged {flagged}")
     good = [t.gemm_s for t in timings if t.error is None]
@@ -162,7 +168,7 @@ def _stragglers(
             "ranks": {
                 str(r): {
                     "gemm_ms": round(t.gemm_s * 1e3, 3),
-                    "tflops": round(stragglers.gemm_tflops(s.gemm_size, t.gemm_s), 4),
+                    "tflops": round(stragglers.gemm_tflops(size, t.gemm_s), 4),
                     "membw_gbps": round(t.membw_gbps, 2),
                 }
                 if t.error is None
@@ -179,6 +185,7 @@ def _sdc(comm: Comm, compute: Compute, s: BurninSettings, f: Findings) -> dict[s
     flagged, reasons = sdc.judge(digests)
     for r in flagged:
         f.blame_rank(r, f"SDC: {reasons[r]}")
+    flagged = [r for r in flagged if digests[r].error is None]
     bar.step()
     bar.finish(f"mismatched {flagged}")
     return {

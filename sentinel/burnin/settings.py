@@ -50,11 +50,12 @@ class BurninSettings:
     warmup: int = 2
     iters: int = 5
     link_bytes: int = 1 << 22
-    link_trials: int = 3
+    link_trials: int = 4
     link_search: str = "auto"
-    gemm_size: int = 384
-    gemm_rounds: int = 5
-    gemm_reps: int = 4
+    gemm_size: int = 384  # CPU ranks (simulated fleets)
+    gemm_size_gpu: int = 8192
+    gemm_rounds: int = 7
+    gemm_reps: int = 10
     membw_bytes: int = 1 << 24
     sdc_size: int = 128
     sdc_chain: int = 8
@@ -107,11 +108,11 @@ def quick_settings(base: BurninSettings) -> BurninSettings:
         step_factor=4,
         warmup=1,
         iters=3,
-        link_bytes=1 << 21,
-        link_trials=2,
-        gemm_size=256,
+        link_bytes=1 << 22,
+        link_trials=3,
+        gemm_size=384,
         gemm_rounds=4,
-        gemm_reps=3,
+        gemm_reps=8,
         membw_bytes=1 << 22,
         sdc_chain=6,
     )
