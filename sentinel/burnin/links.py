@@ -48,22 +48,22 @@ def bisection_round_bound(n: int) -> int:
 # --- measurement (inside ranks) -------------------------------------------------------------
 
 
-def _ring_seconds(comm: Comm, ring: Sequence[int], nbytes: int, trials: int) -> float:
-    """Best-of-trials seconds for this rank's step of a ring exchange among `ring`."""
-    i = ring.index(comm.rank)
-    dst, src = ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
-    count = max(1, nbytes // 4)
-    send = torch.ones(count, device=comm.device)
-    recv = torch.empty(count, device=comm.device)
-    comm.sendrecv(send[:16], dst, recv[:16], src)  # warm the path
-    best = math.inf
-    for _ in range(trials):
-        comm.sync()
+class _RingStep:
+    """This rank's part of a ring exchange: send to the next member, receive from the previous."""
+
+    def __init__(self, comm: Comm, ring: Sequence[int], nbytes: int) -> None:
+        i = ring.index(comm.rank)
+        self.comm, self.dst, self.src = comm, ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
+        count = max(1, nbytes // 4)
+        self.send = torch.ones(count, device=comm.device)
+        self.recv = torch.empty(count, device=comm.device)
+
+    def seconds(self) -> float:
+        self.comm.sync()
         t0 = time.perf_counter()
-        comm.sendrecv(send, dst, recv, src)
-        comm.sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        self.comm.sendrecv(self.send, self.dst, self.recv, self.src)
+        self.comm.sync()
+        return time.perf_counter() - t0
 
 
 def measure_rings(
@@ -75,16 +75,23 @@ def measure_rings(
 ) -> list[float]:
     """One round: every ring exchanges at once; GB/s per ring (its slowest member sets it).
 
+    Each rank keeps its best trial; trials are spread over the round rather than run back to
+    back, so a burst of unrelated load spoils some trials of every ring instead of all of one.
     `take_turns` runs the rings one after the other: when every "node" shares one host's CPUs
     (a simulated fleet, namespaces), concurrent rings would measure CPU contention, not links.
     """
-    seconds = 0.0
-    for turn, ring in enumerate(rings):
-        if take_turns or turn == 0:
-            comm.barrier()
-        if comm.rank in ring:
-            seconds = _ring_seconds(comm, ring, nbytes, trials)
-    everyone = comm.gather_objects(seconds)
+    mine = next((r for r in rings if comm.rank in r), None)
+    step = _RingStep(comm, mine, nbytes) if mine else None
+    if step:
+        step.seconds()  # warm the path
+    best = math.inf if step else 0.0
+    for _ in range(trials):
+        for turn, ring in enumerate(rings):
+            if take_turns or turn == 0:
+                comm.barrier()
+            if step and ring is mine:
+                best = min(best, step.seconds())
+    everyone = comm.gather_objects(best)
     return [nbytes / max(everyone[r] for r in ring) / 1e9 for ring in rings]
 
 
@@ -152,6 +159,14 @@ def bisect(
 # --- judgement (rank 0) ---------------------------------------------------------------------
 
 
+MIN_SAMPLES_FOR_SPREAD = 5
+
+
+def _spread(values: Sequence[float], th: Thresholds) -> float:
+    """k robust deviations, once there are enough values to estimate one; else no gate."""
+    return th.link_mad_k * mad(values) if len(values) >= MIN_SAMPLES_FOR_SPREAD else 0.0
+
+
 @dataclass
 class LinkVerdicts:
     rows: list[dict[str, object]]
@@ -166,21 +181,27 @@ def judge_matrix(
     th: Thresholds,
     baseline: dict[str, float] | None = None,
 ) -> LinkVerdicts:
-    """Flag nodes whose links sit well under the fleet's (or under their saved baseline)."""
+    """Flag nodes whose links sit well under the fleet's (or under their saved baseline).
+
+    Each node is judged against the links that do not touch it (leave one out): in a small
+    fleet a bad node's own links would otherwise be a large share of the reference and spread.
+    """
     touching = {n: [(p, g) for p, g in matrix.items() if n in p] for n in nodes}
     scores = {n: upper_median([g for _, g in ps]) for n, ps in touching.items() if ps}
     if not scores:
         return LinkVerdicts([], {}, 0.0, {})
-    ref = median(list(scores.values()))
-    spread = mad(list(scores.values()))
-    floor = ref * (1 - th.link_tolerance)
+    fleet = median(list(matrix.values()))
     reasons: dict[str, list[str]] = {}
+    floors: dict[str, float] = {}
     for node, score in scores.items():
-        slow = sorted((g, p) for p, g in touching[node] if g < floor)
-        if score < floor and ref - score > th.link_mad_k * spread:
+        others = [g for p, g in matrix.items() if node not in p]
+        ref = median(others) if others else score
+        floor = floors[node] = ref * (1 - th.link_tolerance)
+        if others and score < floor and ref - score > _spread(others, th):
+            slow = sorted((g, p) for p, g in touching[node] if g < floor)
             peers = ", ".join(f"{a if b == node else b} {g:.3f}" for g, (a, b) in slow)
             reasons.setdefault(node, []).append(
-                f"links: median {score:.3f} GB/s vs fleet {ref:.3f} GB/s "
+                f"links: median {score:.3f} GB/s vs {ref:.3f} GB/s among the other nodes "
                 f"(floor {floor:.3f}); {len(slow)}/{len(touching[node])} links slow: {peers}"
             )
         base = (baseline or {}).get(node)
@@ -194,11 +215,11 @@ def judge_matrix(
             "a": a,
             "b": b,
             "gbps": round(g, 4),
-            "verdict": "fail" if g < floor and (a in reasons or b in reasons) else "pass",
+            "verdict": "fail" if any(n in reasons and g < floors[n] for n in (a, b)) else "pass",
         }
         for (a, b), g in sorted(matrix.items())
     ]
-    return LinkVerdicts(rows, reasons, ref, scores)
+    return LinkVerdicts(rows, reasons, fleet, scores)
 
 
 def judge_intra(pairs: list[tuple[str, int, int, float]], th: Thresholds) -> LinkVerdicts:
@@ -206,11 +227,12 @@ def judge_intra(pairs: list[tuple[str, int, int, float]], th: Thresholds) -> Lin
     if not pairs:
         return LinkVerdicts([], {}, 0.0, {})
     values = [g for *_, g in pairs]
-    ref, spread = median(values), mad(values)
-    floor = ref * (1 - th.link_tolerance)
     rows, reasons = [], {}
-    for node, a, b, g in pairs:
-        bad = g < floor and ref - g > th.link_mad_k * spread
+    for i, (node, a, b, g) in enumerate(pairs):
+        others = values[:i] + values[i + 1 :]
+        ref = median(others) if others else g
+        bad = bool(others) and g < ref * (1 - th.link_tolerance)
+        bad = bad and ref - g > _spread(others, th)
         rows.append(
             {
                 "node": node,
@@ -223,4 +245,4 @@ def judge_intra(pairs: list[tuple[str, int, int, float]], th: Thresholds) -> Lin
             reasons.setdefault(node, []).append(
                 f"intra-node ranks {a}<->{b}: {g:.3f} GB/s vs fleet {ref:.3f} GB/s"
             )
-    return LinkVerdicts(rows, reasons, ref, {})
+    return LinkVerdicts(rows, reasons, median(values), {})

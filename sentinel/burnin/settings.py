@@ -33,7 +33,7 @@ def parse_phases(text: str) -> tuple[str, ...]:
 class Thresholds:
     """Judgement knobs. Fractions are relative to the fleet's median (or to the baseline)."""
 
-    link_tolerance: float = 0.30  # a node whose link bandwidth is 30% under the fleet's: flagged
+    link_tolerance: float = 0.40  # a node whose links run 40% under the others': flagged
     link_mad_k: float = 3.0  # ... and more than k robust deviations under it
     straggler_slowdown: float = 0.03  # a rank 3% slower than the median rank: flagged
     straggler_mad_k: float = 3.0
@@ -50,12 +50,12 @@ class BurninSettings:
     warmup: int = 2
     iters: int = 5
     link_bytes: int = 1 << 22
-    link_trials: int = 4
+    link_trials: int = 30
     link_search: str = "auto"
     gemm_size: int = 384  # CPU ranks (simulated fleets)
     gemm_size_gpu: int = 8192
     gemm_rounds: int = 7
-    gemm_reps: int = 10
+    gemm_reps: int = 20
     membw_bytes: int = 1 << 24
     sdc_size: int = 128
     sdc_chain: int = 8
@@ -108,11 +108,11 @@ def quick_settings(base: BurninSettings) -> BurninSettings:
         step_factor=4,
         warmup=1,
         iters=3,
-        link_bytes=1 << 22,
-        link_trials=3,
+        link_bytes=1 << 20,
+        link_trials=20,
         gemm_size=384,
         gemm_rounds=4,
-        gemm_reps=8,
+        gemm_reps=16,
         membw_bytes=1 << 22,
         sdc_chain=6,
     )

@@ -39,16 +39,16 @@ def rank_env(
 
 
 def spawn_fleet(
-    nodes: int, gpus_per_node: int, argv: Sequence[str], timeout_s: float = 1800.0
+    nodes: int, gpus_per_node: int, cmd: Sequence[str], timeout_s: float = 1800.0
 ) -> int:
-    """Run `python -m <argv>` once per rank; the first non-zero exit code, else 0.
+    """Run `cmd` once per rank; the first non-zero exit code, else 0.
 
     If one rank dies the others would wait forever on it, so they are stopped.
     """
     world, port = nodes * gpus_per_node, free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", *argv],
+            list(cmd),
             env=rank_env(r, world, f"node-{r // gpus_per_node}", r % gpus_per_node, port),
         )
         for r in range(world)
@@ -75,4 +75,5 @@ def spawn_fleet(
 
 
 def run_sim(nodes: int, gpus_per_node: int, settings_file: Path) -> int:
-    return spawn_fleet(nodes, gpus_per_node, ["sentinel.burnin.worker", str(settings_file)])
+    cmd = [sys.executable, "-m", "sentinel.burnin.worker", str(settings_file)]
+    return spawn_fleet(nodes, gpus_per_node, cmd)

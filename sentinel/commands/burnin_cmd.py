@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="circle (all pairs), bisection (O(log n) rounds) or both",
     )
-    run.add_argument("--link-tolerance", type=float, help="link drop vs fleet median (0.30)")
+    run.add_argument("--link-tolerance", type=float, help="link drop vs the other nodes (0.40)")
     run.add_argument("--straggler-threshold", type=float, help="slowdown that flags (0.03)")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report")
