@@ -25,6 +25,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 NODES = 4
 SLOW = 2
 RATE = "200mbit"  # 0.025 GB/s
+SCENARIO = """
+fleet: {nodes: 4, gpus_per_node: 1, spares: 0}
+trainer: {tp: 1, pp: 2, dp: 2}
+faults:
+  - {kind: straggler, rank: 1, slowdown: 1.10}
+  - {kind: sdc, rank: 3}
+"""
 
 
 def _ip(*args: str) -> None:
@@ -159,3 +166,15 @@ def test_tbf_limited_node_is_the_only_one_flagged(fleet: Fleet, tmp_path: Path) 
     bis = rep["link_search"]["bisection"]
     assert bis["found"] == f"node-{SLOW}" and bis["rounds"] == 2
     assert rep["link_search"]["circle"]["rounds"] == 3
+
+
+def test_straggler_and_sdc_ranks_across_namespaces(fleet: Fleet, tmp_path: Path) -> None:
+    sc = tmp_path / "faults.yaml"
+    sc.write_text(SCENARIO)
+    codes = _gang(fleet, tmp_path, "--phases", "stragglers,sdc", "--scenario", str(sc))
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert codes == [1, 0, 0, 0]
+    assert rep["stragglers"] == [1]
+    assert rep["sdc"]["mismatched_ranks"] == [3]
+    assert rep["exclude"] == ["node-1", "node-3"]
+    assert (tmp_path / "ex.txt").read_text() == "node-1\nnode-3\n"

@@ -35,7 +35,7 @@ class Thresholds:
 
     link_tolerance: float = 0.40  # a node whose links run 40% under the others': flagged
     link_mad_k: float = 3.0  # ... and more than k robust deviations under it
-    straggler_slowdown: float = 0.03  # a rank 3% slower than the median rank: flagged
+    straggler_slowdown: float = 0.04  # a rank 4% slower than the others' median: flagged
     straggler_mad_k: float = 3.0
     baseline_tolerance: float = 0.20  # variance = (value - baseline) / baseline below -20%: fail
 
@@ -54,8 +54,8 @@ class BurninSettings:
     link_search: str = "auto"
     gemm_size: int = 384  # CPU ranks (simulated fleets)
     gemm_size_gpu: int = 8192
-    gemm_rounds: int = 7
-    gemm_reps: int = 20
+    gemm_rounds: int = 40
+    gemm_reps: int = 4
     membw_bytes: int = 1 << 24
     sdc_size: int = 128
     sdc_chain: int = 8
@@ -111,8 +111,8 @@ def quick_settings(base: BurninSettings) -> BurninSettings:
         link_bytes=1 << 20,
         link_trials=20,
         gemm_size=384,
-        gemm_rounds=4,
-        gemm_reps=16,
+        gemm_rounds=24,
+        gemm_reps=3,
         membw_bytes=1 << 22,
         sdc_chain=6,
     )

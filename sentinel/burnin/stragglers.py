@@ -108,6 +108,19 @@ def measure(
     return comm.gather_objects(mine)
 
 
+def _outlier(
+    value: float, others: list[float], rel: float, k: float, higher_is_worse: bool
+) -> bool:
+    """Worse than the other ranks' median by `rel` and by k robust deviations (leave one out:
+    in a small gang the suspect's own value would widen the band it is judged against)."""
+    if not others:
+        return False
+    ref, spread = median(others), k * mad(others)
+    if higher_is_worse:
+        return value > ref * (1 + rel) and value - ref > spread
+    return value < ref * (1 - rel) and ref - value > spread
+
+
 def judge(
     timings: Sequence[RankTiming],
     th: Thresholds,
@@ -116,24 +129,22 @@ def judge(
     """Straggler ranks and a reason for each (errors included: a GPU that faults is out)."""
     ok = {r: t for r, t in enumerate(timings) if t.error is None}
     reasons = {r: f"GEMM failed: {t.error}" for r, t in enumerate(timings) if t.error}
-    if ok:
-        times = [t.gemm_s for t in ok.values()]
-        bws = [t.membw_gbps for t in ok.values()]
-        med_t, mad_t, med_bw, mad_bw = median(times), mad(times), median(bws), mad(bws)
-        for r, t in ok.items():
-            slow = t.gemm_s / med_t - 1
-            if slow > th.straggler_slowdown and t.gemm_s - med_t > th.straggler_mad_k * mad_t:
-                reasons[r] = f"GEMM {t.gemm_s * 1e3:.2f} ms is {slow:+.1%} against the median rank"
-            elif (
-                t.membw_gbps < med_bw * (1 - MEMBW_TOLERANCE)
-                and med_bw - t.membw_gbps > th.straggler_mad_k * mad_bw
-            ):
-                reasons[r] = f"memory bandwidth {t.membw_gbps:.1f} GB/s vs median {med_bw:.1f} GB/s"
-            elif baseline_gemm_s and variance(t.gemm_s, baseline_gemm_s) > th.baseline_tolerance:
-                reasons[r] = (
-                    f"GEMM {t.gemm_s * 1e3:.2f} ms is "
-                    f"{variance(t.gemm_s, baseline_gemm_s):+.0%} against baseline"
-                )
+    k = th.straggler_mad_k
+    for r, t in ok.items():
+        times = [o.gemm_s for q, o in ok.items() if q != r]
+        bws = [o.membw_gbps for q, o in ok.items() if q != r]
+        if _outlier(t.gemm_s, times, th.straggler_slowdown, k, higher_is_worse=True):
+            slow = t.gemm_s / median(times) - 1
+            reasons[r] = f"GEMM {t.gemm_s * 1e3:.2f} ms is {slow:+.1%} against the other ranks"
+        elif _outlier(t.membw_gbps, bws, MEMBW_TOLERANCE, k, higher_is_worse=False):
+            reasons[r] = (
+                f"memory bandwidth {t.membw_gbps:.1f} GB/s vs {median(bws):.1f} GB/s elsewhere"
+            )
+        elif baseline_gemm_s and variance(t.gemm_s, baseline_gemm_s) > th.baseline_tolerance:
+            reasons[r] = (
+                f"GEMM {t.gemm_s * 1e3:.2f} ms is "
+                f"{variance(t.gemm_s, baseline_gemm_s):+.0%} against baseline"
+            )
     return sorted(reasons), reasons
 
 

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="circle (all pairs), bisection (O(log n) rounds) or both",
     )
     run.add_argument("--link-tolerance", type=float, help="link drop vs the other nodes (0.40)")
-    run.add_argument("--straggler-threshold", type=float, help="slowdown that flags (0.03)")
+    run.add_argument("--straggler-threshold", type=float, help="slowdown that flags (0.04)")
     out = p.add_argument_group("output")
     out.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report")
     out.add_argument("--exclude-out", type=Path, metavar="FILE", help="write failed node names")
