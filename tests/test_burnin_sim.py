@@ -106,3 +106,27 @@ def test_injected_faults_are_flagged_and_nothing_else(
     assert rep["link_search"]["bisection"]["found"] == "node-3"
     assert rep["link_search"]["bisection"]["rounds"] == 2
     assert any("ECC" in r for r in rep["nodes"]["node-1"]["reasons"])
+
+
+def test_baseline_judges_links_against_saved_figures(
+    sentinel_cmd: list[str], tmp_path: Path
+) -> None:
+    """A baseline from a (much) faster fleet: every node's links regress against it."""
+    base = tmp_path / "base.json"
+    base.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "world_size": 4,
+                "busbw_gbps": {},
+                "gemm_s": None,
+                "node_link_gbps": {f"node-{k}": 1000.0 for k in range(4)},
+            }
+        )
+    )
+    code, rep, exclude, out = _burnin(
+        sentinel_cmd, tmp_path, "--sim-nodes", "4", "--phases", "links", "--baseline", str(base)
+    )
+    assert code == 1, out
+    assert exclude == [f"node-{k}" for k in range(4)]
+    assert all("against baseline 1000.000" in row["reasons"][0] for row in rep["nodes"].values())

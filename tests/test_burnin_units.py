@@ -195,3 +195,56 @@ def test_cli_modules_do_not_import_torch() -> None:
         "sentinel.burnin.sim; sentinel.cli.build_parser(); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _CorruptingComm:
+    """Wraps a Comm and flips one element of every result, as a bad transport would."""
+
+    def __init__(self, comm: object) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._comm, name)
+
+    def _corrupt(self, t: object) -> None:
+        t.view(-1)[-1] += 1  # type: ignore[attr-defined]
+
+    def all_reduce(self, t: object) -> None:
+        self._comm.all_reduce(t)  # type: ignore[attr-defined]
+        self._corrupt(t)
+
+    def all_gather(self, out: object, t: object) -> None:
+        self._comm.all_gather(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def reduce_scatter(self, out: object, t: object) -> None:
+        self._comm.reduce_scatter(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def all_to_all(self, out: object, t: object) -> None:
+        self._comm.all_to_all(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def broadcast(self, t: object, src: int) -> None:
+        self._comm.broadcast(t, src)  # type: ignore[attr-defined]
+        self._corrupt(t)
+
+
+def test_exact_check_catches_a_corrupted_transport() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from sentinel.burnin.collectives import make_case
+    from sentinel.burnin.comm import Comm
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = Comm(0, 1, ["node-0"], torch.device("cpu"))
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+            for wrapper, expect in ((comm, True), (_CorruptingComm(comm), False)):
+                case = make_case(wrapper, op, 1024)  # type: ignore[arg-type]
+                case.reset()
+                case.run()
+                assert case.check() is expect, (op, expect)
+    finally:
+        dist.destroy_process_group()

@@ -70,8 +70,13 @@ def _collectives(
     for row in rows:
         for r in row["incorrect_ranks"]:
             f.blame_rank(r, f"wrong result in {row['op']} of {row['bytes']} bytes")
+        # judged at the sweep's largest size only: small messages measure latency and jitter
         was = base.get("busbw_gbps", {}).get(f"{row['op']}:{row['bytes']}")
-        if was and variance(row["busbw_gbps"], was) < -s.thresholds.baseline_tolerance:
+        if (
+            row["bytes"] == max(r["bytes"] for r in rows if r["op"] == row["op"])
+            and was
+            and variance(row["busbw_gbps"], was) < -s.thresholds.baseline_tolerance
+        ):
             f.fleet_reasons.append(
                 f"{row['op']} {row['bytes']} B busbw {row['busbw_gbps']:.3f} GB/s is "
                 f"{variance(row['busbw_gbps'], was):+.0%} against baseline {was:.3f}"
