@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class Case:
     """Buffers of one operation at one size, and how to run and check it."""
 
     run: Callable[[], None]
-    reset: Callable[[], None]
+    reset: Callable[[], object]
     check: Callable[[], bool]
 
 
@@ -121,7 +122,7 @@ def time_case(comm: Comm, case: Case, warmup: int, iters: int) -> float:
     return comm.max_float((time.perf_counter() - t0) / iters)
 
 
-def measure(comm: Comm, op: str, nbytes: int, warmup: int, iters: int) -> dict[str, object]:
+def measure(comm: Comm, op: str, nbytes: int, warmup: int, iters: int) -> dict[str, Any]:
     """One row of the report, with the ranks whose result was wrong (None on non-zero ranks)."""
     count = elements(nbytes, comm.world)
     case = make_case(comm, op, count)

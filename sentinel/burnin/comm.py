@@ -64,9 +64,9 @@ class Comm:
 
     def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         """Send to one peer while receiving from another (possibly the same) peer."""
-        reqs = [dist.isend(send, dst), dist.irecv(recv, src)]
-        for r in reqs:
-            r.wait()
+        for req in (dist.isend(send, dst), dist.irecv(recv, src)):
+            if req is not None:
+                req.wait()
 
 
 class Compute:

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -134,7 +135,7 @@ def bisect(
     if len(nodes) < 4:
         out.note = "bisection needs 4 or more nodes; use the circle search"
         return out
-    suspects, cleared = list(nodes), []
+    suspects, cleared = list(nodes), list[str]()
     while len(suspects) > 1:
         halves = [suspects[: len(suspects) // 2], suspects[len(suspects) // 2 :]]
         spare = iter(cleared)
@@ -169,7 +170,7 @@ def _spread(values: Sequence[float], th: Thresholds) -> float:
 
 @dataclass
 class LinkVerdicts:
-    rows: list[dict[str, object]]
+    rows: list[dict[str, Any]]
     node_reasons: dict[str, list[str]]
     reference_gbps: float
     node_scores: dict[str, float]
@@ -227,7 +228,8 @@ def judge_intra(pairs: list[tuple[str, int, int, float]], th: Thresholds) -> Lin
     if not pairs:
         return LinkVerdicts([], {}, 0.0, {})
     values = [g for *_, g in pairs]
-    rows, reasons = [], {}
+    rows: list[dict[str, Any]] = []
+    reasons: dict[str, list[str]] = {}
     for i, (node, a, b, g) in enumerate(pairs):
         others = values[:i] + values[i + 1 :]
         ref = median(others) if others else g
