@@ -111,7 +111,7 @@ def quick_settings(base: BurninSettings) -> BurninSettings:
         link_bytes=1 << 20,
         link_trials=20,
         gemm_size=384,
-        gemm_rounds=24,
+        gemm_rounds=32,
         gemm_reps=3,
         membw_bytes=1 << 22,
         sdc_chain=6,
