@@ -154,16 +154,33 @@ def _stragglers(
 ) -> dict[str, Any]:
     hosts = comm.gather_objects(socket.gethostname())
     slots = stragglers.turn_slots(hosts, comm.device.type == "cuda")
-    bar = Progress("stragglers", 1, comm.rank == 0 and s.progress)
+    bar = Progress("stragglers", 2, comm.rank == 0 and s.progress)
     size = s.gemm_size_gpu if comm.device.type == "cuda" else s.gemm_size
-    timings = stragglers.measure(
-        comm, compute, slots, size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
-    )
-    flagged, reasons = stragglers.judge(timings, s.thresholds, base.get("gemm_s"))
+
+    def screen() -> tuple[list[stragglers.RankTiming], list[int], dict[int, str]]:
+        timings = stragglers.measure(
+            comm, compute, slots, size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
+        )
+        return timings, *stragglers.judge(timings, s.thresholds, base.get("gemm_s"))
+
+    timings, flagged, reasons = screen()
+    bar.step("screen")
+    slow = [r for r in flagged if timings[r].error is None]  # failed GPUs are not slow ones
+    if slow:
+        # A slow GPU is slow every time; a busy moment is not. Every rank takes the same
+        # decision here (the timings were gathered everywhere), so all measure again.
+        _, again, why = screen()
+        for r in slow:
+            if r in again:
+                reasons[r] += f"; confirmed on a second pass ({why[r]})"
+            else:
+                del reasons[r]
+        flagged = sorted(reasons)
+        slow = [r for r in slow if r in again]
+    bar.step("confirmation" if slow else "")
     for r in flagged:
         f.blame_rank(r, reasons[r])
-    flagged = [r for r in flagged if timings[r].error is None]  # failed GPUs are not slow ones
-    bar.step()
+    flagged = slow
     bar.finish(f"flagged {flagged}")
     good = [t.gemm_s for t in timings if t.error is None]
     return {
