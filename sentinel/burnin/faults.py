@@ -6,7 +6,8 @@ A scenario's pre-job faults become per-rank behaviour behind the `Comm` and `Com
   transport gave. On a real network the same signal comes from `tc` (see the namespace tests).
 - `straggler` (rank, slowdown): the rank's matrix products and copies take `slowdown` times as
   long.
-- `sdc` (rank): the rank's matrix products come back with one bit flipped in a random element.
+- `sdc` (rank): half of the rank's matrix products, at random, come back with one bit flipped
+  in a random element.
 - node faults on a GPU: `thermal` throttles it (slower arithmetic above 85 C); `ecc_dbe` and
   `xid` make its arithmetic raise, as a CUDA error would.
 """
@@ -32,17 +33,7 @@ from sentinel.scenario import (
 )
 
 THROTTLE_START_C = 85.0
-SPIN_BELOW_S = 0.002
-
-
-def _wait(seconds: float) -> None:
-    """Sleep, or spin for waits too short for the scheduler to honour precisely."""
-    if seconds > SPIN_BELOW_S:
-        time.sleep(seconds)
-        return
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+SDC_RATE = 0.5  # share of products that come back corrupted: SDC is intermittent
 
 
 @dataclass(frozen=True)
@@ -119,22 +110,25 @@ class FaultyCompute(Compute):
         self._bookkeeping = 0.0
 
     def _slow(self, t0: float) -> None:
+        """A throttled GPU stays busy longer (it does not sleep): spin on the device clock."""
         if self._faults.slowdown > 1.0:
             self.sync()
-            _wait((time.perf_counter() - t0) * (self._faults.slowdown - 1.0))
+            end = self.clock() + (self.clock() - t0) * (self._faults.slowdown - 1.0)
+            while self.clock() < end:
+                pass
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self._faults.device_error:
             raise RuntimeError(f"CUDA error: {self._faults.device_error}")
-        t0 = time.perf_counter()
+        t0 = self.clock()
         out = super().matmul(a, b)
         self._slow(t0)
-        if self._faults.sdc and out.dtype == torch.float32:
-            t1 = time.perf_counter()
+        if self._faults.sdc and out.dtype == torch.float32 and self._rng.random() < SDC_RATE:
+            t1 = self.clock()
             bits = out.view(-1).view(torch.int32)
             # the top mantissa bit of one element: a silent, plausible-looking error
             bits.narrow(0, self._rng.randrange(bits.numel()), 1).bitwise_xor_(1 << 22)
-            self._bookkeeping += time.perf_counter() - t1
+            self._bookkeeping += self.clock() - t1
         return out
 
     def timed(self, fn: Any, *args: Any) -> tuple[Any, float]:
@@ -146,7 +140,7 @@ class FaultyCompute(Compute):
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if self._faults.device_error:
             raise RuntimeError(f"CUDA error: {self._faults.device_error}")
-        t0 = time.perf_counter()
+        t0 = self.clock()
         super().copy(dst, src)
         self._slow(t0)
 

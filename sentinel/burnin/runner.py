@@ -183,6 +183,8 @@ def _stragglers(
     flagged = slow
     bar.finish(f"flagged {flagged}")
     good = [t.gemm_s for t in timings if t.error is None]
+    ok = {r: t.gemm_rounds for r, t in enumerate(timings) if t.error is None and t.gemm_rounds}
+    relative = stragglers.round_scores(ok) if ok else {}
     return {
         "stragglers": flagged,
         "straggler_detail": {
@@ -192,6 +194,7 @@ def _stragglers(
                     "gemm_ms": round(t.gemm_s * 1e3, 3),
                     "tflops": round(stragglers.gemm_tflops(size, t.gemm_s), 4),
                     "membw_gbps": round(t.membw_gbps, 2),
+                    "relative_time": round(relative.get(r, float("nan")), 4),
                 }
                 if t.error is None
                 else {"error": t.error}

@@ -54,8 +54,8 @@ class BurninSettings:
     link_search: str = "auto"
     gemm_size: int = 384  # CPU ranks (simulated fleets)
     gemm_size_gpu: int = 8192
-    gemm_rounds: int = 40
-    gemm_reps: int = 4
+    gemm_rounds: int = 64
+    gemm_reps: int = 3
     membw_bytes: int = 1 << 24
     sdc_size: int = 128
     sdc_chain: int = 8
@@ -111,8 +111,8 @@ def quick_settings(base: BurninSettings) -> BurninSettings:
         link_bytes=1 << 20,
         link_trials=20,
         gemm_size=384,
-        gemm_rounds=32,
-        gemm_reps=3,
+        gemm_rounds=40,
+        gemm_reps=2,
         membw_bytes=1 << 22,
         sdc_chain=6,
     )

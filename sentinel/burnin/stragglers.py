@@ -5,10 +5,12 @@ its slowest rank, so a rank noticeably slower than the median rank is flagged: i
 over `median * (1 + straggler_slowdown)` and more than `k` robust deviations (MAD) out, so a
 noisy fleet widens the band instead of flagging ranks at random.
 
-Ranks that share one host without GPUs (the simulated fleet) take turns, so they measure their
-own arithmetic rather than their neighbours'. Each product and copy is timed on its own and a
-rank is summarized by the fast 10th percentile of its samples, which discards interference from
-whatever else runs on the machine but not a GPU that is slow every time.
+The measurement runs in many short rounds. Within a round every rank times a few products and
+copies (its fastest one counts); each rank's time is divided by the round's median rank, and a
+rank is scored by the median of those ratios over all rounds. Load that comes and goes on the
+machine moves a whole round, not one rank, and cancels out; a GPU that is slow every time
+stays slow in every round. Ranks that share one host without GPUs (the simulated fleet) take
+turns within a round, so they measure their own arithmetic rather than their neighbours'.
 """
 
 from __future__ import annotations
@@ -23,15 +25,22 @@ from sentinel.burnin.comm import Comm, Compute
 from sentinel.burnin.settings import Thresholds
 from sentinel.burnin.stats import mad, median, variance
 
-FAST_QUANTILE = 0.0  # the fastest sample: what the GPU does when nothing else gets in its way
 MEMBW_TOLERANCE = 0.25  # memory bandwidth is noisier than GEMMs: only a large drop flags
 
 
 @dataclass(frozen=True)
 class RankTiming:
-    gemm_s: float = math.nan
-    membw_gbps: float = math.nan
+    gemm_rounds: tuple[float, ...] = ()  # seconds per product, fastest of each round
+    membw_rounds: tuple[float, ...] = ()  # GB/s per copy, fastest of each round
     error: str | None = None
+
+    @property
+    def gemm_s(self) -> float:
+        return median(self.gemm_rounds) if self.gemm_rounds else math.nan
+
+    @property
+    def membw_gbps(self) -> float:
+        return median(self.membw_rounds) if self.membw_rounds else math.nan
 
 
 def turn_slots(hosts: Sequence[str], use_gpu: bool) -> list[int]:
@@ -63,12 +72,6 @@ def _samples(
     return gemm, copy
 
 
-def fast_tail(xs: Sequence[float], q: float = FAST_QUANTILE) -> float:
-    """A low quantile: what the hardware does when nothing else gets in its way."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def measure(
     comm: Comm,
     compute: Compute,
@@ -88,7 +91,7 @@ def measure(
     dst = torch.empty_like(src)
     gemm: list[float] = []
     copy: list[float] = []
-    error = None
+    error: str | None = None
     for _ in range(rounds):
         for slot in range(max(slots) + 1):
             comm.barrier()
@@ -99,13 +102,21 @@ def measure(
             except RuntimeError as e:
                 error = str(e)
                 continue
-            gemm += g_s
-            copy += c_s
-    if error:
-        mine = RankTiming(error=error)
-    else:
-        mine = RankTiming(fast_tail(gemm), fast_tail([-x for x in copy]) * -1)
+            gemm.append(min(g_s))
+            copy.append(max(c_s))
+    mine = RankTiming(error=error) if error else RankTiming(tuple(gemm), tuple(copy))
     return comm.gather_objects(mine)
+
+
+def round_scores(series: dict[int, Sequence[float]]) -> dict[int, float]:
+    """Each rank's median over rounds of (its value / the round's median rank)."""
+    rounds = min(len(v) for v in series.values())
+    ratios: dict[int, list[float]] = {r: [] for r in series}
+    for k in range(rounds):
+        mid = median([v[k] for v in series.values()])
+        for r, v in series.items():
+            ratios[r].append(v[k] / mid)
+    return {r: median(x) for r, x in ratios.items()}
 
 
 def _outlier(
@@ -127,19 +138,24 @@ def judge(
     baseline_gemm_s: float | None = None,
 ) -> tuple[list[int], dict[int, str]]:
     """Straggler ranks and a reason for each (errors included: a GPU that faults is out)."""
-    ok = {r: t for r, t in enumerate(timings) if t.error is None}
+    ok = {r: t for r, t in enumerate(timings) if t.error is None and t.gemm_rounds}
     reasons = {r: f"GEMM failed: {t.error}" for r, t in enumerate(timings) if t.error}
+    if not ok:
+        return sorted(reasons), reasons
+    gemm = round_scores({r: t.gemm_rounds for r, t in ok.items()})
+    # bandwidth: invert so that higher is worse, like time
+    copy = round_scores({r: [1 / x for x in t.membw_rounds] for r, t in ok.items()})
     k = th.straggler_mad_k
     for r, t in ok.items():
-        times = [o.gemm_s for q, o in ok.items() if q != r]
-        bws = [o.membw_gbps for q, o in ok.items() if q != r]
-        if _outlier(t.gemm_s, times, th.straggler_slowdown, k, higher_is_worse=True):
-            slow = t.gemm_s / median(times) - 1
-            reasons[r] = f"GEMM {t.gemm_s * 1e3:.2f} ms is {slow:+.1%} against the other ranks"
-        elif _outlier(t.membw_gbps, bws, MEMBW_TOLERANCE, k, higher_is_worse=False):
+        others = [v for q, v in gemm.items() if q != r]
+        if _outlier(gemm[r], others, th.straggler_slowdown, k, higher_is_worse=True):
+            slow = gemm[r] / median(others) - 1
             reasons[r] = (
-                f"memory bandwidth {t.membw_gbps:.1f} GB/s vs {median(bws):.1f} GB/s elsewhere"
+                f"GEMM {t.gemm_s * 1e3:.2f} ms is {slow:+.1%} against the other ranks "
+                f"(median over {len(t.gemm_rounds)} rounds)"
             )
+        elif _outlier(copy[r], [v for q, v in copy.items() if q != r], MEMBW_TOLERANCE, k, True):
+            reasons[r] = f"memory bandwidth {t.membw_gbps:.1f} GB/s is low against the others"
         elif baseline_gemm_s and variance(t.gemm_s, baseline_gemm_s) > th.baseline_tolerance:
             reasons[r] = (
                 f"GEMM {t.gemm_s * 1e3:.2f} ms is "
