@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import random
@@ -13,6 +14,7 @@ import pytest
 
 from sentinel.burnin import links, sdc, stragglers
 from sentinel.burnin.collectives import bus_factor, elements
+from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, baseline_from, load_baseline, render
 from sentinel.burnin.settings import BurninSettings, Thresholds, parse_size
 from sentinel.cli import main
@@ -257,3 +259,30 @@ def test_exact_check_catches_a_corrupted_transport() -> None:
                 assert case.check() is expect, (op, expect)
     finally:
         dist.destroy_process_group()
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    tty = _Stream(True)
+    bar = Progress("links", 4, stream=tty)
+    for k in range(4):
+        bar.step(f"round {k}")
+    bar.finish("3 circle rounds")
+    assert "\rlinks        [######                  ] 1/4" in tty.getvalue()
+    assert tty.getvalue().endswith("\n") and "done in" in tty.getvalue()
+    plain = _Stream(False)
+    bar = Progress("collectives", 8, stream=plain)
+    for _ in range(8):
+        bar.step("x")
+    bar.finish()
+    lines = plain.getvalue().splitlines()
+    assert "\r" not in plain.getvalue() and lines[-1].startswith("burnin collectives: done in")
+    assert 2 <= len(lines) <= 6  # a line per quarter, not per step
