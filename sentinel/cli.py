@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "sentinel.commands.run_cmd",
     "sentinel.commands.goodput_cmd",
     "sentinel.commands.fr_cmd",
+    "sentinel.commands.burnin_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -1,0 +1,153 @@
+"""Fault injection for simulated burn-in fleets: this module only creates faults.
+
+A scenario's pre-job faults become per-rank behaviour behind the `Comm` and `Compute` seams:
+- `link_degraded` (node, factor): the node's ranks stretch every transfer that leaves the node
+  by sleeping `elapsed * (1/factor - 1)`, so measured bandwidth is `factor` times what the
+  transport gave. On a real network the same signal comes from `tc` (see the namespace tests).
+- `straggler` (rank, slowdown): the rank's matrix products and copies take `slowdown` times as
+  long.
+- `sdc` (rank): half of the rank's matrix products, at random, come back with one bit flipped
+  in a random element.
+- node faults on a GPU: `thermal` throttles it (slower arithmetic above 85 C); `ecc_dbe` and
+  `xid` make its arithmetic raise, as a CUDA error would.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sentinel.burnin.comm import Comm, Compute
+from sentinel.scenario import (
+    EccDbeFault,
+    LinkDegradedFault,
+    SdcFault,
+    StragglerFault,
+    ThermalFault,
+    XidFault,
+    load_scenario,
+)
+
+THROTTLE_START_C = 85.0
+SDC_RATE = 0.5  # share of products that come back corrupted: SDC is intermittent
+
+
+@dataclass(frozen=True)
+class RankFaults:
+    link_factor: float = 1.0
+    slowdown: float = 1.0
+    sdc: bool = False
+    device_error: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return self != RankFaults()
+
+
+def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankFaults:
+    """The faults striking global `rank`, which runs on GPU `gpu` of `node`."""
+    scenario = load_scenario(scenario_path)
+    link, slow, sdc, err = 1.0, 1.0, False, None
+    for f in scenario.faults:
+        if isinstance(f, LinkDegradedFault) and f.node == node:
+            link = min(link, f.factor)
+        elif isinstance(f, StragglerFault) and f.rank == rank:
+            slow = max(slow, f.slowdown)
+        elif isinstance(f, SdcFault) and f.rank == rank:
+            sdc = True
+        elif isinstance(f, ThermalFault) and (f.node, f.gpu) == (node, gpu):
+            slow = max(slow, 1.0 + max(0.0, f.temp_c - THROTTLE_START_C) / 50.0)
+        elif isinstance(f, EccDbeFault) and (f.node, f.gpu) == (node, gpu):
+            err = "uncorrectable ECC error encountered (double-bit)"
+        elif isinstance(f, XidFault) and (f.node, f.gpu) == (node, gpu):
+            err = f"device reported Xid {f.xid}"
+    return RankFaults(link_factor=link, slowdown=slow, sdc=sdc, device_error=err)
+
+
+class ThrottledComm(Comm):
+    """A node whose network link carries only `factor` of its bandwidth."""
+
+    def __init__(self, base: Comm, factor: float) -> None:
+        super().__init__(base.rank, base.world, base.node_of, base.device)
+        self._stretch = 1.0 / factor - 1.0
+        self._multi_node = len(set(base.node_of)) > 1
+
+    def _stretched(self, crosses: bool, fn: Any, *args: Any) -> None:
+        t0 = time.perf_counter()
+        fn(*args)
+        if crosses:
+            time.sleep((time.perf_counter() - t0) * self._stretch)
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        self._stretched(self._multi_node, super().all_reduce, t)
+
+    def all_gather(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        self._stretched(self._multi_node, super().all_gather, out, t)
+
+    def reduce_scatter(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        self._stretched(self._multi_node, super().reduce_scatter, out, t)
+
+    def all_to_all(self, out: torch.Tensor, t: torch.Tensor) -> None:
+        self._stretched(self._multi_node, super().all_to_all, out, t)
+
+    def broadcast(self, t: torch.Tensor, src: int) -> None:
+        self._stretched(self._multi_node, super().broadcast, t, src)
+
+    def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        crosses = self.node_of[dst] != self.node or self.node_of[src] != self.node
+        self._stretched(crosses, super().sendrecv, send, dst, recv, src)
+
+
+class FaultyCompute(Compute):
+    def __init__(self, device: torch.device, faults: RankFaults) -> None:
+        super().__init__(device)
+        self._faults = faults
+        self._rng = random.Random()  # unseeded on purpose: SDC differs run to run
+        self._bookkeeping = 0.0
+
+    def _slow(self, t0: float) -> None:
+        """A throttled GPU stays busy longer (it does not sleep): spin on the device clock."""
+        if self._faults.slowdown > 1.0:
+            self.sync()
+            end = self.clock() + (self.clock() - t0) * (self._faults.slowdown - 1.0)
+            while self.clock() < end:
+                pass
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if self._faults.device_error:
+            raise RuntimeError(f"CUDA error: {self._faults.device_error}")
+        t0 = self.clock()
+        out = super().matmul(a, b)
+        self._slow(t0)
+        if self._faults.sdc and out.dtype == torch.float32 and self._rng.random() < SDC_RATE:
+            t1 = self.clock()
+            bits = out.view(-1).view(torch.int32)
+            # the top mantissa bit of one element: a silent, plausible-looking error
+            bits.narrow(0, self._rng.randrange(bits.numel()), 1).bitwise_xor_(1 << 22)
+            self._bookkeeping += self.clock() - t1
+        return out
+
+    def timed(self, fn: Any, *args: Any) -> tuple[Any, float]:
+        """Bit flips cost the simulated GPU nothing: the injector's own time is not counted."""
+        before = self._bookkeeping
+        out, seconds = super().timed(fn, *args)
+        return out, seconds - (self._bookkeeping - before)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self._faults.device_error:
+            raise RuntimeError(f"CUDA error: {self._faults.device_error}")
+        t0 = self.clock()
+        super().copy(dst, src)
+        self._slow(t0)
+
+
+def inject(comm: Comm, compute: Compute, faults: RankFaults) -> tuple[Comm, Compute]:
+    if faults.link_factor < 1.0:
+        comm = ThrottledComm(comm, faults.link_factor)
+    if faults.slowdown > 1.0 or faults.sdc or faults.device_error:
+        compute = FaultyCompute(compute.device, faults)
+    return comm, compute

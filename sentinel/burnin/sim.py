@@ -1,0 +1,79 @@
+"""Spawn a simulated fleet on this machine: N nodes x G ranks as local gloo processes.
+
+Each rank gets RANK/WORLD_SIZE/MASTER_* like torchrun would set, plus SENTINEL_NODE, its
+simulated node identity. No torch import here: the parent only launches and waits.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(
+    rank: int, world: int, node: str, local: int, port: int, addr: str = "127.0.0.1"
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(local),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        SENTINEL_NODE=node,
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore::FutureWarning",
+    )
+    return env
+
+
+def spawn_fleet(
+    nodes: int, gpus_per_node: int, cmd: Sequence[str], timeout_s: float = 1800.0
+) -> int:
+    """Run `cmd` once per rank; the first non-zero exit code, else 0.
+
+    If one rank dies the others would wait forever on it, so they are stopped.
+    """
+    world, port = nodes * gpus_per_node, free_port()
+    procs = [
+        subprocess.Popen(
+            list(cmd),
+            env=rank_env(r, world, f"node-{r // gpus_per_node}", r % gpus_per_node, port),
+        )
+        for r in range(world)
+    ]
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed or all(c == 0 for c in codes):
+                return failed[0] if failed else 0
+            if time.monotonic() > deadline:
+                return 124
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run_sim(nodes: int, gpus_per_node: int, settings_file: Path) -> int:
+    cmd = [sys.executable, "-m", "sentinel.burnin.worker", str(settings_file)]
+    return spawn_fleet(nodes, gpus_per_node, cmd)

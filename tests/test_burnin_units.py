@@ -1,0 +1,288 @@
+"""Burn-in judgement, schedules and CLI input checks: pure logic, no process group."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sentinel.burnin import links, sdc, stragglers
+from sentinel.burnin.collectives import bus_factor, elements
+from sentinel.burnin.progress import Progress
+from sentinel.burnin.report import Findings, assemble, baseline_from, load_baseline, render
+from sentinel.burnin.settings import BurninSettings, Thresholds, parse_size
+from sentinel.cli import main
+from sentinel.exitcodes import InputError
+
+TH = Thresholds()
+
+
+def test_bus_factors_match_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    for op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert bus_factor(op, 8) == pytest.approx(7 / 8)
+    assert bus_factor("broadcast", 8) == bus_factor("sendrecv", 8) == 1.0
+    assert elements(4096, 3) % 3 == 0 and elements(10, 8) == 8
+
+
+@pytest.mark.parametrize("n", [2, 4, 5, 8, 9])
+def test_circle_schedule_covers_every_pair_once(n: int) -> None:
+    nodes = [f"node-{k}" for k in range(n)]
+    rounds = links.circle_rounds(nodes)
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    seen = [frozenset(p) for r in rounds for p in r]
+    assert sorted(map(sorted, seen)) == sorted(
+        map(sorted, map(frozenset, itertools.combinations(nodes, 2)))
+    )
+    for r in rounds:
+        members = [x for p in r for x in p]
+        assert len(members) == len(set(members))  # no node twice in a round
+
+
+def _ring_measure(speed: dict[str, float], log: list[list[list[str]]]):
+    def measure(groups: list[list[str]]) -> list[float]:
+        log.append(groups)
+        used = [x for g in groups for x in g]
+        assert len(used) == len(set(used)), "a node in two concurrent groups"
+        return [min(speed[x] for x in g) * random.uniform(0.97, 1.03) for g in groups]
+
+    return measure
+
+
+@pytest.mark.parametrize("n,bad", [(4, 3), (16, 11), (37, 0), (1024, 517)])
+def test_bisection_finds_the_bad_node_in_log_rounds(n: int, bad: int) -> None:
+    speed = {f"node-{k}": 1.0 for k in range(n)}
+    speed[f"node-{bad}"] = 0.25
+    log: list[list[list[str]]] = []
+    found = links.bisect(list(speed), _ring_measure(speed, log), 0.3)
+    assert found.found == f"node-{bad}"
+    assert found.rounds == len(log) <= links.bisection_round_bound(n)
+    assert len(links.circle_rounds(list(speed))) >= n - 1  # what the circle search would need
+
+
+def test_bisection_on_a_clean_fleet_stops_after_one_round() -> None:
+    speed = {f"node-{k}": 1.0 for k in range(8)}
+    found = links.bisect(list(speed), _ring_measure(speed, []), 0.3)
+    assert found.found is None and found.rounds == 1 and "no single bad node" in found.note
+
+
+def _matrix(n: int, slow: str | None, rng: random.Random) -> dict[links.Pair, float]:
+    nodes = [f"node-{k}" for k in range(n)]
+    return {
+        (a, b): (0.023 if slow in (a, b) else 1.0) * rng.uniform(0.85, 1.15)
+        for a, b in itertools.combinations(nodes, 2)
+    }
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_link_judge_flags_only_the_slow_node(n: int) -> None:
+    rng = random.Random(n)
+    nodes = [f"node-{k}" for k in range(n)]
+    v = links.judge_matrix(nodes, _matrix(n, "node-1", rng), TH)
+    assert list(v.node_reasons) == ["node-1"]
+    assert "links slow" in v.node_reasons["node-1"][0]
+    failing = {(r["a"], r["b"]) for r in v.rows if r["verdict"] == "fail"}
+    assert failing and all("node-1" in p for p in failing)
+    assert not links.judge_matrix(nodes, _matrix(n, None, rng), TH).node_reasons
+
+
+def test_link_judge_uses_the_baseline() -> None:
+    nodes = ["node-0", "node-1"]
+    m = {("node-0", "node-1"): 0.5}
+    assert not links.judge_matrix(nodes, m, TH).node_reasons  # two nodes: nothing to compare
+    v = links.judge_matrix(nodes, m, TH, baseline={"node-0": 1.0, "node-1": 1.0})
+    assert set(v.node_reasons) == {"node-0", "node-1"}
+    assert "-50%" in v.node_reasons["node-0"][0]
+
+
+def _timings(slow: dict[int, float], n: int = 8, rounds: int = 40) -> list[stragglers.RankTiming]:
+    """Rounds under a load that comes and goes (+-30%, shared by all), and +-2% per rank."""
+    rng = random.Random(3)
+    load = [rng.uniform(0.85, 1.3) for _ in range(rounds)]
+    return [
+        stragglers.RankTiming(
+            tuple(1e-3 * slow.get(r, 1.0) * x * rng.uniform(0.98, 1.02) for x in load),
+            tuple(20.0 / x * rng.uniform(0.98, 1.02) for x in load),
+        )
+        for r in range(n)
+    ]
+
+
+def test_straggler_judge_flags_five_percent_and_nothing_on_clean() -> None:
+    flagged, reasons = stragglers.judge(_timings({6: 1.05}), TH)
+    assert flagged == [6] and "against the other ranks" in reasons[6]
+    assert stragglers.judge(_timings({}), TH)[0] == []
+    err = [*_timings({})[:7], stragglers.RankTiming(error="Xid 79")]
+    assert stragglers.judge(err, TH)[0] == [7]
+
+
+def test_turn_slots() -> None:
+    assert stragglers.turn_slots(["h", "h", "g", "h"], use_gpu=False) == [0, 1, 0, 2]
+    assert stragglers.turn_slots(["h", "h"], use_gpu=True) == [0, 0]
+    assert stragglers.round_scores({0: [1.0, 2.0], 1: [1.1, 2.2], 2: [0.9, 1.8]}) == {
+        0: 1.0,
+        1: pytest.approx(1.1),
+        2: pytest.approx(0.9),
+    }
+
+
+def test_sdc_judge_majority_and_self_mismatch() -> None:
+    d = [sdc.RankDigest("aa", "aa", "cpu") for _ in range(6)]
+    d[2] = sdc.RankDigest("bb", "bb", "cpu")
+    d[4] = sdc.RankDigest("aa", "cc", "cpu")
+    flagged, reasons = sdc.judge(d)
+    assert flagged == [2, 4]
+    assert "differs from 5/6" in reasons[2] and "own repeat" in reasons[4]
+    assert sdc.judge([sdc.RankDigest("aa", "aa", "cpu")] * 4)[0] == []
+
+
+def test_report_contract_and_summary(tmp_path: Path) -> None:
+    f = Findings(["node-0", "node-0", "node-1", "node-1"])
+    f.blame_rank(3, "SDC: digest differs")
+    rep = assemble(f, {"phases": ["sdc"], "sdc": {"mismatched_ranks": [3]}})
+    assert rep["verdict"] == "fail" and rep["exclude"] == ["node-1"]
+    assert rep["nodes"]["node-1"]["reasons"] == ["rank 3 (local 1): SDC: digest differs"]
+    assert rep["nodes"]["node-0"] == {"verdict": "pass", "reasons": [], "ranks": [0, 1]}
+    for key in ("collectives", "links", "stragglers", "sdc", "exclude", "nodes", "verdict"):
+        assert key in rep
+    assert "node-1       fail" in render(rep)
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(baseline_from(rep)))
+    assert load_baseline(path)["world_size"] == 4
+
+
+def test_bad_baseline_and_sizes_are_input_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "b.json"
+    bad.write_text('{"version": 99}')
+    with pytest.raises(InputError, match="not a burn-in baseline"):
+        load_baseline(bad)
+    with pytest.raises(InputError, match="bad size"):
+        parse_size("12Q")
+    assert parse_size("16M") == 16 << 20
+    s = BurninSettings()
+    assert BurninSettings.from_json(s.to_json()) == s
+    assert s.sizes()[0] == 4096 and s.sizes()[-1] == 16 << 20
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "nothing to test"),
+        (["--sim-nodes", "1"], "at least 2 ranks"),
+        (["--sim-nodes", "2", "--phases", "links,bogus"], "unknown phase"),
+        (["--sim-nodes", "2", "-b", "1M", "-e", "4K"], "exceeds"),
+        (["--sim-nodes", "2", "--scenario", "/nonexistent.yaml"], "no scenario file"),
+        (["--sim-nodes", "2", "--json", "/nonexistent/dir/r.json"], "directory does not exist"),
+        (["--sim-nodes", "2", "--link-tolerance", "3"], "between 0 and 1"),
+    ],
+)
+def test_bad_usage_exits_2(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["burnin", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_scenario_fleet_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text("fleet: {nodes: 4, gpus_per_node: 2}\ntrainer: {tp: 2, pp: 2, dp: 2}\n")
+    assert main(["burnin", "--scenario", str(sc), "--sim-nodes", "3"]) == 2
+    assert "make them agree" in capsys.readouterr().err
+
+
+def test_cli_modules_do_not_import_torch() -> None:
+    code = (
+        "import sys, sentinel.cli, sentinel.commands.burnin_cmd, sentinel.burnin.cli, "
+        "sentinel.burnin.sim; sentinel.cli.build_parser(); assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+class _CorruptingComm:
+    """Wraps a Comm and flips one element of every result, as a bad transport would."""
+
+    def __init__(self, comm: object) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._comm, name)
+
+    def _corrupt(self, t: object) -> None:
+        t.view(-1)[-1] += 1  # type: ignore[attr-defined]
+
+    def all_reduce(self, t: object) -> None:
+        self._comm.all_reduce(t)  # type: ignore[attr-defined]
+        self._corrupt(t)
+
+    def all_gather(self, out: object, t: object) -> None:
+        self._comm.all_gather(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def reduce_scatter(self, out: object, t: object) -> None:
+        self._comm.reduce_scatter(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def all_to_all(self, out: object, t: object) -> None:
+        self._comm.all_to_all(out, t)  # type: ignore[attr-defined]
+        self._corrupt(out)
+
+    def broadcast(self, t: object, src: int) -> None:
+        self._comm.broadcast(t, src)  # type: ignore[attr-defined]
+        self._corrupt(t)
+
+
+def test_exact_check_catches_a_corrupted_transport() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from sentinel.burnin.collectives import make_case
+    from sentinel.burnin.comm import Comm
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = Comm(0, 1, ["node-0"], torch.device("cpu"))
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+            for wrapper, expect in ((comm, True), (_CorruptingComm(comm), False)):
+                case = make_case(wrapper, op, 1024)  # type: ignore[arg-type]
+                case.reset()
+                case.run()
+                assert case.check() is expect, (op, expect)
+    finally:
+        dist.destroy_process_group()
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_bar_on_a_terminal_and_lines_elsewhere() -> None:
+    tty = _Stream(True)
+    bar = Progress("links", 4, stream=tty)
+    for k in range(4):
+        bar.step(f"round {k}")
+    bar.finish("3 circle rounds")
+    assert "\rlinks        [######                  ] 1/4" in tty.getvalue()
+    assert tty.getvalue().endswith("\n") and "done in" in tty.getvalue()
+    plain = _Stream(False)
+    bar = Progress("collectives", 8, stream=plain)
+    for _ in range(8):
+        bar.step("x")
+    bar.finish()
+    lines = plain.getvalue().splitlines()
+    assert "\r" not in plain.getvalue() and lines[-1].startswith("burnin collectives: done in")
+    assert 2 <= len(lines) <= 6  # a line per quarter, not per step
