@@ -106,7 +106,7 @@ class Metrics:
             registry=r,
         )
         self.history = IncidentHistory()
-        r.register(self.history)  # type: ignore[arg-type]
+        r.register(self.history)
 
     def count_ingest(self, result: IngestResult) -> None:
         self.events.labels(result="accepted").inc(result.accepted)
