@@ -59,14 +59,14 @@ HANG_STEP = 30
 # A tiny model (as in test_reference_trainer), one micro-batch a step, every rank counter at 0
 # in a scrape before its first report: batch 22 is garbage (a grad-norm/loss spike past the
 # anomaly detector's 16-step warmup; the EMA z-score policy, as the 30-step curve is too noisy for
-# the default median+MAD one), rank 1 runs 3x slow from step 12, and rank 0 hangs before step
+# the default median+MAD one), rank 1 runs 3x slow from step 16, and rank 0 hangs before step
 # HANG_STEP (the run never ends: the fixture kills it).
 TRAIN_ARGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128"]
 TRAIN_ARGS += ["--corpus-tokens", "65536", "--warmup", "2", "--quiet", "--mbs", "2"]
 TRAIN_ARGS += ["--accum", "1", "--steps", str(HANG_STEP + 5), "--fault", "corrupt_batch:batch=22"]
 TRAIN_ARGS += [
     "--fault",
-    "straggler:rank=1,slowdown=3,at_step=12",
+    "straggler:rank=1,slowdown=3,at_step=16",
     "--fault",
     f"hang:rank=0,at_step={HANG_STEP}",
 ]
@@ -436,12 +436,16 @@ def test_injected_faults_fire_their_alerts(faulted: PromAPI) -> None:
     # (pending: persistent means 15 minutes), and nothing else about it.
     faulted.wait("loss anomaly alert", lambda: firing("SentinelLossAnomaly", job=JOB))
     faulted.wait("training stalled alert", lambda: firing("SentinelTrainingStalled", job=JOB))
-    stragglers = {
-        (a["labels"]["node"], a["labels"]["rank"], a["state"])
-        for a in alerts()
-        if a["labels"]["alertname"] == "SentinelPersistentStraggler"
-    }
-    assert stragglers == {("node-1", "1", "pending")}
+
+    def stragglers() -> set[tuple[str, str, str]]:
+        return {
+            (a["labels"]["node"], a["labels"]["rank"], a["state"])
+            for a in alerts()
+            if a["labels"]["alertname"] == "SentinelPersistentStraggler"
+        }
+
+    faulted.wait("straggler alert pending", stragglers)
+    assert stragglers() == {("node-1", "1", "pending")}
     assert not any(a["labels"]["alertname"] == "SentinelMfuDrop" for a in alerts())
     # The coordinator is up with its eviction budget left.
     assert not any(a["labels"]["alertname"].startswith("SentinelCoordinator") for a in alerts())
