@@ -226,6 +226,9 @@ def test_rank_events_are_relayed_and_reexported(
             {"node": "node-3", "job": "j1", "rank": "7", "kind": "agent.heartbeat"},
             1.0,
         ) in relayed
+        # Alerted kinds start at 0, so a rank's first anomaly is an increase Prometheus sees.
+        zero = {"node": "node-3", "job": "j1", "rank": "7", "kind": "rank.anomaly"}
+        assert (zero, 0.0) in relayed
         assert samples["sentinel_agent_rank_garbage_lines_total"][0][1] == 1.0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -116,6 +117,10 @@ async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:
     assert 'sentinel_coordinator_events_total{result="accepted"} 8.0' in text
     assert 'sentinel_coordinator_events_total{result="duplicate"} 8.0' in text
     assert "sentinel_coordinator_eviction_budget_remaining" in text
+    # One incident opened, by kind; detected (first event to opening) but not yet recovered.
+    assert re.search(r'sentinel_coordinator_incidents_opened_total\{kind="[a-z_]+"\} 1\.0', text)
+    assert "sentinel_coordinator_incident_detect_seconds_count 1.0" in text
+    assert "sentinel_coordinator_incident_recover_seconds_count 0.0" in text
     r = await client.post(
         "/v1/actions",
         json={"incident": 1, "action": "notify", "params": {"message": "look"}},
@@ -126,6 +131,9 @@ async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:
     assert r.status == 422 and "unknown action 'fly'" in (await r.json())["error"]
     r = await client.post("/v1/incidents/1/resolve", headers=h)
     assert r.status == 200
+    text = await (await client.get("/metrics", headers=h)).text()
+    assert "sentinel_coordinator_incident_recover_seconds_count 1.0" in text
+    assert 'sentinel_coordinator_incident_recover_seconds_bucket{le="+Inf"} 1.0' in text
     r = await client.post("/v1/incidents/1/resolve", headers=h)
     assert r.status == 409 and "resolved -> resolved" in (await r.json())["error"]
     audit = await (await client.get("/v1/audit", headers=h)).json()

@@ -1,18 +1,22 @@
 """A real Prometheus scraping a real (simulated) fleet: the shipped scrape config and alert rules,
 every dashboard query through Prometheus' HTTP API, and injected faults firing their alerts.
 
-Three simulated node agents of 2 GPUs run as processes (two H100 nodes and a V100 one, since
-only pre-Ampere GPUs report retired pages), delivering to a coordinator address nobody answers so
-their spools fill as in an outage. A burn-in report, turned into text by burnin_metrics, is served
-as node_exporter's textfile collector would. Debian's `prometheus` binary scrapes them every second on a free loopback port with its TSDB in tmp. Dashboard panels whose series come
-from parts that are not in this branch's fleet (the coordinator and trainer hooks) are
-listed in NOT_IN_THIS_FLEET: their queries must still parse, and the test reports them instead of
-failing when they return nothing. Shrink that set as those parts join the fleet under test.
+The fleet: three simulated node agents of 2 GPUs as processes (two H100 nodes and a V100 one,
+since only pre-Ampere GPUs report retired pages), each delivering its events to a real
+`sentinel coordinator` with its own node token (a node token may speak only for its node); a
+short run of the hooked reference trainer, two ranks of a tiny model on node-0 and node-1, each
+reporting every step through its node's agent socket, with a corrupt batch (a loss spike), a
+straggling rank and, at the end, a hung rank; and a burn-in report, turned into text by
+burnin_metrics, served as node_exporter's textfile collector would. Debian's `prometheus` binary
+scrapes the agents, the coordinator (with an operator's bearer token) and the textfile every
+second, on a free loopback port with its TSDB in tmp. Every dashboard panel and every series an
+alert rule reads has data; nothing is exempt.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -28,11 +32,13 @@ from typing import Any
 import pytest
 import yaml
 from burnin_sample import SAMPLE_REPORT
+from coord_util import Coordinator
 
 from sentinel.dashboards import build_all
 from sentinel.dashboards.burnin_metrics import exposition
 from sentinel.dashboards.panels import expressions
 from sentinel.sim.fleet import AgentProcess, SimFleet, free_port
+from trainer_hooks.reference.launch import Gang, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "deploy" / "prometheus"
@@ -45,64 +51,40 @@ pytestmark = [
     ),
 ]
 
-# (dashboard, panel) whose series no process in this test's fleet exports yet.
-NOT_IN_THIS_FLEET = {
-    # Trainer hooks: ranks report through the agent's socket (no training run here).
-    *(
-        ("training-run", t)
-        for t in (
-            "variable: job",
-            "variable: rank",
-            "annotation: Loss/grad anomaly",
-            "annotation: Hang",
-            "Step",
-            "Seconds since a rank last reported",
-            "Tokens per second",
-            "Goodput",
-            "Loss",
-            "Gradient norm",
-            "Anomalies reported",
-            "MFU per rank",
-            "Step time across ranks",
-            "Compute vs communication wait",
-            "Slowest ranks (compute over the job median)",
-            "Straggler, hang and SDC reports (last hour)",
-            "Checkpoint save time",
-        )
-    ),
-    # The coordinator ("Nodes evicted" answers `or vector(0)` even without it).
-    *(
-        ("incidents-playbooks", t)
-        for t in (
-            "variable: instance",
-            "Open incidents",
-            "Escalated",
-            "Eviction budget left",
-            "Incidents by state",
-            "Incidents opened by kind (time range)",
-            "Playbook actions by state",
-            "Time to detect and to recover",
-            "Nodes and jobs by state",
-            "Events ingested",
-            "Ingest acknowledgement latency (p99)",
-        )
-    ),
-}
-# Alert rules whose series come from outside this fleet: valid PromQL, evaluated without error,
-# but with nothing to say here.
-RULES_NOT_IN_THIS_FLEET = {
-    "SentinelTrainingStalled",
-    "SentinelLossAnomaly",
-    "SentinelMfuDrop",
-    "SentinelPersistentStraggler",
-    "SentinelEvictionBudgetExhausted",
-    "SentinelCoordinatorDown",
+# (dashboard, panel) whose series no process in this test's fleet exports: none.
+NOT_IN_THIS_FLEET: set[tuple[str, str]] = set()
+JOB = "llm"
+RANK_NODES = ["node-0", "node-1"]  # rank r runs on RANK_NODES[r]
+HANG_STEP = 30
+# A tiny model (as in test_reference_trainer), one micro-batch a step, every rank counter at 0
+# in a scrape before its first report: batch 22 is garbage (a grad-norm/loss spike past the
+# anomaly detector's 16-step warmup; the EMA z-score policy, as the 30-step curve is too noisy for
+# the default median+MAD one), rank 1 runs 3x slow from step 16, and rank 0 hangs before step
+# HANG_STEP (the run never ends: the fixture kills it).
+TRAIN_ARGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128"]
+TRAIN_ARGS += ["--corpus-tokens", "65536", "--warmup", "2", "--quiet", "--mbs", "2"]
+TRAIN_ARGS += ["--accum", "1", "--steps", str(HANG_STEP + 5), "--fault", "corrupt_batch:batch=22"]
+TRAIN_ARGS += [
+    "--fault",
+    "straggler:rank=1,slowdown=3,at_step=16",
+    "--fault",
+    f"hang:rank=0,at_step={HANG_STEP}",
+]
+HOOKS_ENV = {
+    "SENTINEL_JOB": JOB,
+    "SENTINEL_HOOKS_REPORT_EVERY": "1",
+    "SENTINEL_HOOKS_ANOMALY_POLICY": "zclip",
+    "SENTINEL_HOOKS_EXCHANGE_EVERY": "2",
+    "SENTINEL_HOOKS_STRAGGLER_PERSIST": "2",
+    "SENTINEL_HOOKS_HANG_FLOOR_S": "2",
+    "SENTINEL_HOOKS_WATCHDOG_POLL_S": "0.2",
 }
 ALL_VALUES = {"node": ".*", "gpu": ".*", "job": ".*", "rank": ".*", "instance": ".*"}
+# The training run's panels answer for its job (and a rank); the fleet panels for a node/GPU.
 # Concrete nodes/GPUs (an H100 with a DBE, a V100 with one, the thermal H100 node that fails the
 # burn-in): a panel must answer for at least one of them.
 CONCRETE = [
-    ALL_VALUES | {"node": "node-0", "gpu": "0"},
+    ALL_VALUES | {"node": "node-0", "gpu": "0", "job": JOB, "rank": "1"},
     ALL_VALUES | {"node": "node-2", "gpu": "0"},
     ALL_VALUES | {"node": "node-1", "gpu": "0"},
 ]
@@ -151,19 +133,24 @@ class PromAPI:
             time.sleep(0.25)
 
 
-def prometheus_config(fleet: SimFleet, textfile_target: str) -> dict[str, Any]:
-    """The shipped scrape.yml with the agent targets swapped for the fleet's, scraped each second.
-    The coordinator job is dropped: there is no coordinator in this fleet. A `node` job stands in
-    for node_exporter serving the burn-in textfile."""
+def prometheus_config(
+    fleet: SimFleet, coordinator: Coordinator, token_file: Path, textfile_target: str
+) -> dict[str, Any]:
+    """The shipped scrape.yml with the agent and coordinator targets swapped for the fleet's,
+    scraped each second. A `node` job stands in for node_exporter serving the burn-in textfile."""
     config = yaml.safe_load((PROM_DIR / "scrape.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(PROM_DIR / "alerts.yml")]
-    agent = next(j for j in config["scrape_configs"] if j["job_name"] == "sentinel-agent")
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    agent, coord = jobs["sentinel-agent"], jobs["sentinel-coordinator"]
     agent.pop("file_sd_configs")
     agent["scrape_interval"], agent["scrape_timeout"] = "1s", "1s"
     agent["static_configs"] = [{"targets": [f"127.0.0.1:{a.port}" for a in fleet.agents.values()]}]
+    coord["scrape_interval"], coord["scrape_timeout"] = "1s", "1s"
+    coord["authorization"]["credentials_file"] = str(token_file)
+    coord["static_configs"] = [{"targets": [f"127.0.0.1:{coordinator.port}"]}]
     node = {"job_name": "node", "static_configs": [{"targets": [textfile_target]}]}
-    config["scrape_configs"] = [agent, node]
+    config["scrape_configs"] = [agent, coord, node]
     return config
 
 
@@ -195,10 +182,37 @@ def textfile_exporter() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinator]:
+    """A real `sentinel coordinator` process (tests/coord_util.py). On SIGTERM it lets requests
+    in flight finish, and the agents' command long-polls last up to long_poll_max_s (30 s by
+    default): 2 s here, so it stops promptly."""
+    c = Coordinator(tmp_path_factory.mktemp("coordinator") / "state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SENTINEL_COORDINATOR__LONG_POLL_MAX_S", "2")
+        c.start()
+    try:
+        yield c
+    finally:
+        assert c.proc is not None
+        c.proc.terminate()
+        c.proc.wait(20)
+
+
+def write_token(path: Path, token: str) -> Path:
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, coordinator: Coordinator) -> Iterator[SimFleet]:
     work = tmp_path_factory.mktemp("fleet")
-    nowhere = f"http://127.0.0.1:{free_port()}"
-    fleet = MixedFleet(work, ["node-0", "node-1", "node-2"], 2, 0.5, coordinator_url=nowhere)
+    nodes = ["node-0", "node-1", "node-2"]
+    tokens = {
+        n: write_token(work / f"{n}.token", coordinator.token("--role", "node", "--node", n))
+        for n in nodes
+    }
+    fleet = MixedFleet(work, nodes, 2, 0.5, coordinator_url=coordinator.url, token_files=tokens)
     try:
         fleet.start()
         yield fleet
@@ -207,14 +221,43 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
 
 
 @pytest.fixture(scope="module")
+def training(
+    fleet: SimFleet, prom: PromAPI, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gang]:
+    """The hooked reference trainer, rank r on RANK_NODES[r], each rank reporting through its
+    node's agent socket, started once Prometheus scrapes every target (so it sees each rank's
+    event counters at 0 before the faults). It hangs at HANG_STEP and is killed at teardown."""
+    prom.wait("the agents, the coordinator and the textfile scraped", lambda: all_up(prom))
+    out = tmp_path_factory.mktemp("train")
+    args = [*TRAIN_ARGS, "--out", str(out), "--data-dir", str(out / "data")]
+    env = {**os.environ, **HOOKS_ENV, "SENTINEL_HOOKS_FR_DIR": str(out / "fr")}
+    gang = launch(
+        len(RANK_NODES),
+        args,
+        log_dir=out / "logs",
+        node_of_rank=RANK_NODES.__getitem__,
+        env=env,
+        env_of_node=lambda n: {"SENTINEL_AGENT_SOCKET": str(fleet.agents[n].rank_socket)},
+        fork=True,
+    )
+    try:
+        yield gang
+    finally:
+        gang.kill()
+
+
+@pytest.fixture(scope="module")
 def prom(
-    fleet: SimFleet, textfile_exporter: str, tmp_path_factory: pytest.TempPathFactory
+    fleet: SimFleet,
+    coordinator: Coordinator,
+    textfile_exporter: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PromAPI]:
     assert PROMETHEUS is not None
     work = tmp_path_factory.mktemp("prometheus")
-    (work / "prometheus.yml").write_text(
-        yaml.safe_dump(prometheus_config(fleet, textfile_exporter))
-    )
+    token = write_token(work / "coordinator.token", coordinator.token("--role", "operator"))
+    config = prometheus_config(fleet, coordinator, token, textfile_exporter)
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
@@ -250,16 +293,17 @@ def _ready(url: str) -> bool:
         return resp.status == 200
 
 
+def all_up(prom: PromAPI) -> bool:
+    active = prom.get("/api/v1/targets")["data"]["activeTargets"]
+    return len(active) == 5 and all(t["health"] == "up" for t in active)
+
+
 @pytest.fixture(scope="module")
-def faulted(fleet: SimFleet, prom: PromAPI) -> PromAPI:
-    """Targets up and scraped a few times, then a DBE on node-0/0, XID 79 on node-1/1 and a
-    thermal fault on node-1/0, each seen by Prometheus."""
+def faulted(fleet: SimFleet, prom: PromAPI, training: Gang) -> PromAPI:
+    """Targets up and the training run started, then a DBE on node-0/0 and node-2/0, XID 79 on
+    node-1/1 and a thermal fault on node-1/0, each seen by Prometheus; and the training run's
+    loss spike, straggler and hang reports in the TSDB too."""
 
-    def all_up() -> bool:
-        active = prom.get("/api/v1/targets")["data"]["activeTargets"]
-        return len(active) == 4 and all(t["health"] == "up" for t in active)
-
-    prom.wait("the agents and the textfile scraped", all_up)
     fleet.inject("node-0", {"kind": "ecc_dbe", "gpu": 0})
     fleet.inject("node-1", {"kind": "xid", "gpu": 1, "xid": 79})
     fleet.inject("node-1", {"kind": "thermal", "gpu": 0, "temp_c": 96})
@@ -267,6 +311,17 @@ def faulted(fleet: SimFleet, prom: PromAPI) -> PromAPI:
     findings = 'sentinel_gpu_health_finding{rule=~"xid_79|xid_48|gpu_temp_unhealthy"}'
     # xid_48 on node-0/0 and node-2/0, xid_79 on node-1/1, gpu_temp_unhealthy on node-1/0.
     prom.wait("faults in the TSDB", lambda: len(prom.query(findings)["data"]["result"]) == 4)
+
+    def reported(kind: str) -> bool:
+        q = f'sentinel_rank_events_total{{job="{JOB}", kind="{kind}"}} > 0'
+        return bool(prom.query(q)["data"]["result"])
+
+    for kind in ("rank.anomaly", "rank.straggler", "rank.hang"):
+        prom.wait(f"{kind} in the TSDB", lambda k=kind: reported(k), timeout_s=60)
+    prom.wait(
+        "incidents opened by the coordinator",
+        lambda: prom.query("sentinel_coordinator_incidents_opened_total")["data"]["result"],
+    )
     time.sleep(3)  # a few more scrapes, so 5s rates have two samples after the faults
     return prom
 
@@ -311,7 +366,7 @@ def test_every_dashboard_query_parses_and_returns_data(faulted: PromAPI) -> None
         print("now answered, remove from NOT_IN_THIS_FLEET:\n" + "\n".join(sorted(now_present)))
 
 
-def test_every_pending_panel_exists() -> None:
+def test_every_exempt_panel_exists() -> None:
     """NOT_IN_THIS_FLEET names real panels, so it cannot silently excuse a renamed one."""
     titles = {(n, t) for n, d in build_all().items() for t, _ in expressions(d)}
     assert titles >= NOT_IN_THIS_FLEET, NOT_IN_THIS_FLEET - titles
@@ -329,6 +384,9 @@ def test_dcgm_exporter_dashboard_queries_work(faulted: PromAPI) -> None:
     )
 
 
+SELECTOR = re.compile(r"\b(?:sentinel_\w+|up)(?:\{[^}]*\})?")
+
+
 def test_every_alert_rule_evaluates_cleanly(faulted: PromAPI) -> None:
     shipped = {
         r["alert"]
@@ -342,7 +400,9 @@ def test_every_alert_rule_evaluates_cleanly(faulted: PromAPI) -> None:
         assert rule["health"] == "ok", (name, rule.get("lastError"))
         body = faulted.query(rule["query"])
         assert body["status"] == "success", (name, body.get("error"))
-    assert shipped >= RULES_NOT_IN_THIS_FLEET
+        # Every series the rule reads exists here, so it is not watching a name nobody exports.
+        for selector in SELECTOR.findall(rule["query"]):
+            assert faulted.query(selector)["data"]["result"], f"{name}: no series {selector}"
 
 
 def test_injected_faults_fire_their_alerts(faulted: PromAPI) -> None:
@@ -372,3 +432,21 @@ def test_injected_faults_fire_their_alerts(faulted: PromAPI) -> None:
     assert ("SentinelGpuThermalSlowdown", "node-0") not in states
     assert not any(a["labels"]["alertname"] == "SentinelAgentDown" for a in alerts())
     assert not firing("SentinelGpuDoubleBitEcc", node="node-1")
+    # The training run: the corrupt batch's loss spike, the hung rank, the straggling rank 1
+    # (pending: persistent means 15 minutes), and nothing else about it.
+    faulted.wait("loss anomaly alert", lambda: firing("SentinelLossAnomaly", job=JOB))
+    faulted.wait("training stalled alert", lambda: firing("SentinelTrainingStalled", job=JOB))
+
+    def stragglers() -> set[tuple[str, str, str]]:
+        return {
+            (a["labels"]["node"], a["labels"]["rank"], a["state"])
+            for a in alerts()
+            if a["labels"]["alertname"] == "SentinelPersistentStraggler"
+        }
+
+    faulted.wait("straggler alert pending", stragglers)
+    assert stragglers() == {("node-1", "1", "pending")}
+    assert not any(a["labels"]["alertname"] == "SentinelMfuDrop" for a in alerts())
+    # The coordinator is up with its eviction budget left.
+    assert not any(a["labels"]["alertname"].startswith("SentinelCoordinator") for a in alerts())
+    assert not any(a["labels"]["alertname"] == "SentinelEvictionBudgetExhausted" for a in alerts())

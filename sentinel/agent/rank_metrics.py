@@ -31,6 +31,11 @@ STEP_SERIES = (
 )  # fmt: skip
 
 
+# Kinds the alert rules count with increase(): each rank's counter starts at 0 for them, so its
+# first report is an increase Prometheus sees (a series born at 1 shows none).
+ALERTED_KINDS = ("rank.anomaly", "rank.hang", "rank.sdc", "rank.straggler")
+
+
 class RankMetrics:
     def __init__(self) -> None:
         self.events: Counter[tuple[str, int, str]] = Counter()  # (job, rank, kind) -> n
@@ -53,7 +58,11 @@ class RankMetrics:
             "sentinel_rank_events", "Events relayed from each rank, by kind.",
             labels=[*labels, "kind"],
         )  # fmt: skip
-        for (job, rank, kind), n in sorted(self.events.items()):
+        counts = dict(self.events)
+        for job, rank in self.last_seen:
+            for kind in ALERTED_KINDS:
+                counts.setdefault((job, rank, kind), 0)
+        for (job, rank, kind), n in sorted(counts.items()):
             events.add_metric([node_id, job, str(rank), kind], n)
         last = GaugeMetricFamily(
             "sentinel_rank_last_event_timestamp_seconds",

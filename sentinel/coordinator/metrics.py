@@ -12,12 +12,73 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from sentinel.coordinator.incidents import IncidentState
 from sentinel.coordinator.ingest import IngestResult
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from sentinel.coordinator.service import Service
+    from sentinel.coordinator.store import Store
+
+# Time to detect (first signal to incident) and to recover (incident to mitigated/resolved).
+INCIDENT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+RECOVERED = (IncidentState.MITIGATED, IncidentState.RESOLVED)
+
+
+def histogram(
+    name: str, help_: str, values: list[float], buckets: tuple[float, ...] = INCIDENT_BUCKETS
+) -> HistogramMetricFamily:
+    cumulative = [(str(b), float(sum(v <= b for v in values))) for b in buckets]
+    fam = HistogramMetricFamily(name, help_)
+    fam.add_metric([], [*cumulative, ("+Inf", float(len(values)))], sum_value=sum(values))
+    return fam
+
+
+class IncidentHistory:
+    """Counters and histograms over every incident the store holds, read at scrape time: they
+    survive a coordinator restart, as the store does (incidents are never deleted)."""
+
+    def __init__(self) -> None:
+        self.store: Store | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.store is None:
+            return
+        p = "sentinel_coordinator_"
+        opened = CounterMetricFamily(
+            f"{p}incidents_opened", "incidents opened, by fault kind", labels=["kind"]
+        )
+        for row in self.store.query(
+            "SELECT fault, COUNT(*) AS n FROM incidents GROUP BY fault ORDER BY fault"
+        ):
+            opened.add_metric([row["fault"]], row["n"])
+        yield opened
+        detect = [
+            max(0.0, float(r["d"]))
+            for r in self.store.query(
+                "SELECT i.opened_at - MIN(e.ts) AS d FROM incidents i"
+                " JOIN events e ON e.incident_id = i.id GROUP BY i.id"
+            )
+        ]
+        yield histogram(
+            f"{p}incident_detect_seconds", "from an incident's first event to its opening", detect
+        )
+        marks = ",".join("?" * len(RECOVERED))
+        recover = [
+            max(0.0, float(r["d"]))
+            for r in self.store.query(
+                f"SELECT updated_at - opened_at AS d FROM incidents WHERE state IN ({marks})",
+                tuple(str(s) for s in RECOVERED),
+            )
+        ]
+        yield histogram(
+            f"{p}incident_recover_seconds",
+            "from an incident's opening to it being mitigated or resolved",
+            recover,
+        )
 
 
 class Metrics:
@@ -44,6 +105,8 @@ class Metrics:
             "evictions still allowed in the current window",
             registry=r,
         )
+        self.history = IncidentHistory()
+        r.register(self.history)
 
     def count_ingest(self, result: IngestResult) -> None:
         self.events.labels(result="accepted").inc(result.accepted)
@@ -55,6 +118,7 @@ class Metrics:
 
     def render(self, service: Service) -> bytes:
         store, now = service.store, service.clock()
+        self.history.store = store
         for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
             gauge.clear()  # a state nothing is in any more reads 0, not its last value
         for state in IncidentState:

@@ -128,10 +128,11 @@ def build() -> JSON:
         "timeseries",
         "Time to detect and to recover",
         "From the fault's first signal to the incident (detect), and from the incident to the "
-        "job running again (recover); median and 90th percentile.",
+        "job running again (recover, incidents mitigated or resolved); median and 90th "
+        "percentile over the incidents of the preceding hour.",
         [
             Query(
-                f"histogram_quantile({q}, sum by (le) (rate(sentinel_coordinator_incident_{what}_seconds_bucket{{{INST}}}[$__rate_interval])))",
+                f"histogram_quantile({q}, sum by (le) (increase(sentinel_coordinator_incident_{what}_seconds_bucket{{{INST}}}[1h])))",
                 f"{what} p{int(q * 100)}",
             )
             for what in ("detect", "recover")

@@ -1,12 +1,14 @@
 """Training run: progress, loss and grad norm with anomaly markers, MFU per rank, step time and
-its compute/communication split, stragglers, checkpoints and goodput.
+its compute/communication split, stragglers and hangs, and the hooks' own health.
 
 Source: what training ranks report through the node agent's socket (trainer hooks), re-exported
 by the agent as `sentinel_rank_*` with labels node/job/rank. The agent already exports
 `sentinel_rank_events_total{kind}` and `sentinel_rank_last_event_timestamp_seconds`; the per-step
 values (`sentinel_rank_step`, `_loss`, `_grad_norm`, `_mfu_ratio`, `_step_seconds`,
-`_compute_seconds`, `_comm_seconds`, `_tokens_per_second`, `_checkpoint_save_seconds`) are the
-agent's re-export of the hooks' `rank.step` event, and goodput comes from the coordinator.
+`_compute_seconds`, `_comm_seconds`, `_tokens_per_second`, `_hook_errors_total`,
+`_dropped_events_total`) are the agent's re-export of the hooks' `rank.step` event. Goodput and
+checkpoint timing are not here: no process exports them as live series (`sentinel goodput` is an
+offline projection), so a panel for them would stay empty.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from sentinel.dashboards.panels import (
     JSON,
     TABLE_CUSTOM,
     TABLE_TRANSFORM,
-    THRESHOLD_LINES,
     TIMESERIES_CUSTOM,
     Dashboard,
     Query,
@@ -39,7 +40,7 @@ def build() -> JSON:
         uid="sentinel-training-run",
         title="Sentinel / Training run",
         description="One training job: loss and grad norm with anomaly markers, MFU per rank, "
-        "step time and its compute/communication split, stragglers, checkpoints, goodput.",
+        "step time and its compute/communication split, stragglers and hangs, hook health.",
         tags=["sentinel", "training"],
         variables=[
             query_variable(
@@ -112,17 +113,19 @@ def _progress(d: Dashboard) -> None:
     )
     d.add(
         "stat",
-        "Goodput",
-        "Share of wall time spent on steps that count (not lost to failures, restarts, "
-        "rollbacks or replays).",
-        [Query(f"sentinel_job_goodput_ratio{{{J}}}", "{{job}}")],
-        "percentunit",
-        ((None, "red"), (0.8, "orange"), (0.9, "green")),
+        "Ranks reporting",
+        "Ranks that reported through a node agent in the last 5 minutes.",
+        [
+            Query(
+                f"count by (job) (time() - sentinel_rank_last_event_timestamp_seconds{{{J}}} < 300)",
+                "{{job}}",
+            )
+        ],
+        "none",
+        ((None, "blue"),),
         w=6,
         h=5,
         options=stat_options(),
-        min_value=0,
-        max_value=1,
     )
 
 
@@ -262,12 +265,19 @@ def _stragglers(d: Dashboard) -> None:
     )
     d.add(
         "timeseries",
-        "Checkpoint save time",
-        "Slowest rank's last checkpoint save (blocking part of an async save).",
-        [Query(f"max by (job) (sentinel_rank_checkpoint_save_seconds{{{J}}})", "{{job}}")],
-        "s",
-        ((None, "green"), (30, "orange"), (120, "red")),
+        "Hook errors and dropped events",
+        "Errors the trainer hooks caught (and swallowed) and events a rank could not send to "
+        "its node agent: non-zero means the panels above miss data, not that training failed.",
+        [
+            Query(f"sum by (job) (sentinel_rank_hook_errors_total{{{J}}})", "{{job}} hook errors"),
+            Query(
+                f"sum by (job) (sentinel_rank_dropped_events_total{{{J}}})",
+                "{{job}} dropped events",
+            ),
+        ],
+        "none",
+        GOOD_LOW,
         w=8,
         options=timeseries_options(),
-        custom=THRESHOLD_LINES,
+        custom=TIMESERIES_CUSTOM,
     )

@@ -137,6 +137,7 @@ def launch(
     log_dir: Path,
     node_of_rank: Callable[[int], str] | None = None,
     env: dict[str, str] | None = None,
+    env_of_node: Callable[[str], dict[str, str]] | None = None,
     module: str = TRAIN_MODULE,
     fork: bool = False,
 ) -> Gang:
@@ -164,6 +165,8 @@ def launch(
             OMP_NUM_THREADS="1",
             PYTHONUNBUFFERED="1",
         )
+        if env_of_node is not None:  # e.g. each node's own SENTINEL_AGENT_SOCKET
+            e.update(env_of_node(node))
         log = log_dir / f"rank-{rank}.log"
         logs.append(log)
         if main is not None:
