@@ -18,8 +18,10 @@ from sentinel.sim.fleet import free_port
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
 # Coordinator settings for a drill on one machine: a fast engine tick, a job heartbeat timeout
-# that survives a busy 2-core box, and an eviction budget that allows one eviction per fault.
+# that survives a busy 2-core box, an eviction budget that allows one eviction per fault, and
+# short long-polls (aiohttp's shutdown waits for open ones, whose clients are already gone).
 COORDINATOR_ENV = {
+    "SENTINEL_COORDINATOR__LONG_POLL_MAX_S": "3",
     "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
     "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "30",
     "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "16",

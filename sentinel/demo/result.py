@@ -13,6 +13,7 @@ from typing import Any
 
 from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
 
+NODE_PREFIXES = ("node-", "spare-")
 # Incident classes (playbook `incident.fault`) that correctly explain each fault kind.
 EXPLAINS: dict[str, frozenset[str]] = {
     "ecc_dbe": frozenset({"gpu_hardware"}),
@@ -57,7 +58,7 @@ class Evidence:
 def incident_nodes(inc: dict[str, Any]) -> set[str]:
     nodes = {e["node"] for e in inc.get("events", []) if e.get("node")}
     target = str(inc.get("target", ""))
-    return nodes | ({target} if target.startswith(("node-", "spare-")) else set())
+    return nodes | ({target} if target.startswith(NODE_PREFIXES) else set())
 
 
 def incident_ranks(inc: dict[str, Any]) -> set[int]:
@@ -108,8 +109,9 @@ def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any]) -> bool:
 
 
 def _actions(inc: dict[str, Any]) -> list[str]:
+    """Action names, with the node they acted on (job-wide actions name no node)."""
     return [
-        f"{a['action']}" + (f":{a['target']}" if a.get("target") else "")
+        a["action"] + (f":{a['target']}" if str(a.get("target")).startswith(NODE_PREFIXES) else "")
         for a in inc.get("actions", [])
     ]
 

@@ -78,7 +78,7 @@ class Demo:
 
     def on_line(self, line: StepLine, observer: Observer) -> None:
         gen = observer.seen.generation_at(line.t)
-        replay = bool(self.rec.lines) and line.step <= self.rec.lines[-1][0].step
+        replay = line.step <= max((ln.step for ln, _g in self.rec.lines), default=0)
         self.rec.lines.append((line, gen))
         if replay or line.step % self.print_every == 0 or line.step == 1:
             tag = " (replayed after rollback)" if replay else ""
