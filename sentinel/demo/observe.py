@@ -143,9 +143,8 @@ class Observer(threading.Thread):
         gen = int(job["generation"])
         if not self.seen.generations or self.seen.generations[-1][1] != gen:
             self.seen.generations.append((now, gen))
-            if gen > 0:
-                nodes = (job.get("status") or {}).get("nodes", [])
-                self.on_change("resume", None, f"generation {gen} launched on {', '.join(nodes)}")
+            nodes = ", ".join((job.get("status") or {}).get("nodes", []))
+            self.on_change("resume" if gen else "info", None, f"generation {gen} on {nodes}")
         self.seen.job = job
 
 
