@@ -65,8 +65,10 @@ def lookup_peak_flops(device_name: str) -> float | None:
 
 def measure_cpu_peak_flops(n: int = 512, repeats: int = 5) -> float:
     """Best float32 GEMM rate achieved on this CPU: MFU's denominator where no table applies."""
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
+    # A private generator: the hooks must never move the training loop's global RNG state.
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
     torch.mm(a, b)  # warm up the BLAS threads
     best = 0.0
     for _ in range(repeats):

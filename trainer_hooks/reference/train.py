@@ -17,10 +17,12 @@ import torch
 import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
+from trainer_hooks import SentinelHooks, enable_flight_recorder
 from trainer_hooks.reference.checkpoint import resolve_resume
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
 from trainer_hooks.reference.faults import load_faults
+from trainer_hooks.reference.instrument import build_hooks
 from trainer_hooks.reference.job import Job, build_job, device_and_backend
 
 _checkpoint_requested = False
@@ -37,16 +39,19 @@ def _emit(line: dict[str, Any], files: list[TextIO]) -> None:
         print(text, file=f, flush=True)
 
 
-def train_loop(job: Job, out: list[TextIO]) -> None:
+def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     global _checkpoint_requested
     cfg = job.cfg
+    replica_tokens = cfg.mbs * cfg.accum * cfg.model.seq  # what this rank's replica processes
     for step in range(job.start, cfg.steps):
         t0 = time.perf_counter()
+        hooks.begin_step(step, tokens=replica_tokens)
         job.injector.before_step(step)
         batch, toks = job.loader.next()
         toks = job.injector.corrupt_batch(batch, toks).to(job.device)
         lr = job.lr.apply(job.opt, step)
         result = job.step_fn(toks)
+        hooks.observe(loss=result.loss if job.step_fn.last else None, grad_norm=result.grad_norm)
         mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
         flags = [float(mine), float(_checkpoint_requested)]
         stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
@@ -54,6 +59,7 @@ def train_loop(job: Job, out: list[TextIO]) -> None:
         job.tokens += cfg.global_batch * cfg.model.seq
         step_s = time.perf_counter() - t0
         job.injector.after_step(step_s)
+        hooks.end_step()
         done = step + 1
         # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
         line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
@@ -61,7 +67,14 @@ def train_loop(job: Job, out: list[TextIO]) -> None:
         stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
         _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
         job.ckpt.poll()
-        if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or stats[1].item() > 0:
+        on_command = (
+            hooks.should_checkpoint()
+        )  # a coordinator `checkpoint.now`, same step everywhere
+        if (
+            (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+            or stats[1].item() > 0
+            or on_command
+        ):
             _checkpoint_requested = False
             _emit(job.save(done), out)
 
@@ -72,7 +85,11 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any]) -> None:
     if dist.get_rank() == 0:
         cfg.out.mkdir(parents=True, exist_ok=True)
         out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
-    train_loop(job, out)
+    hooks = build_hooks(job)
+    try:
+        train_loop(job, out, hooks)
+    finally:
+        hooks.close()
     job.ckpt.finish()
     digest = param_digest(job.model, job.mesh)
     _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
@@ -94,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(key, default)
     os.environ.setdefault("MASTER_PORT", "29511")
     signal.signal(signal.SIGUSR1, _request_checkpoint)
+    enable_flight_recorder()  # PyTorch's own recorder, before the process group exists
     if not torch.cuda.is_available():
         # On CPU the intra-op thread count changes reduction order: it is part of the numerical
         # program, so the trainer pins it itself, whoever launched it (torchrun, sentinel run).

@@ -1,0 +1,37 @@
+"""The reference trainer's Sentinel hooks: built from the job's mesh and model shape."""
+
+from __future__ import annotations
+
+from trainer_hooks import SentinelHooks
+from trainer_hooks.mfu import flops_per_token, non_embedding_params
+from trainer_hooks.reference.job import Job
+
+
+def replica_groups(job: Job) -> list[list[int]]:
+    """Ranks holding the same parameters: one group per (pp stage, tp shard), across dp."""
+    mesh = job.mesh.mesh  # global ranks, shape (pp, dp, tp)
+    return [mesh[p, :, t].tolist() for p in range(job.cfg.pp) for t in range(job.cfg.tp)]
+
+
+def rank_flops_per_token(job: Job) -> float:
+    """This rank's share of TorchTitan's count: its pipeline stage, its tensor-parallel shard.
+
+    Parameters are DTensors whose numel is the stage's full size, hence the division by tp."""
+    cfg, m = job.cfg, job.cfg.model
+    return flops_per_token(
+        non_embedding_params(job.model) // cfg.tp,
+        layers=m.layers // cfg.pp,
+        heads=m.heads // cfg.tp,
+        head_dim=m.head_dim,
+        seq_len=m.seq,
+    )
+
+
+def build_hooks(job: Job) -> SentinelHooks:
+    """Settings from SENTINEL_* variables (the supervisor sets the node, job and agent socket)."""
+    return SentinelHooks.from_env(
+        model=job.model,
+        flops_per_token=rank_flops_per_token(job),
+        device=job.device,
+        replica_groups=replica_groups(job),
+    )
