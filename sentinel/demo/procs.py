@@ -95,10 +95,12 @@ class SupervisorProcess:
 
     argv: list[str]
     log_file: Path
+    env: dict[str, str] = field(default_factory=dict)  # reaches every rank
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        env.update(self.env)
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*SENTINEL, "--log-format", "json", *self.argv], env=env, stdout=log, stderr=log

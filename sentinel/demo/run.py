@@ -33,6 +33,25 @@ MODEL_FLAGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "-
                "--corpus-tokens", "32768", "--mbs", "2", "--accum", "2", "--warmup", "2"]  # fmt: skip
 
 
+def hooks_env(out: Path) -> dict[str, str]:
+    """The trainer hooks' settings for a drill of a few dozen 0.3 s steps: a step report and a
+    gang exchange (straggler and SDC comparison) every few steps, a hang declared after a
+    stall of several seconds instead of a minute, flight recorders dumped where `sentinel run`
+    analyzes them. The loss-spike policy is the EMA z-score: a tiny model's loss falls fast
+    and far in a few dozen steps, which keeps the median/MAD default's threshold above even a
+    batch of random tokens. Stragglers are judged from a 15% slowdown, not 3%: eight ranks
+    share two cores here, so a few percent is scheduling noise."""
+    return {
+        "SENTINEL_HOOKS_ANOMALY_POLICY": "zclip",
+        "SENTINEL_HOOKS_REPORT_EVERY": "1",
+        "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
+        "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.15",
+        "SENTINEL_HOOKS_HANG_FLOOR_S": "8",
+        "SENTINEL_HOOKS_HANG_FIRST_STEP_S": "120",
+        "SENTINEL_HOOKS_FR_DIR": str(out / "fr"),
+    }
+
+
 def trainer_args(scenario: Scenario) -> list[str]:
     t = scenario.trainer
     return [*MODEL_FLAGS, "--tp", str(t.tp), "--pp", str(t.pp), "--dp", str(t.dp),
@@ -155,7 +174,7 @@ class Demo:
             follower = Follower(tail, injector, lambda ln: self.on_line(ln, obs), self.on_inject)
             observer.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
-                                    o / "supervisor.log")  # fmt: skip
+                                    o / "supervisor.log", hooks_env(o))  # fmt: skip
             sup.start()
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
