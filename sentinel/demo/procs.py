@@ -101,6 +101,8 @@ class SupervisorProcess:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
         env.update(self.env)
+        # `sentinel fr analyze` (the supervisor's analyzer) from this installation.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*SENTINEL, "--log-format", "json", *self.argv], env=env, stdout=log, stderr=log

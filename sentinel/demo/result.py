@@ -65,8 +65,29 @@ def incident_ranks(inc: dict[str, Any]) -> set[int]:
     return {int(e["rank"]) for e in inc.get("events", []) if e.get("rank") is not None}
 
 
+def evicted(inc: dict[str, Any]) -> list[str]:
+    """Nodes the incident's playbook evicted (what the `evict_node` action reports it did)."""
+    return sorted(
+        {
+            str(n)
+            for a in inc.get("actions", [])
+            if a["action"] == "evict_node" and a["state"] == "done"
+            for n in (a.get("result") or {}).get("nodes", [])
+        }
+    )
+
+
+def blamed_nodes(inc: dict[str, Any]) -> set[str]:
+    """The nodes an incident holds responsible: those it evicted, else those its evidence
+    came from."""
+    return set(evicted(inc)) or incident_nodes(inc)
+
+
 def incident_target(inc: dict[str, Any]) -> str:
-    """A node name when the evidence points at one node, a rank when at one rank."""
+    """The evicted node, else a node name when the evidence points at one node, a rank when at
+    one rank."""
+    if len(evicted(inc)) == 1:
+        return evicted(inc)[0]
     nodes, ranks = incident_nodes(inc), incident_ranks(inc)
     if len(ranks) == 1 and inc.get("fault") not in ("gpu_hardware", "thermal", "straggler"):
         return f"rank-{next(iter(ranks))}"
@@ -102,18 +123,21 @@ def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any]) -> bool:
     if isinstance(fault, CorruptBatchFault):
         return True  # the data, not a node: any rank may be the one that sees it
     if isinstance(fault, NODE_FAULTS):
-        return fault.node in incident_nodes(inc)
+        return fault.node in blamed_nodes(inc)
+    if evicted(inc):  # the repair took a node out: it must be the one the fault struck
+        return strike is not None and strike.node in evicted(inc)
     if fault.rank in incident_ranks(inc):
         return True
     return strike is not None and strike.node is not None and strike.node in incident_nodes(inc)
 
 
 def _actions(inc: dict[str, Any]) -> list[str]:
-    """Action names, with the node they acted on (job-wide actions name no node)."""
-    return [
-        a["action"] + (f":{a['target']}" if str(a.get("target")).startswith(NODE_PREFIXES) else "")
-        for a in inc.get("actions", [])
-    ]
+    """Action names, with the nodes an eviction took out."""
+    names = []
+    for a in inc.get("actions", []):
+        nodes = (a.get("result") or {}).get("nodes") if a["action"] == "evict_node" else None
+        names.append(a["action"] + (":" + ",".join(map(str, nodes)) if nodes else ""))
+    return names
 
 
 def _resolution(inc: dict[str, Any]) -> str:
@@ -135,14 +159,7 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         faults.append(_fault_entry(fault, strike, match, ev))
         explained |= {i["id"] for i in incidents if attributed(fault, strike, i)}
     false = [i for i in incidents if i["id"] not in explained]
-    evicted = sorted(
-        {
-            str(a["target"])
-            for i in incidents
-            for a in i.get("actions", [])
-            if a["action"] == "evict_node" and a["state"] == "done" and a.get("target")
-        }
-    )
+    evicted_nodes = sorted({n for i in incidents for n in evicted(i)})
     bit_identical = ev.final_digest is not None and ev.final_digest == ev.reference_digest
     must_match = not any(set(_kinds(i)) & CHANGES_NUMERICS for i in incidents)
     completed = ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
@@ -159,7 +176,7 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         "incidents": [_incident_entry(i, ev) for i in incidents],
         "faults": faults,
         "false_incidents": [_incident_entry(i, ev) for i in false],
-        "evicted_nodes": evicted,
+        "evicted_nodes": evicted_nodes,
         "burnin_excluded": ev.burnin_exclude,
         "final_digest": ev.final_digest,
         "reference_digest": ev.reference_digest,

@@ -252,9 +252,13 @@ class Supervisor:
                 break  # every rank dumped and nothing new for a second
             await asyncio.sleep(0.25)
         argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as e:
+            log.error("cannot run the flight-recorder analyzer %s: %s", argv[0], e)
+            return
         out, err = await proc.communicate()
         try:
             doc = json.loads(out)
