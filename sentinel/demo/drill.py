@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sentinel.demo.data import DemoData, StepPoint
+from sentinel.demo.data import DemoData, RankSample, StepPoint
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, build_result, goodput_input
 from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
@@ -73,6 +74,28 @@ def run_drill(
     return result
 
 
+def rank_samples(db: Path) -> list[RankSample]:
+    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
+    after the coordinator has stopped; a replayed step keeps its last report."""
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT rank, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
+            " ORDER BY ts"
+        ).fetchall()
+    finally:
+        conn.close()
+    out: dict[tuple[int, int], RankSample] = {}
+    for rank, payload in rows:
+        p = json.loads(payload)
+        out[(int(rank), int(p["step"]))] = RankSample(
+            int(rank), int(p["step"]), float(p["step_s"]), p.get("mfu")
+        )
+    return sorted(out.values(), key=lambda r: (r.step, r.rank))
+
+
 def write_report_for(
     out: Path, demo: Demo, result: dict[str, Any], ref_steps: list[tuple[int, float]]
 ) -> Path:
@@ -83,7 +106,7 @@ def write_report_for(
         result=result,
         steps=demo.step_points(),
         reference_steps=[StepPoint(s, loss, 0, 0.0) for s, loss in ref_steps],
-        ranks=[],
+        ranks=rank_samples(out / "coordinator" / "coordinator.db"),
         burnin=demo.rec.burnin,
         timeline=demo.rec.timeline,
         nodes_of_ranks={r: fleet.node_of_rank(r) for r in range(fleet.world_size)},
