@@ -94,3 +94,10 @@ def test_an_unfinished_run_fails_and_burnin_catches_links() -> None:
     res = build_result(ev)  # 40 of 50 steps
     assert res["verdict"] == "fail" and res["faults"][0]["detected"]
     assert res["faults"][0]["actions"] == ["burnin.exclude"]
+
+
+def test_an_incident_before_the_strike_explains_nothing() -> None:
+    sc = scenario({"kind": "corrupt_batch", "batch": 25})
+    early = incident(1, "loss_spike", 10.0, [("node-0", 0)], [action("rollback")])
+    res = build_result(evidence(sc, [early], {0: Strike(t=25.0, step=25, node=None)}))
+    assert not res["faults"][0]["detected"] and res["false_incidents"][0]["id"] == 1

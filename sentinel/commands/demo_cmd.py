@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     def echo(line: str) -> None:
         print(line, flush=True)
 
+    def stop(sig: int, _frame: object) -> None:
+        raise SystemExit(128 + sig)  # unwinds through the drill's `finally`: no orphans
+
+    signal.signal(signal.SIGTERM, stop)
     result = run_drill(scenario, args.out, shorten=args.quick, echo=echo)
     for line in summary_lines(result):
         print(line)

@@ -14,6 +14,8 @@ from typing import Any
 from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
 
 NODE_PREFIXES = ("node-", "spare-")
+# Strike times come from file mtimes and metrics lines; allow for their granularity.
+STRIKE_SLACK_S = 1.0
 # Incident classes (playbook `incident.fault`) that correctly explain each fault kind.
 EXPLAINS: dict[str, frozenset[str]] = {
     "ecc_dbe": frozenset({"gpu_hardware"}),
@@ -117,18 +119,22 @@ def resumed_at(steps: list[tuple[float, int, int]], t: float) -> float | None:
     return min(later) if later else None
 
 
-def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any]) -> bool:
+def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any], t0: float) -> bool:
     if inc.get("fault") not in EXPLAINS.get(fault.kind, frozenset()):
         return False
+    if strike is None or strike.t is None:
+        return False  # it never struck: nothing can have detected it
+    if inc["opened_at"] - t0 < strike.t - STRIKE_SLACK_S:
+        return False  # opened before the fault struck: something else
     if isinstance(fault, CorruptBatchFault):
         return True  # the data, not a node: any rank may be the one that sees it
     if isinstance(fault, NODE_FAULTS):
         return fault.node in blamed_nodes(inc)
     if evicted(inc):  # the repair took a node out: it must be the one the fault struck
-        return strike is not None and strike.node in evicted(inc)
+        return strike.node in evicted(inc)
     if fault.rank in incident_ranks(inc):
         return True
-    return strike is not None and strike.node is not None and strike.node in incident_nodes(inc)
+    return strike.node is not None and strike.node in incident_nodes(inc)
 
 
 def _actions(inc: dict[str, Any]) -> list[str]:
@@ -155,9 +161,9 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         if fault.kind == "link_degraded":
             faults.append(_burnin_fault(fault, ev))
             continue
-        match = next((i for i in incidents if attributed(fault, strike, i)), None)
+        match = next((i for i in incidents if attributed(fault, strike, i, ev.t0)), None)
         faults.append(_fault_entry(fault, strike, match, ev))
-        explained |= {i["id"] for i in incidents if attributed(fault, strike, i)}
+        explained |= {i["id"] for i in incidents if attributed(fault, strike, i, ev.t0)}
     false = [i for i in incidents if i["id"] not in explained]
     evicted_nodes = sorted({n for i in incidents for n in evicted(i)})
     bit_identical = ev.final_digest is not None and ev.final_digest == ev.reference_digest
