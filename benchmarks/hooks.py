@@ -10,7 +10,13 @@ Reported for rank 0: `hook_overhead_ratio`, the ratio of the median step times;
 `cpu_time_ratio`, the same with the process's CPU time per step (all its threads), which other
 tenants of a shared machine do not disturb; and `hook_calls_ratio`, (bare step + mean time
 spent inside the hooks' calls) / bare step, the hooks' own cost on the step's critical path
-without any noise from the machine. Target <= 1.01 on CPU. Last line of output: JSON.
+without any noise from the machine. Target <= 1.01 on CPU.
+
+`reference_hook_overhead_ratio`: the reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo
+configuration) with every hook on / with `SENTINEL_HOOKS_ENABLED=0`, whole runs alternated
+(on, off, on, off, ...) in the same benchmark run; the ratio of median step times over all
+on-runs and all off-runs, warm-up steps dropped. Skip it with `--no-reference`.
+Last line of output: JSON.
 """
 
 from __future__ import annotations
@@ -110,12 +116,41 @@ def _trimmed_mean(values: list[float], cut: float = 0.02) -> float:
     return statistics.fmean(ordered[k : len(ordered) - k])
 
 
+REFERENCE = ["--tp", "2", "--pp", "2", "--mbs", "2", "--accum", "2", "--quiet", "--steps", "14"]
+
+
+def reference_overhead(pairs: int, warmup_steps: int = 4) -> dict[str, float]:
+    """Median step time of the reference trainer with hooks on / off, runs alternated."""
+    from trainer_hooks.reference.launch import read_metrics, run_gang
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory(prefix="sentinel-bench-hooks-") as tmp:
+        data = Path(tmp) / "corpus"
+        for i in range(2 * pairs):
+            on = i % 2 == 0
+            out = Path(tmp) / f"run{i}"
+            env = {"SENTINEL_HOOKS_ENABLED": "1" if on else "0", "OMP_NUM_THREADS": "1"}
+            run_gang(8, [*REFERENCE, "--out", str(out), "--data-dir", str(data)],
+                     log_dir=out / "logs", timeout=600, env=env, fork=True)  # fmt: skip
+            steps = read_metrics(out)[0]
+            times[on] += [steps[s]["step_s"] for s in sorted(steps) if s > warmup_steps]
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    return {
+        "reference_hook_overhead_ratio": round(on / off, 4),
+        "reference_step_s_on": round(on, 4),
+        "reference_step_s_off": round(off, 4),
+        "reference_steps_each": len(times[True]),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--block", type=int, default=1, help="steps per on/off block")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="400 steps")
+    p.add_argument("--no-reference", action="store_true", help="skip the reference-trainer runs")
+    p.add_argument("--reference-pairs", type=int, default=2, help="on/off run pairs (default 2)")
     args = p.parse_args()
     if args.quick:
         args.steps = 400
@@ -136,9 +171,11 @@ def main() -> None:
     print(
         f"median step: hooks on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms ({len(data['on'])} each)"
     )
+    reference = {} if args.no_reference else reference_overhead(args.reference_pairs)
     print(
         json.dumps(
             {
+                **reference,
                 "hook_overhead_ratio": round(ratio, 4),
                 "trimmed_mean_ratio": round(mean_ratio, 4),
                 "cpu_time_ratio": round(cpu_ratio, 4),

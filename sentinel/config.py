@@ -110,7 +110,9 @@ class SupervisorConfig(StrictModel):
     gpus_per_node: int = Field(default=2, ge=1)
     spares: int = Field(default=1, ge=0)
     master_addr: str = "127.0.0.1"
-    master_port: int = Field(default=29500, ge=1, le=65535)
+    # Unset: the local launcher picks a free port for each generation (a fixed one collides
+    # with any other gang on the machine, and a stale rendezvous would hang the new one).
+    master_port: int | None = Field(default=None, ge=1, le=65535)
     checkpoint_dir: Path | None = None
     # A checkpoint directory counts once this file exists in it (the reference trainer writes
     # COMMITTED last); a directory without it is torn and never resumed from.

@@ -18,11 +18,15 @@ from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
 from sentinel.protocol import (
     AgentHeartbeatPayload,
+    Command,
+    CommandKind,
     Event,
+    EventBatch,
     EventKind,
     Source,
     Verdict,
     decode_batch,
+    decode_command,
     encode,
     make_event,
 )
@@ -189,6 +193,31 @@ async def test_rank_socket_relays_valid_lines_and_counts_garbage(tmp_path: Path)
     assert not path.exists()
 
 
+async def test_rank_socket_takes_event_batches_whole_and_relays_commands(tmp_path: Path) -> None:
+    """The hooks send one EventBatch per line; a batch with one foreign event is dropped whole.
+    Commands written by the agent reach every connected rank."""
+    got: list[Event] = []
+    path = tmp_path / "agent.sock"
+    server = RankSocketServer(path, "node-0", got.append)
+    await server.start()
+    good = EventBatch(events=[heartbeat(rank=1), heartbeat(rank=2)])
+    mixed = EventBatch(events=[heartbeat(rank=3), heartbeat(node="node-9", rank=4)])
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(f"{encode(good)}\n{encode(mixed)}\n".encode())
+    await writer.drain()
+    for _ in range(200):
+        if len(got) == 2 and server.garbage == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert [e.source.rank for e in got] == [1, 2] and server.garbage == 1
+    command = Command(kind=CommandKind.FR_DUMP, target=Source(node="node-0"))
+    assert server.broadcast(encode(command)) == 1
+    line = await asyncio.wait_for(reader.readline(), 5)
+    assert decode_command(line) == command
+    writer.close()
+    await server.stop()
+
+
 # --- sd_notify -------------------------------------------------------------------------------
 
 
@@ -218,3 +247,43 @@ def test_notify_is_a_no_op_outside_systemd() -> None:
 def test_watchdog_pid_for_another_process_is_ignored() -> None:
     n = Notifier({"NOTIFY_SOCKET": "/x", "WATCHDOG_USEC": "1000000", "WATCHDOG_PID": "1"})
     assert n.watchdog_interval_s is None
+
+
+async def test_command_relay_delivers_to_ranks_then_acknowledges(tmp_path: Path) -> None:
+    """Against a stand-in for the coordinator's two command endpoints (its real format: see
+    sentinel/coordinator/queries.py take_commands); the real coordinator is used in the demo."""
+    from sentinel.agent.commands import CommandRelay
+
+    command = Command(kind=CommandKind.SDC_CHECK, target=Source(node="node-0"))
+    acks: list[tuple[str, dict[str, object]]] = []
+    polls: list[dict[str, str]] = []
+
+    async def commands(request: web.Request) -> web.Response:
+        polls.append(dict(request.query))
+        return web.json_response({"commands": [json.loads(encode(command))] if not acks else []})
+
+    async def ack(request: web.Request) -> web.Response:
+        acks.append((request.match_info["id"], await request.json()))
+        return web.json_response({"acked": request.match_info["id"]})
+
+    app = web.Application()
+    app.router.add_get("/v1/commands", commands)
+    app.router.add_post("/v1/commands/{id}/ack", ack)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ranks = RankSocketServer(tmp_path / "agent.sock", "node-0", lambda e: None)
+    await ranks.start()
+    reader, writer = await asyncio.open_unix_connection(str(tmp_path / "agent.sock"))
+    await asyncio.sleep(0.05)  # the server registers the connection
+    relay = CommandRelay(f"http://127.0.0.1:{port}", "tok", "node-0", ranks, wait_s=1)
+    async with aiohttp.ClientSession() as session:
+        assert await relay.poll_once(session) == 1
+    assert decode_command(await asyncio.wait_for(reader.readline(), 5)) == command
+    assert polls[0] == {"node": "node-0", "wait": "1"}
+    assert acks == [(command.id, {"ok": True, "detail": {"relayed_to_ranks": 1}})]
+    writer.close()
+    await ranks.stop()
+    await runner.cleanup()

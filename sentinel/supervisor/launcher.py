@@ -10,11 +10,28 @@ variables; only the launcher differs.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+def free_master_port(low: int = 20000, high: int = 32000) -> int:
+    """A port free right now, below Linux's ephemeral range (32768+), where outgoing
+    connections would otherwise grab it between this check and the rank-0 store binding it."""
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {low}-{high} for the gang's rendezvous")
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher
+from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, free_master_port
 
 log = logging.getLogger("sentinel.supervisor")
 _CKPT = re.compile(r"step[-_]?(\d+)")
@@ -284,7 +284,11 @@ class Supervisor:
             gpus_per_node=self.job.gpus_per_node,
             generation=self.job.generation,
             master_addr=self.cfg.master_addr,
-            master_port=self.cfg.master_port + self.job.generation % 1000,
+            master_port=(
+                self.cfg.master_port + self.job.generation % 1000
+                if self.cfg.master_port is not None
+                else free_master_port()
+            ),
             env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
             rank_socket_template=self.cfg.rank_socket_template,
         )
