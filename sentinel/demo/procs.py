@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -91,23 +89,6 @@ class CoordinatorProcess:
         return stop_process(self.proc)
 
 
-def free_port_range(count: int = 16) -> int:
-    """A base port whose next `count` ports are free, below Linux's ephemeral range: the
-    supervisor gives generation g the master port base + g, and a port another program holds
-    would read as a rank crash."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000 - count)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free range of ports in 20000-32000")
-
-
 @dataclass
 class SupervisorProcess:
     """`sentinel run ... -- TRAINER...` with its output in `log_file`."""
@@ -120,7 +101,6 @@ class SupervisorProcess:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
         env.update(self.env)
-        env["SENTINEL_SUPERVISOR__MASTER_PORT"] = str(free_port_range())
         # `sentinel fr analyze` (the supervisor's analyzer) from this installation.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         with self.log_file.open("ab") as log:
