@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "sentinel.commands.goodput_cmd",
     "sentinel.commands.fr_cmd",
     "sentinel.commands.burnin_cmd",
+    "sentinel.commands.demo_cmd",
 )
 
 log = logging.getLogger("sentinel")

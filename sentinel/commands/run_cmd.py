@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from sentinel.exitcodes import InputError
@@ -27,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--fr-dir", type=Path, help="where ranks dump flight recorders (analyzed here)")
     p.add_argument("--log-dir", type=Path, help="write each rank's output here")
+    p.add_argument(
+        "--exclude-file",
+        type=Path,
+        help="nodes to leave out before launch, one per line (a burn-in's --exclude-out); "
+        "spares take their places",
+    )
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_COMMAND...")
     p.set_defaults(handler=run)
 
@@ -68,6 +75,25 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{cfg.token_file}: cannot read the token: {e.strerror}") from None
     if not token:
         raise InputError("no token: pass --token-file FILE or set SENTINEL_TOKEN")
+    exclude = read_exclude(args.exclude_file)
     control = (args.log_dir or Path(".")) / f"{cfg.job_id}.control.jsonl"
-    sup = Supervisor(cfg, argv, LocalLauncher(args.log_dir), token, control.resolve())
+    try:
+        sup = Supervisor(cfg, argv, LocalLauncher(args.log_dir), token, control.resolve(), exclude)
+    except ValueError as e:
+        raise InputError(f"--exclude-file {args.exclude_file}: {e}") from None
     return asyncio.run(sup.run())
+
+
+def read_exclude(path: Path | None) -> frozenset[str]:
+    """Node names, one per line; blank lines and `#` comments ignored."""
+    if path is None:
+        return frozenset()
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise InputError(f"--exclude-file {path}: cannot read it: {e.strerror}") from None
+    names = [ln.split("#", 1)[0].strip() for ln in lines]
+    bad = [n for n in names if n and not re.fullmatch(r"(node|spare)-\d+", n)]
+    if bad:
+        raise InputError(f"--exclude-file {path}: not node names: {', '.join(bad)}")
+    return frozenset(n for n in names if n)

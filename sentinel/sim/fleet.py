@@ -60,14 +60,14 @@ class SimFleet:
         token_file: Path | None = None,
         token_files: dict[str, Path] | None = None,
     ) -> None:
-        """`token_file` is one token for every agent (an admin's, or one node's fleet of one);
-        `token_files` gives each node its own node token, which may speak only for that node."""
+        """`token_file` is one token for every agent; `token_files` one per node (a node token
+        may only speak for its own node), and wins for the nodes it names."""
         self.workdir = workdir
         self.gpus_per_node = gpus_per_node
         self.interval_s = interval_s
         self.coordinator_url = coordinator_url
         self.token_file = token_file
-        self.token_files = token_files or {}
+        self.token_files = dict(token_files or {})
         self.agents = {
             n: AgentProcess(
                 node_id=n,
@@ -96,9 +96,9 @@ class SimFleet:
             a.faults_file.parent.mkdir(parents=True, exist_ok=True)
             a.faults_file.touch()
             env = dict(os.environ)
-            token_file = self.token_files.get(a.node_id, self.token_file)
-            if token_file is not None:
-                env["SENTINEL_AGENT__TOKEN_FILE"] = str(token_file)
+            token = self.token_files.get(a.node_id, self.token_file)
+            if token is not None:
+                env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
             with a.log_file.open("ab") as log:
                 a.proc = subprocess.Popen(self.command(a), stderr=log, stdout=log, env=env)
         deadline = time.monotonic() + timeout_s

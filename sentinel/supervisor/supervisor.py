@@ -103,6 +103,25 @@ def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[
     return found
 
 
+def initial_job(nodes: int, spares: int, gpus_per_node: int, exclude: frozenset[str]) -> JobState:
+    """The first node map: excluded nodes (a burn-in's exclude list) give their place to spares,
+    in order; with too few spares the job cannot start at its size."""
+    names = [f"node-{i}" for i in range(nodes)]
+    free = [s for s in (f"spare-{i}" for i in range(spares)) if s not in exclude]
+    placed = []
+    for name in names:
+        if name not in exclude:
+            placed.append(name)
+        elif free:
+            placed.append(free.pop(0))
+        else:
+            raise ValueError(
+                f"{name} is excluded and no spare is left to take its place "
+                f"({spares} spare(s) for {len(set(names) & exclude)} excluded node(s))"
+            )
+    return JobState(nodes=placed, spares=free, gpus_per_node=gpus_per_node)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -111,17 +130,14 @@ class Supervisor:
         launcher: Launcher,
         token: str,
         control_file: Path,
+        exclude: frozenset[str] = frozenset(),
     ) -> None:
         self.cfg = cfg
         self.argv = argv
         self.launcher = launcher
         self.token = token
         self.control_file = control_file
-        self.job = JobState(
-            nodes=[f"node-{i}" for i in range(cfg.nodes)],
-            spares=[f"spare-{i}" for i in range(cfg.spares)],
-            gpus_per_node=cfg.gpus_per_node,
-        )
+        self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude)
         self.gang: Gang | None = None
         self.plan: GangPlan | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -236,9 +252,13 @@ class Supervisor:
                 break  # every rank dumped and nothing new for a second
             await asyncio.sleep(0.25)
         argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+        except OSError as e:
+            log.error("cannot run the flight-recorder analyzer %s: %s", argv[0], e)
+            return
         out, err = await proc.communicate()
         try:
             doc = json.loads(out)

@@ -227,13 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, required=True)
     p.add_argument("--log-dir", type=Path, default=Path("launch-logs"))
     p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--fork", action="store_true", help="fork ranks from one torch import")
     p.add_argument("train_args", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     if ns.nproc < 1:
         p.error("--nproc must be >= 1")
     args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
     try:
-        run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout)
+        run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout, fork=ns.fork)
     except GangFailed as e:
         print(e, file=sys.stderr)
         return 1

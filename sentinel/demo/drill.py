@@ -1,0 +1,130 @@
+"""One drill end to end: run the demo, grade it against a clean reference, write its outputs
+(`result.json`, `goodput.json` for `sentinel goodput --from-demo`, `report.html`)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sentinel.demo.data import DemoData, RankSample, StepPoint
+from sentinel.demo.reference import reference_run
+from sentinel.demo.result import Evidence, build_result, goodput_input
+from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
+from sentinel.scenario import Scenario
+
+
+def skip_list(incidents: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The batch ranges the playbooks chose to skip (their `skip_batches` actions)."""
+    out = set()
+    for inc in incidents:
+        for a in inc.get("actions", []):
+            skip = (a.get("result") or {}).get("skip")
+            if a["action"] == "skip_batches" and a["state"] == "done" and skip:
+                out.add((int(skip[0]), int(skip[1])))
+    return sorted(out)
+
+
+def run_drill(
+    scenario: Scenario,
+    out: Path,
+    *,
+    shorten: bool,
+    echo: Callable[[str], None],
+    timeout_s: float | None = None,
+    stall_s: float = 240.0,
+) -> dict[str, Any]:
+    if shorten:
+        scenario = quick(scenario)
+    out.mkdir(parents=True, exist_ok=True)
+    write_scenario(scenario, out / "scenario.yaml")
+    demo = Demo(scenario, out, echo)
+    budget = timeout_s if timeout_s is not None else 300.0 + 3.0 * scenario.trainer.steps
+    observer, tail = demo.train(budget, stall_s)
+    incidents = list(observer.seen.incident_details.values())
+    skip = skip_list(incidents)
+    reference, ref_steps = None, []
+    if tail.digest is not None:
+        note = f" skipping batches {skip}" if skip else ""
+        demo.note("info", None, f"clean reference run of the same configuration{note}")
+        started = time.monotonic()
+        ref = reference_run(scenario.fleet.world_size, trainer_args(scenario), skip, out / "data")
+        how = "cached" if ref.cached else f"{time.monotonic() - started:.0f}s"
+        demo.note("info", None, f"reference digest {ref.digest[:12]} ({how})")
+        reference, ref_steps = ref.digest, ref.steps
+    steps = [ln.step for ln, _g in demo.rec.lines]
+    evidence = Evidence(
+        scenario=scenario,
+        t0=demo.rec.t0,
+        incidents=incidents,
+        strikes=demo.strikes(),
+        steps=[(ln.t, ln.step, g) for ln, g in demo.rec.lines],
+        completed_steps=tail.final_step or (max(steps) if steps else 0),
+        final_digest=tail.digest,
+        reference_digest=reference,
+        burnin_exclude=demo.rec.burnin_exclude,
+    )
+    result = build_result(evidence)
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
+    write_report_for(out, demo, result, ref_steps)
+    return result
+
+
+def rank_samples(db: Path) -> list[RankSample]:
+    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
+    after the coordinator has stopped; a replayed step keeps its last report."""
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT rank, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
+            " ORDER BY ts"
+        ).fetchall()
+    finally:
+        conn.close()
+    out: dict[tuple[int, int], RankSample] = {}
+    for rank, payload in rows:
+        p = json.loads(payload)
+        out[(int(rank), int(p["step"]))] = RankSample(
+            int(rank), int(p["step"]), float(p["step_s"]), p.get("mfu")
+        )
+    return sorted(out.values(), key=lambda r: (r.step, r.rank))
+
+
+def write_report_for(
+    out: Path, demo: Demo, result: dict[str, Any], ref_steps: list[tuple[int, float]]
+) -> Path:
+    from sentinel.demo.report import write_report
+
+    fleet = demo.scenario.fleet
+    data = DemoData(
+        result=result,
+        steps=demo.step_points(),
+        reference_steps=[StepPoint(s, loss, 0, 0.0) for s, loss in ref_steps],
+        ranks=rank_samples(out / "coordinator" / "coordinator.db"),
+        burnin=demo.rec.burnin,
+        timeline=demo.rec.timeline,
+        nodes_of_ranks={r: fleet.node_of_rank(r) for r in range(fleet.world_size)},
+    )
+    return write_report(out, data)
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    lines = [f"verdict: {result['verdict'].upper()}  scenario {result['scenario']}, "
+             f"{result['completed_steps']} steps"]  # fmt: skip
+    for f in result["faults"]:
+        state = "detected" if f["detected"] else "MISSED"
+        ttd = f"detect {f['time_to_detect_s']}s" if f["time_to_detect_s"] is not None else ""
+        ttr = f"resume {f['time_to_resume_s']}s" if f["time_to_resume_s"] is not None else ""
+        lines.append(f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "
+                     f"{' '.join(f['actions'])}")  # fmt: skip
+    for i in result["false_incidents"]:
+        lines.append(f"  false incident #{i['id']} {i['kind']} on {i['target']}")
+    same = "bit-identical" if result["bit_identical"] else "NOT bit-identical"
+    lines.append(f"  final digest {str(result['final_digest'])[:16]}: {same} to the reference")
+    return lines

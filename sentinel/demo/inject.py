@@ -1,0 +1,143 @@
+"""The drill injector: follows training through the trainer's metrics file and, when training
+reaches a node fault's `at_step`, writes the fault into the named node's simulated GPUs.
+
+Rank faults and `corrupt_batch` are not injected here: the trainer injects them itself from the
+same scenario file (`--faults`). Nothing here tells any detector what was injected.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sentinel.scenario import NODE_FAULTS, Scenario
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """One per-step line of metrics.jsonl as the demo saw it; `t` is seconds since the start."""
+
+    t: float
+    step: int
+    loss: float
+    batch: int | None
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Injection:
+    """A node fault written into a node's simulated GPUs at wall time `t` (demo seconds)."""
+
+    index: int  # position in the scenario's fault list
+    node: str
+    step: int
+    t: float
+
+
+@dataclass
+class MetricsTail:
+    """Reads new lines of the trainer's metrics.jsonl (rank 0 appends; replayed steps repeat)."""
+
+    path: Path
+    t0: float
+    _pos: int = 0
+    _buf: str = ""
+    digest: str | None = None
+    final_step: int | None = None
+
+    def poll(self) -> list[StepLine]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as f:
+            f.seek(self._pos)
+            chunk = f.read()
+            self._pos = f.tell()
+        text = self._buf + chunk
+        lines, _, self._buf = text.rpartition("\n")
+        now = time.time() - self.t0
+        out = []
+        for raw in filter(None, lines.split("\n")):
+            rec: dict[str, Any] = json.loads(raw)
+            if "digest" in rec:
+                self.digest, self.final_step = str(rec["digest"]), int(rec["final_step"])
+            elif "step" in rec and "loss" in rec:
+                out.append(
+                    StepLine(
+                        t=now,
+                        step=int(rec["step"]),
+                        loss=float(rec["loss"]),
+                        batch=rec.get("batch"),
+                        step_s=float(rec.get("step_s", 0.0)),
+                    )
+                )
+        return out
+
+
+@dataclass
+class Injector:
+    """Injects each node fault once, into `inject(node, fault_dict)`, at its step."""
+
+    scenario: Scenario
+    inject: Callable[[str, dict[str, Any]], None]
+    injected: list[Injection] = field(default_factory=list)
+
+    def pending(self) -> list[tuple[int, Any]]:
+        done = {i.index for i in self.injected}
+        return [
+            (i, f)
+            for i, f in enumerate(self.scenario.faults)
+            if isinstance(f, NODE_FAULTS) and i not in done
+        ]
+
+    def on_step(self, step: int, t: float) -> list[Injection]:
+        fired = []
+        for index, fault in self.pending():
+            if step >= fault.at_step:
+                doc = fault.model_dump(mode="json", exclude={"node", "at_step"})
+                self.inject(fault.node, doc)
+                fired.append(Injection(index=index, node=fault.node, step=step, t=t))
+        self.injected += fired
+        return fired
+
+
+class Follower(threading.Thread):
+    """Polls the metrics file, feeds the injector and hands every step line to `on_line`."""
+
+    def __init__(
+        self,
+        tail: MetricsTail,
+        injector: Injector,
+        on_line: Callable[[StepLine], None],
+        on_inject: Callable[[Injection], None],
+        interval_s: float = 0.1,
+    ) -> None:
+        super().__init__(name="demo-follower", daemon=True)
+        self.tail, self.injector = tail, injector
+        self.on_line, self.on_inject = on_line, on_inject
+        self.interval_s = interval_s
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                self.drain()
+                self.stopping.wait(self.interval_s)
+            self.drain()
+        except BaseException as e:  # surfaced by the orchestrator after join()
+            self.error = e
+
+    def drain(self) -> None:
+        for line in self.tail.poll():
+            self.on_line(line)
+            for inj in self.injector.on_step(line.step, line.t):
+                self.on_inject(inj)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)

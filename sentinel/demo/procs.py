@@ -1,0 +1,115 @@
+"""The demo's long-lived processes, each with an explicit start and stop: the coordinator and
+the job supervisor (`sentinel run`). The simulated agents are `sentinel.sim.fleet.SimFleet`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sentinel.demo.observe import CoordinatorClient
+from sentinel.sim.fleet import free_port
+
+SENTINEL = [sys.executable, "-m", "sentinel"]
+
+# Coordinator settings for a drill on one machine: a fast engine tick, a job heartbeat timeout
+# that survives a busy 2-core box, an eviction budget that allows one eviction per fault, and
+# short long-polls (aiohttp's shutdown waits for open ones, whose clients are already gone).
+COORDINATOR_ENV = {
+    "SENTINEL_COORDINATOR__LONG_POLL_MAX_S": "3",
+    "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
+    "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "30",
+    "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "16",
+    "SENTINEL_COORDINATOR__EVICTION__MIN_FLEET": "1",
+}
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> int | None:
+    """SIGTERM, wait, then SIGKILL: every process the demo started ends here."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@dataclass
+class CoordinatorProcess:
+    state_dir: Path
+    log_file: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [*SENTINEL, "--log-format", "json", "coordinator", "--listen",
+               f"127.0.0.1:{self.port}", "--state-dir", str(self.state_dir)]  # fmt: skip
+        with self.log_file.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, env={**os.environ, **COORDINATOR_ENV}, stdout=log, stderr=log
+            )
+        client = CoordinatorClient(self.url, "")
+        deadline = time.monotonic() + timeout_s
+        while not client.healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"coordinator exited: {self.log_file.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"coordinator not ready in {timeout_s}s")
+            time.sleep(0.1)
+
+    def admin_token(self) -> str:
+        return (self.state_dir / "admin.token").read_text().strip()
+
+    def token(self, path: Path, *args: str) -> Path:
+        """Create a token (`--role node --node NAME` / `--role job --job ID`) into `path`."""
+        out = subprocess.run(
+            [*SENTINEL, "token", "create", "--state-dir", str(self.state_dir), "--json", *args],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(str(json.loads(out.stdout)["token"]) + "\n")
+        path.chmod(0o600)
+        return path
+
+    def stop(self) -> int | None:
+        return stop_process(self.proc)
+
+
+@dataclass
+class SupervisorProcess:
+    """`sentinel run ... -- TRAINER...` with its output in `log_file`."""
+
+    argv: list[str]
+    log_file: Path
+    env: dict[str, str] = field(default_factory=dict)  # reaches every rank
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        env.update(self.env)
+        # `sentinel fr analyze` (the supervisor's analyzer) from this installation.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        with self.log_file.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*SENTINEL, "--log-format", "json", *self.argv], env=env, stdout=log, stderr=log
+            )
+
+    def poll(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self) -> int | None:
+        return stop_process(self.proc, timeout_s=30.0)

@@ -1,0 +1,264 @@
+"""The drill report: after the run, match each injected fault to the incident that caught it.
+
+Detection never reads the scenario; only this after-the-fact report does, to grade it. A fault
+counts as detected when an incident of a matching class names the node the fault struck (for a
+rank fault: the node hosting that rank when it struck) or the rank itself. Incidents that no
+fault explains are false incidents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
+
+NODE_PREFIXES = ("node-", "spare-")
+# Strike times come from file mtimes and metrics lines; allow for their granularity.
+STRIKE_SLACK_S = 1.0
+# Incident classes (playbook `incident.fault`) that correctly explain each fault kind.
+EXPLAINS: dict[str, frozenset[str]] = {
+    "ecc_dbe": frozenset({"gpu_hardware"}),
+    "xid": frozenset({"gpu_hardware"}),
+    "thermal": frozenset({"thermal", "thermal_degraded"}),
+    "corrupt_batch": frozenset({"loss_spike", "nan_loss"}),
+    "sdc": frozenset({"sdc"}),
+    "straggler": frozenset({"straggler"}),
+    "hang": frozenset({"collective_hang"}),
+    "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
+}
+# Repairs after which the run cannot end bit-identical to a clean run (a changed learning rate);
+# every other repair is rollback-and-resume, possibly skipping batches the reference skips too.
+CHANGES_NUMERICS = frozenset({"lr_scale"})
+
+
+@dataclass(frozen=True)
+class Strike:
+    """When and where a fault struck: demo time, training step, node (and rank) it hit."""
+
+    t: float | None
+    step: int | None
+    node: str | None
+    rank: int | None = None
+
+
+@dataclass
+class Evidence:
+    """Everything the drill recorded, in demo seconds (`t0` converts coordinator epochs)."""
+
+    scenario: Scenario
+    t0: float
+    incidents: list[dict[str, Any]]  # /v1/incidents/{id} documents
+    strikes: dict[int, Strike]  # by index in scenario.faults
+    steps: list[tuple[float, int, int]]  # (t, step, generation) of each metrics line
+    completed_steps: int
+    final_digest: str | None
+    reference_digest: str | None
+    burnin_exclude: list[str] = field(default_factory=list)
+
+
+def incident_nodes(inc: dict[str, Any]) -> set[str]:
+    nodes = {e["node"] for e in inc.get("events", []) if e.get("node")}
+    target = str(inc.get("target", ""))
+    return nodes | ({target} if target.startswith(NODE_PREFIXES) else set())
+
+
+def incident_ranks(inc: dict[str, Any]) -> set[int]:
+    return {int(e["rank"]) for e in inc.get("events", []) if e.get("rank") is not None}
+
+
+def evicted(inc: dict[str, Any]) -> list[str]:
+    """Nodes the incident's playbook evicted (what the `evict_node` action reports it did)."""
+    return sorted(
+        {
+            str(n)
+            for a in inc.get("actions", [])
+            if a["action"] == "evict_node" and a["state"] == "done"
+            for n in (a.get("result") or {}).get("nodes", [])
+        }
+    )
+
+
+def blamed_nodes(inc: dict[str, Any]) -> set[str]:
+    """The nodes an incident holds responsible: those it evicted, else those its evidence
+    came from."""
+    return set(evicted(inc)) or incident_nodes(inc)
+
+
+def incident_target(inc: dict[str, Any]) -> str:
+    """The evicted node, else a node name when the evidence points at one node, a rank when at
+    one rank."""
+    if len(evicted(inc)) == 1:
+        return evicted(inc)[0]
+    nodes, ranks = incident_nodes(inc), incident_ranks(inc)
+    if len(ranks) == 1 and inc.get("fault") not in ("gpu_hardware", "thermal", "straggler"):
+        return f"rank-{next(iter(ranks))}"
+    if len(nodes) == 1:
+        return next(iter(nodes))
+    return str(inc.get("target"))
+
+
+def fault_target(fault: Any) -> str:
+    if isinstance(fault, CorruptBatchFault):
+        return f"batch-{fault.batch}"
+    if isinstance(fault, RANK_FAULTS):
+        return f"rank-{fault.rank}"
+    return str(fault.node)
+
+
+def step_at(steps: list[tuple[float, int, int]], t: float) -> int | None:
+    """The last step the trainer had reported by demo time `t`."""
+    before = [s for (st, s, _g) in steps if st <= t]
+    return before[-1] if before else None
+
+
+def resumed_at(steps: list[tuple[float, int, int]], t: float) -> float | None:
+    """Demo time of the first step reported by a later generation than the one running at t."""
+    gen = max((g for (st, _s, g) in steps if st <= t), default=0)
+    later = [st for (st, _s, g) in steps if st > t and g > gen]
+    return min(later) if later else None
+
+
+def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any], t0: float) -> bool:
+    if inc.get("fault") not in EXPLAINS.get(fault.kind, frozenset()):
+        return False
+    if strike is None or strike.t is None:
+        return False  # it never struck: nothing can have detected it
+    if inc["opened_at"] - t0 < strike.t - STRIKE_SLACK_S:
+        return False  # opened before the fault struck: something else
+    if isinstance(fault, CorruptBatchFault):
+        return True  # the data, not a node: any rank may be the one that sees it
+    if isinstance(fault, NODE_FAULTS):
+        return fault.node in blamed_nodes(inc)
+    if evicted(inc):  # the repair took a node out: it must be the one the fault struck
+        return strike.node in evicted(inc)
+    if fault.rank in incident_ranks(inc):
+        return True
+    return strike.node is not None and strike.node in incident_nodes(inc)
+
+
+def _actions(inc: dict[str, Any]) -> list[str]:
+    """Action names, with the nodes an eviction took out."""
+    names = []
+    for a in inc.get("actions", []):
+        nodes = (a.get("result") or {}).get("nodes") if a["action"] == "evict_node" else None
+        names.append(a["action"] + (":" + ",".join(map(str, nodes)) if nodes else ""))
+    return names
+
+
+def _resolution(inc: dict[str, Any]) -> str:
+    runs = inc.get("runs", [])
+    status = runs[-1]["status"] if runs else "no playbook"
+    return f"{inc.get('state')} (playbook {inc.get('playbook') or 'none'}: {status})"
+
+
+def build_result(ev: Evidence) -> dict[str, Any]:
+    incidents = sorted(ev.incidents, key=lambda i: i["opened_at"])
+    explained: set[int] = set()
+    faults = []
+    for index, fault in enumerate(ev.scenario.faults):
+        strike = ev.strikes.get(index)
+        if fault.kind == "link_degraded":
+            faults.append(_burnin_fault(fault, ev))
+            continue
+        match = next((i for i in incidents if attributed(fault, strike, i, ev.t0)), None)
+        faults.append(_fault_entry(fault, strike, match, ev))
+        explained |= {i["id"] for i in incidents if attributed(fault, strike, i, ev.t0)}
+    false = [i for i in incidents if i["id"] not in explained]
+    evicted_nodes = sorted({n for i in incidents for n in evicted(i)})
+    bit_identical = ev.final_digest is not None and ev.final_digest == ev.reference_digest
+    must_match = not any(set(_kinds(i)) & CHANGES_NUMERICS for i in incidents)
+    completed = ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
+    ok = (
+        all(f["detected"] for f in faults)
+        and completed
+        and not false
+        and (bit_identical or not must_match)
+    )
+    return {
+        "verdict": "pass" if ok else "fail",
+        "scenario": ev.scenario.name,
+        "completed_steps": ev.completed_steps,
+        "incidents": [_incident_entry(i, ev) for i in incidents],
+        "faults": faults,
+        "false_incidents": [_incident_entry(i, ev) for i in false],
+        "evicted_nodes": evicted_nodes,
+        "burnin_excluded": ev.burnin_exclude,
+        "final_digest": ev.final_digest,
+        "reference_digest": ev.reference_digest,
+        "bit_identical": bit_identical,
+        "bit_identity_required": must_match,
+    }
+
+
+def _kinds(inc: dict[str, Any]) -> list[str]:
+    return [a["action"] for a in inc.get("actions", [])]
+
+
+def _incident_entry(inc: dict[str, Any], ev: Evidence) -> dict[str, Any]:
+    first = inc.get("first_step")
+    return {
+        "id": inc["id"],
+        "kind": inc["fault"],
+        "target": incident_target(inc),
+        "detected_step": first
+        if first is not None
+        else step_at(ev.steps, inc["opened_at"] - ev.t0),
+        "actions": _actions(inc),
+        "resolution": _resolution(inc),
+    }
+
+
+def _fault_entry(
+    fault: Any, strike: Strike | None, inc: dict[str, Any] | None, ev: Evidence
+) -> dict[str, Any]:
+    detect_t = inc["opened_at"] - ev.t0 if inc is not None else None
+    resume_t = resumed_at(ev.steps, detect_t) if detect_t is not None else None
+    return {
+        "kind": fault.kind,
+        "target": fault_target(fault),
+        "struck_node": strike.node if strike else None,
+        "injected_step": strike.step if strike else None,
+        "detected": inc is not None,
+        "detected_step": _incident_entry(inc, ev)["detected_step"] if inc else None,
+        "incident": inc["id"] if inc else None,
+        "actions": _actions(inc) if inc else [],
+        "time_to_detect_s": _round(detect_t - strike.t)
+        if detect_t is not None and strike is not None and strike.t is not None
+        else None,
+        "time_to_resume_s": _round(resume_t - detect_t)
+        if resume_t is not None and detect_t is not None
+        else None,
+    }
+
+
+def _burnin_fault(fault: Any, ev: Evidence) -> dict[str, Any]:
+    caught = fault.node in ev.burnin_exclude
+    return {
+        "kind": fault.kind,
+        "target": fault.node,
+        "struck_node": fault.node,
+        "injected_step": None,
+        "detected": caught,
+        "detected_step": None,
+        "incident": None,
+        "actions": ["burnin.exclude"] if caught else [],
+        "time_to_detect_s": None,
+        "time_to_resume_s": None,
+    }
+
+
+def _round(x: float) -> float:
+    return round(max(0.0, x), 2)
+
+
+def goodput_input(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """`sentinel goodput --from-demo` input: median measured seconds per fault kind."""
+    out: dict[str, dict[str, float]] = {"time_to_detect_s": {}, "time_to_resume_s": {}}
+    for key in out:
+        by_kind: dict[str, list[float]] = {}
+        for f in result["faults"]:
+            if f.get(key) is not None:
+                by_kind.setdefault(f["kind"], []).append(float(f[key]))
+        out[key] = {k: sorted(v)[len(v) // 2] for k, v in by_kind.items()}
+    return out

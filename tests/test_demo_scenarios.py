@@ -1,0 +1,92 @@
+"""`sentinel demo` end to end on shipped scenarios, shortened with --quick: a real coordinator,
+simulated agents, `sentinel run` supervising the reference trainer, faults injected, the drill
+report graded against a clean reference run (shared by the tests through one cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SENTINEL = [sys.executable, "-m", "sentinel"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo-reference")
+
+
+def demo(scenario: str, tmp_path: Path, cache: Path) -> tuple[int, dict[str, Any], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_DEMO_CACHE"] = str(cache)
+    out, result = tmp_path / "out", tmp_path / "result.json"
+    done = subprocess.run(
+        [*SENTINEL, "demo", "--scenario", scenario, "--quick", "--out", str(out),
+         "--json", str(result)],
+        env=env, capture_output=True, text=True, timeout=420,
+    )  # fmt: skip
+    assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    assert (out / "report.html").exists() and (out / "goodput.json").exists()
+    return done.returncode, json.loads(result.read_text()), done.stdout
+
+
+def assert_repaired(res: dict[str, Any], kind: str, incident: str, evicted: list[str]) -> None:
+    assert res["verdict"] == "pass", json.dumps(res, indent=1)
+    (fault,) = res["faults"]
+    assert fault["kind"] == kind and fault["detected"]
+    assert [i["kind"] for i in res["incidents"]] == [incident]
+    assert res["false_incidents"] == [] and res["evicted_nodes"] == evicted
+    assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
+    assert fault["time_to_detect_s"] is not None and fault["time_to_resume_s"] > 0
+
+
+@pytest.mark.slow
+def test_crash_is_restarted_from_the_checkpoint(tmp_path: Path, cache: Path) -> None:
+    code, res, stdout = demo("crash", tmp_path, cache)
+    assert code == 0
+    assert_repaired(res, "crash", "rank_crash", [])
+    assert res["faults"][0]["target"] == "rank-1" and res["completed_steps"] == 35
+    assert "replayed after rollback" in stdout and "verdict: PASS" in stdout
+
+
+@pytest.mark.slow
+def test_ecc_error_evicts_the_node_for_the_spare(tmp_path: Path, cache: Path) -> None:
+    code, res, _ = demo("ecc_dbe", tmp_path, cache)
+    assert code == 0
+    assert_repaired(res, "ecc_dbe", "gpu_hardware", ["node-1"])
+    goodput = json.loads((tmp_path / "out" / "goodput.json").read_text())
+    assert set(goodput["time_to_detect_s"]) == {"ecc_dbe"}
+
+
+@pytest.mark.slow
+def test_hang_is_found_by_the_flight_recorder(tmp_path: Path, cache: Path) -> None:
+    code, res, _ = demo("hang", tmp_path, cache)
+    assert code == 0
+    assert_repaired(res, "hang", "collective_hang", ["node-1"])
+    assert res["faults"][0]["struck_node"] == "node-1"
+
+
+@pytest.mark.slow
+def test_burnin_keeps_the_bad_link_out_of_the_job(tmp_path: Path, cache: Path) -> None:
+    code, res, _ = demo("link_degraded", tmp_path, cache)
+    assert code == 0 and res["verdict"] == "pass"
+    assert res["burnin_excluded"] == ["node-3"] and res["faults"][0]["detected"]
+    assert res["incidents"] == [] and res["bit_identical"]
+    log = (tmp_path / "out" / "supervisor.log").read_text()
+    assert "launching generation 0 on ['node-0', 'node-1', 'node-2', 'spare-0']" in log
+
+
+def test_bad_scenario_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fleet: {nodes: 2, gpus_per_node: 2}\ntrainer: {tp: 2, pp: 2, dp: 2}\n")
+    for scenario in ("no-such-scenario", str(bad)):
+        done = subprocess.run([*SENTINEL, "demo", "--scenario", scenario, "--out",
+                               str(tmp_path / "o")], capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert not (tmp_path / "o").exists()
+    assert "must equal the fleet's GPUs" in done.stderr
