@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from sentinel.protocol import (
     XidPayload,
     make_event,
 )
+from sentinel.sim.fleet import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = [sys.executable, "-m", "sentinel"]
@@ -65,12 +65,6 @@ def job_status(
         checkpoints=checkpoints or [],
     )
     return make_event(EventKind.JOB_STATUS, Source(job=job), payload)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Coordinator:

@@ -7,18 +7,13 @@ simulated node identity. No torch import here: the parent only launches and wait
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from sentinel.sim.fleet import free_port
 
 
 def rank_env(

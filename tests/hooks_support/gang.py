@@ -14,15 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.protocol import Command, Event, decode_batch, encode
+from sentinel.sim.fleet import free_port
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(
