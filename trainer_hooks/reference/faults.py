@@ -18,14 +18,14 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
-
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from pydantic import TypeAdapter, ValidationError
+
 from sentinel.scenario import (
     CorruptBatchFault,
     CrashFault,
