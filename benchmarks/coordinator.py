@@ -1,6 +1,7 @@
 """Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
 each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
-loopback. Fleets grow through the sizes given; past the 2,048-node target they stop at the
+loopback, as a real fleet does: every node with its own node token, event ids made the way the
+agent makes them. Fleets grow through the sizes given; past the 2,048-node target they stop at the
 first one whose p99 ack passes 50 ms.
 
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
@@ -30,17 +31,18 @@ from typing import Any
 
 import psutil
 
+from sentinel.protocol import new_id
+
 TARGET_NODES = 2048
 P99_LIMIT_MS = 50.0
 WARMUP_S = 1.0  # the first second opens every connection; not steady state
 
 
-def _batch(node: int, seq: int) -> bytes:
-    """A node's once-a-second batch; ids unique per node and second."""
-    base = f"n{node}s{seq}"
+def _batch(node: int) -> bytes:
+    """A node's once-a-second batch, with event ids made the way an agent makes them."""
     hb = {
         "v": 1,
-        "id": f"{base}h",
+        "id": new_id(),
         "kind": "agent.heartbeat",
         "source": {"node": f"node-{node}"},
         "ts": time.time(),
@@ -49,7 +51,7 @@ def _batch(node: int, seq: int) -> bytes:
     gpus = [
         {
             "v": 1,
-            "id": f"{base}g{g}",
+            "id": new_id(),
             "kind": "gpu.verdict",
             "source": {"node": f"node-{node}"},
             "ts": time.time(),
@@ -61,7 +63,7 @@ def _batch(node: int, seq: int) -> bytes:
 
 
 async def _load(
-    url: str, token: str, nodes: int, seconds: float
+    url: str, tokens: list[str], nodes: int, seconds: float
 ) -> tuple[list[float], list[float], float]:
     """(ack latencies, send lateness): lateness is the generator's own lag behind its schedule,
     which a starved load generator adds to every latency it measures."""
@@ -70,25 +72,24 @@ async def _load(
     lat: list[float] = []
     late: list[float] = []
     conn = aiohttp.TCPConnector(limit=512)
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=conn, headers=headers) as s:
         start = time.perf_counter()
 
         async def node(i: int) -> None:
-            seq = 0
+            auth = {"Authorization": f"Bearer {tokens[i]}"}  # a node speaks only as itself
             next_t = start + (i / nodes)  # spread the fleet over each second
             while next_t < start + seconds:
                 await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
                 t0 = time.perf_counter()
                 if t0 >= start + seconds:
                     break  # a generator that fell behind does not run past the window
-                body = _batch(i, seq)
-                async with s.post(f"{url}/v1/events", data=body) as r:
+                body = _batch(i)
+                async with s.post(f"{url}/v1/events", data=body, headers=auth) as r:
                     await r.read()
                     if r.status == 200 and t0 - start >= WARMUP_S:
                         lat.append(time.perf_counter() - t0)
                         late.append(t0 - next_t)
-                seq += 1
                 next_t += 1.0
 
         await asyncio.gather(*(node(i) for i in range(nodes)))
@@ -96,8 +97,23 @@ async def _load(
     return lat, late, elapsed
 
 
-def _loader(url: str, token: str, nodes: int, seconds: float, q: mp.Queue) -> None:
-    q.put(asyncio.run(_load(url, token, nodes, seconds)))
+def _loader(url: str, tokens: list[str], nodes: int, seconds: float, q: mp.Queue) -> None:
+    q.put(asyncio.run(_load(url, tokens, nodes, seconds)))
+
+
+def _make_tokens(state: Path, nodes: int) -> tuple[str, list[str]]:
+    """An admin token and one node token per node, as a real fleet is set up."""
+    from sentinel.coordinator.auth import Role, TokenStore
+    from sentinel.coordinator.service import STORE_FILE
+    from sentinel.coordinator.store import Store
+
+    store = Store(state / STORE_FILE)
+    tokens = TokenStore(store)
+    with store.tx():
+        admin = tokens.create(Role.ADMIN)[1]
+        per_node = [tokens.create(Role.NODE, node=f"node-{i}")[1] for i in range(nodes)]
+    store.close()
+    return admin, per_node
 
 
 def _server_ack_buckets(url: str, token: str) -> dict[float, float]:
@@ -141,7 +157,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
     ap.add_argument("--sizes", default="512,1024,2048", help="fleet sizes, ascending")
     args = ap.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
+    token, node_tokens = _make_tokens(state, max(sizes))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -167,14 +185,13 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
-        token = (state / "admin.token").read_text().strip()
         proc = psutil.Process(coord.pid)
         steps = []
-        for nodes in [int(n) for n in args.sizes.split(",")]:
+        for nodes in sizes:
             hist0 = _server_ack_buckets(url, token)
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
-            loader = mp.Process(target=_loader, args=(url, token, nodes, args.seconds, q))
+            loader = mp.Process(target=_loader, args=(url, node_tokens, nodes, args.seconds, q))
             loader.start()
             lat, late, elapsed = q.get()
             loader.join()

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,29 @@ def test_token_cli_refuses_bad_scopes(coord: Coordinator) -> None:
         text=True,
     )
     assert done.returncode == 2 and "no active token with id 'nope'" in done.stderr
+
+
+def test_a_token_revoked_by_the_cli_stops_working_within_a_second(coord: Coordinator) -> None:
+    """The coordinator caches authenticated tokens; a revocation written to the store by
+    another process must still reach it."""
+    token = coord.token("--role", "operator")
+    assert coord.call("GET", "/v1/nodes", token) == []  # authenticated, and now cached
+    subprocess.run(
+        [*SENTINEL, "token", "revoke", token.split("_")[1], "--state-dir", str(coord.state)],
+        check=True,
+        capture_output=True,
+    )
+    revoked_at = time.monotonic()
+
+    def refused() -> bool:
+        try:
+            coord.call("GET", "/v1/nodes", token)
+        except urllib.error.HTTPError as e:
+            return e.code == 401
+        return False
+
+    wait_for(refused, timeout=5, what="the revoked token to be refused")
+    assert time.monotonic() - revoked_at < 1.5
 
 
 def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coordinator) -> None:

@@ -1,7 +1,9 @@
 import json
+import time
 
 import pytest
 
+from sentinel import protocol
 from sentinel.protocol import (
     Action,
     Event,
@@ -14,6 +16,7 @@ from sentinel.protocol import (
     decode_event,
     encode,
     make_event,
+    new_id,
 )
 
 
@@ -81,3 +84,68 @@ def test_batch_size_is_bounded() -> None:
     event = json.loads(encode(_xid_event()))
     with pytest.raises(ProtocolError, match="events: List should have at most"):
         decode_batch({"v": 1, "events": [event] * 10_001})
+
+
+_WELL_FORMED = [
+    _xid_event(),
+    Event(
+        kind=EventKind.GPU_VERDICT,
+        source=Source(node="node-2"),
+        payload={
+            "gpu": 3,
+            "verdict": "unhealthy",
+            "action": "reboot_node",
+            "findings": [
+                {
+                    "rule": "xid_fatal",
+                    "verdict": "unhealthy",
+                    "action": "reboot_node",
+                    "detail": "x",
+                }
+            ],
+        },
+    ),
+    Event(
+        kind=EventKind.JOB_STATUS,
+        source=Source(job="job-1"),
+        payload={"state": "running", "generation": 2, "world_size": 8, "nodes": ["a", "b"]},
+    ),
+    Event(
+        kind=EventKind.RANK_STEP,
+        source=Source(node="node-1", rank=5, job="job-1"),
+        payload={"step": 7, "step_s": 0.5, "compute_s": 0.4, "comm_s": 0.1, "loss": 3.25},
+    ),
+]
+
+
+def test_fast_path_builds_what_the_full_validation_builds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Well-formed messages skip `Event`'s Python validators; the result must not differ."""
+    raw = encode(EventBatch(events=_WELL_FORMED))
+    slow = EventBatch.model_validate(json.loads(raw))
+    one_slow = Event.model_validate(json.loads(encode(_WELL_FORMED[1])))
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("took the slow path")
+
+    monkeypatch.setattr(protocol, "_decode", refuse)
+    fast = decode_batch(raw)
+    assert fast == slow
+    assert [e.payload for e in fast.events] == [e.payload for e in slow.events]
+    assert encode(fast) == encode(slow)
+    assert decode_event(encode(_WELL_FORMED[1])) == one_slow
+
+
+def test_a_batch_with_one_bad_event_gets_that_events_reason() -> None:
+    good = json.loads(encode(_xid_event()))
+    bad = {**good, "id": "other", "payload": {"gpu": 0}}
+    with pytest.raises(ProtocolError, match=r"events\.1\.payload: .*xid: Field required"):
+        decode_batch(json.dumps({"v": 1, "events": [good, bad]}))
+
+
+def test_ids_sort_by_time() -> None:
+    first = new_id()
+    time.sleep(0.002)
+    assert new_id() > first
+    assert len(first) == 32

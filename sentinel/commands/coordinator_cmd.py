@@ -42,6 +42,7 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import uvloop
     from aiohttp import web
 
     from sentinel.coordinator.app import build_app
@@ -66,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("no admin token file yet; one is created at %s if no token exists", admin)
     web.run_app(
         build_app(cfg, service),
+        # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
+        # scale the requests themselves are much of what the coordinator does.
+        loop=uvloop.new_event_loop(),
         host=host,
         port=port,
         print=None,

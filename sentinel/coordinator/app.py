@@ -45,7 +45,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     service = request.app[SERVICE]
     header = request.headers.get("Authorization")
-    principal = service.tokens.cached(header, time.monotonic())
+    principal = service.tokens.cached(header)
     if principal is None:
         principal = await service.db(service.tokens.authenticate, header)
     if principal is None:

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -74,19 +73,29 @@ def hash_token(token: str) -> str:
 
 
 class TokenStore:
-    """Tokens in the store. Lookups are cached for CACHE_S seconds, so a token revoked from
-    another process (`sentinel token revoke`) stops working within that time; one revoked
-    through this object stops at once."""
+    """Tokens in the store, with authenticated headers cached in memory: a fleet's every
+    request would otherwise cost a query and a hash. A token revoked through this object stops
+    at once; one revoked from another process (`sentinel token revoke`) stops at the next
+    `drop_cache_if_changed`, which the coordinator calls on every engine tick."""
 
-    CACHE_S = 2.0
+    MAX_CACHED = 100_000
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._cache: dict[str, tuple[Principal, float]] = {}
+        self._cache: dict[str, Principal] = {}
+        self._data_version: int | None = None
 
-    def cached(self, header: str | None, now: float) -> Principal | None:
-        hit = self._cache.get(header or "")
-        return hit[0] if hit is not None and now - hit[1] < self.CACHE_S else None
+    def cached(self, header: str | None) -> Principal | None:
+        return self._cache.get(header or "")
+
+    def drop_cache_if_changed(self) -> None:
+        """Forget every cached token when another connection has written the store (SQLite's
+        data_version moves only for other connections' commits)."""
+        row = self.store.one("PRAGMA data_version")
+        version = row["data_version"] if row else None
+        if version != self._data_version:
+            self._data_version = version
+            self._cache.clear()
 
     def create(
         self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
@@ -130,9 +139,9 @@ class TokenStore:
         if row is None or not hmac.compare_digest(row["hash"], hash_token(secret)):
             return None
         principal = Principal(row["id"], Role(row["role"]), row["node"], row["job"])
-        if len(self._cache) > 100_000:
+        if len(self._cache) >= self.MAX_CACHED:
             self._cache.clear()
-        self._cache[header] = (principal, time.monotonic())
+        self._cache[header] = principal
         return principal
 
     def ensure_admin(self, state_dir: Path, now: float) -> Path | None:

@@ -6,7 +6,6 @@ wholly stored with everything it caused, or not at all.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from sentinel.coordinator.incidents import (
     check_transition,
     incident_key,
 )
-from sentinel.coordinator.playbooks import Playbook, TriggerClause
+from sentinel.coordinator.playbooks import Playbook, TriggerClause, compile_getter
 from sentinel.coordinator.store import Store, dumps
 from sentinel.protocol import Event, EventBatch, EventKind
 
@@ -39,12 +38,13 @@ class Ingestor:
         self.store = store
         self.playbooks = playbooks
         self.cfg = cfg
-        self._by_kind: dict[EventKind, list[tuple[Playbook, TriggerClause, _Pred]]] = {}
+        by_kind: dict[EventKind, list[_Candidate]] = {}
         for book in playbooks:  # already sorted by priority
             for clause in book.trigger:
                 pred = clause.compile()
                 for kind in clause.kinds:
-                    self._by_kind.setdefault(kind, []).append((book, clause, pred))
+                    by_kind.setdefault(kind, []).append((book, clause, pred))
+        self._by_kind = {kind: _Triggers(cands) for kind, cands in by_kind.items()}
         self.absorbing = frozenset(
             p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
         )
@@ -88,7 +88,7 @@ class Ingestor:
                     s.rank,
                     s.job,
                     ev.ts,
-                    json.dumps(ev.payload, separators=(",", ":")),
+                    dumps(ev.payload),
                     now,
                 ]
             rows = self.store.execute(
@@ -171,8 +171,8 @@ class Ingestor:
         return incident_id
 
     def _classify(self, ev: Event) -> Playbook | None:
-        candidates = self._by_kind.get(ev.kind)
-        if not candidates:
+        triggers = self._by_kind.get(ev.kind)
+        if triggers is None:
             return None
         s = ev.source
         doc = {
@@ -180,7 +180,7 @@ class Ingestor:
             "payload": ev.payload,
             "source": {"node": s.node, "rank": s.rank, "job": s.job},
         }
-        for book, clause, pred in candidates:  # by priority, highest first
+        for book, clause, pred in triggers.candidates(doc):  # by priority, highest first
             if not pred(doc):
                 continue
             if clause.min_count <= 1 or self._count(ev, clause) >= clause.min_count:
@@ -305,5 +305,46 @@ class Ingestor:
 
 
 _Pred = Callable[[dict[str, Any]], bool]
+_Candidate = tuple[Playbook, TriggerClause, _Pred]
+_GATE_TYPES = (str, int, float, bool)
+
+
+class _Triggers:
+    """One event kind's trigger clauses, in priority order, behind a gate where one fits.
+
+    When every clause requires `field eq value` of the same field, that field is read once and
+    only the clauses wanting its value are tried: a healthy GPU's verdict tries none. Payloads
+    are JSON values, so the table lookup agrees with the clauses' own `==`.
+    """
+
+    def __init__(self, candidates: list[_Candidate]) -> None:
+        self.all = candidates
+        self.table: dict[object, list[_Candidate]] | None = None
+        shared = set.intersection(*(_eq_fields(clause) for _, clause, _ in candidates))
+        if not shared:
+            return
+        gate = min(shared)
+        self.read = compile_getter(gate.split("."))
+        self.table = {}
+        for cand in candidates:
+            for cond in cand[1].when:
+                if cond.field == gate and cond.op == "eq":
+                    self.table.setdefault(cond.value, []).append(cand)
+
+    def candidates(self, doc: dict[str, Any]) -> list[_Candidate]:
+        if self.table is None:
+            return self.all
+        value = self.read(doc)
+        return self.table.get(value, []) if isinstance(value, _GATE_TYPES) else []
+
+
+def _eq_fields(clause: TriggerClause) -> set[str]:
+    return {
+        c.field
+        for c in clause.when
+        if c.op == "eq" and "*" not in c.field and isinstance(c.value, _GATE_TYPES)
+    }
+
+
 _CHUNK = 1000  # events per INSERT statement (8 parameters each, SQLite allows 32,766)
 _VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})

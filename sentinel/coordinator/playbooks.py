@@ -70,16 +70,31 @@ class Condition(_Strict):
         if op == "exists":
             return lambda doc: bool(_resolve(doc, path)) == (want is not False)
         if "*" not in path and op == "eq":  # the common case, without the generic walk
-            return lambda doc: _get(doc, path) == want
+            get = compile_getter(path)
+            return lambda doc: get(doc) == want
         return lambda doc: any(_compare(op, v, want) for v in _resolve(doc, path))
 
 
-def _get(node: Any, path: list[str]) -> Any:
-    for key in path:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(key)
-    return node
+def compile_getter(path: list[str]) -> Callable[[dict[str, Any]], Any]:
+    """`doc[a][b]…`, None where a level is missing; unrolled for the usual two levels."""
+    if len(path) == 2:
+        head, key = path
+
+        def two(doc: dict[str, Any]) -> Any:
+            node = doc.get(head)
+            return node.get(key) if isinstance(node, dict) else None
+
+        return two
+
+    def walk(doc: dict[str, Any]) -> Any:
+        node: Any = doc
+        for key in path:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(key)
+        return node
+
+    return walk
 
 
 def _resolve(node: Any, path: list[str]) -> list[Any]:
@@ -131,7 +146,14 @@ class TriggerClause(_Strict):
 
     def compile(self) -> Callable[[dict[str, Any]], bool]:
         preds = [c.compile() for c in self.when]
-        return lambda doc: all(p(doc) for p in preds)
+
+        def holds(doc: dict[str, Any]) -> bool:
+            for pred in preds:  # noqa: SIM110 (a plain loop: this runs for every event)
+                if not pred(doc):
+                    return False
+            return True
+
+        return holds
 
 
 class IncidentSpec(_Strict):

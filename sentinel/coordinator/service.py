@@ -116,7 +116,7 @@ class Service:
     async def _engine_loop(self) -> None:
         while True:
             try:
-                finished = await self.db(self.engine.tick)
+                finished = await self.db(self._tick)
             except Exception:
                 log.exception("engine tick failed")
                 finished = 0
@@ -125,6 +125,10 @@ class Service:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
             self._kick.clear()
+
+    def _tick(self) -> int:
+        self.tokens.drop_cache_if_changed()
+        return self.engine.tick()
 
     def _has_undelivered(self) -> bool:
         return (
