@@ -149,6 +149,9 @@ class RankSdcPayload(_Strict):
     mismatch: bool = False
     check: str = "matmul"
     mismatched_ranks: list[int] = Field(default_factory=list)
+    # On a mismatch: the first step after the last check that every rank passed. State from
+    # this step on may hold the corruption (a rollback goes to a checkpoint before it).
+    suspect_since: int | None = Field(default=None, ge=0)
 
 
 class RankStragglerPayload(_Strict):

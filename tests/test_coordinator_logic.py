@@ -20,7 +20,7 @@ from sentinel.coordinator.incidents import (
 from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
 from sentinel.coordinator.store import MIGRATIONS, Store
-from sentinel.protocol import EventBatch
+from sentinel.protocol import Event, EventBatch, EventKind, RankSdcPayload, Source, make_event
 
 PLAYBOOKS = load_playbooks(ROOT / "playbooks")
 
@@ -330,3 +330,43 @@ def test_coordinator_and_supervisor_never_import_torch() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def _sdc(node: str, rank: int, step: int, digest: str, **kw: object) -> Event:
+    payload = RankSdcPayload(step=step, digest=digest, **kw)  # type: ignore[arg-type]
+    return make_event(EventKind.RANK_SDC, Source(node=node, rank=rank, job="job1"), payload)
+
+
+def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_check(
+    tmp_path: Path,
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path)
+    nodes = ["node-0", "node-0", "node-1", "node-1"]  # rank -> node
+    status = job_status("job1", ["node-0", "node-1"], ["spare-0"], checkpoints=[10, 20])
+    ingest.ingest(EventBatch(events=[status]), clock())
+    bad = _sdc("node-1", 2, 14, "b", mismatch=True, mismatched_ranks=[2], suspect_since=10)
+    ingest.ingest(EventBatch(events=[bad]), clock())
+    (inc,) = store.query("SELECT first_step, detail FROM incidents")
+    assert inc["first_step"] == 14 and inc["detail"]["suspect_since"] == 10
+    engine.tick()
+    (check,) = store.query("SELECT id, args FROM commands WHERE kind='sdc.check' AND target='job1'")
+    clock.t += 1
+    # The rest of the check that opened the incident arrives late: it is not a recompute.
+    late = [_sdc(nodes[r], r, 14, "a", mismatched_ranks=[2]) for r in (0, 1, 3)]
+    ingest.ingest(EventBatch(events=late), clock())
+    engine.tick()
+    assert store.one("SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
+    # The recompute, five steps on: one rank heard of it and quotes its id, the others do not.
+    again = [
+        _sdc(nodes[r], r, 19, "d" if r == 2 else "c", check_id=check["id"] if r == 0 else None)
+        for r in range(4)
+    ]
+    ingest.ingest(EventBatch(events=again[:3]), clock())
+    engine.tick()
+    assert store.one("SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
+    ingest.ingest(EventBatch(events=again[3:]), clock())
+    engine.tick()
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    (restart,) = store.query("SELECT args FROM commands WHERE kind='job.restart'")
+    assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
+    assert restart["args"]["resume_before_step"] == 10  # the last clean check, not step 14 - 1

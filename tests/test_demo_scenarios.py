@@ -72,6 +72,24 @@ def test_hang_is_found_by_the_flight_recorder(tmp_path: Path, cache: Path) -> No
 
 
 @pytest.mark.slow
+def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
+    tmp_path: Path, cache: Path
+) -> None:
+    code, res, stdout = demo("sdc", tmp_path, cache)
+    assert code == 0
+    assert_repaired(res, "sdc", "sdc", ["node-1"])
+    (fault,) = res["faults"]
+    assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
+    assert fault["injected_step"] == 12 and fault["detected_step"] == 14
+    assert fault["actions"][0] == "sdc_recompute" and res["incidents"][0]["target"] == "node-1"
+    log = (tmp_path / "out" / "supervisor.log").read_text()
+    assert "launching generation 1 on ['node-0', 'spare-0']" in log
+    # Back to checkpoint 10, before the corruption began; checkpoint 20 would hold it.
+    assert '"resume_before_step": 10' in log and "step-00000010" in log
+    assert "step   11  loss" in stdout and "replayed after rollback" in stdout
+
+
+@pytest.mark.slow
 def test_burnin_keeps_the_bad_link_out_of_the_job(tmp_path: Path, cache: Path) -> None:
     code, res, _ = demo("link_degraded", tmp_path, cache)
     assert code == 0 and res["verdict"] == "pass"

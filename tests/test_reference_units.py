@@ -23,11 +23,11 @@ from trainer_hooks.reference.data import (
 from trainer_hooks.reference.faults import (
     SDC_EVERY,
     FaultInjector,
-    flip_bits,
     load_faults,
     parse_fault_flag,
 )
 from trainer_hooks.reference.optim import LRSchedule
+from trainer_hooks.sdc import matmul_digest
 
 
 def test_skip_list_parsing() -> None:
@@ -82,13 +82,54 @@ def test_lr_schedule_warmup_cosine_and_scale_window() -> None:
     assert t == s
 
 
-def test_flip_bits_perturbs_some_elements_and_passes_gradients() -> None:
-    x = torch.linspace(1, 2, 300, requires_grad=True)
-    y = flip_bits(x)
-    changed = (y != x).nonzero().flatten().tolist()
-    assert changed == list(range(0, 300, SDC_EVERY))
-    y.sum().backward()
-    assert x.grad is not None and torch.equal(x.grad, torch.ones(300))
+def test_sdc_makes_the_struck_devices_gemms_wrong_from_its_step(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(30, 20, generator=gen), torch.randn(20, 10, generator=gen)
+    bias, x = torch.randn(10, generator=gen), torch.randn(2, 30, 20, generator=gen)
+    lin = torch.nn.Linear(20, 10)
+    ok = (a @ b, torch.addmm(bias, a, b), torch.bmm(x, x.transpose(1, 2)), lin(x), matmul_digest(3))
+    faults = [parse_fault_flag("sdc:rank=0,at_step=2")]
+    inj = FaultInjector(faults, 0, tmp_path, vocab=64)
+    try:
+        for step in (0, 1):
+            inj.before_step(step)
+            assert torch.equal(a @ b, ok[0]) and not inj.gemm.installed
+        inj.before_step(2)
+        bad = a @ b
+        changed = (bad != ok[0]).flatten().nonzero().flatten().tolist()
+        assert changed == list(range(0, 300, SDC_EVERY)), "one element in SDC_EVERY"
+        rel = ((bad - ok[0]).abs() / ok[0].abs()).max().item()
+        assert 0 < rel < 0.01, "slightly wrong: nothing a loss curve would show"
+        assert not torch.equal(torch.addmm(bias, a, b), ok[1])
+        assert not torch.equal(torch.bmm(x, x.transpose(1, 2)), ok[2])
+        w = lin.weight.detach().clone().requires_grad_()
+        out = torch.nn.functional.linear(x, w, lin.bias)  # through autograd, forward and back
+        assert not torch.equal(out, ok[3])
+        out.sum().backward()
+        assert w.grad is not None and w.grad.shape == w.shape
+        assert matmul_digest(3) != ok[4], "a spot check on the device sees it"
+        assert (tmp_path / "faults" / "sdc-rank0-step2.fired").exists()
+    finally:
+        inj.gemm.uninstall()
+    assert torch.equal(a @ b, ok[0]) and matmul_digest(3) == ok[4]
+
+
+def test_sdc_stays_with_the_node_it_struck(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    faults = [parse_fault_flag("sdc:rank=1,at_step=3")]
+    monkeypatch.setenv("SENTINEL_NODE", "node-0")
+    first = FaultInjector(faults, 1, tmp_path, vocab=64)
+    other_rank = FaultInjector(faults, 0, tmp_path, vocab=64)
+    try:
+        first.before_step(5)
+        other_rank.before_step(5)
+        assert first.gemm.installed and not other_rank.gemm.installed
+    finally:
+        first.gemm.uninstall()
+    monkeypatch.setenv("SENTINEL_NODE", "spare-0")  # a spare took rank 1 over after a rollback
+    spare = FaultInjector(faults, 1, tmp_path, vocab=64)
+    for step in range(2, 8):
+        spare.before_step(step)
+        assert not spare.gemm.installed
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,9 @@ class SentinelHooks:
             poll_s=cfg.watchdog_poll_s,
         )
         self._requests = {"sdc": threading.Event(), "checkpoint": threading.Event()}
+        self._sdc_check_id: str | None = None  # the coordinator's id for a requested check
+        self._first_step: int | None = None  # the first step this process ran
+        self._sdc_clean_step: int | None = None  # the last step whose SDC check all agreed
         self._checkpoint_due = False
         self._steps_done = 0
         self._step: int | None = None
@@ -164,6 +167,8 @@ class SentinelHooks:
         if not self.config.enabled:
             return
         self._step, self._tokens = step, tokens
+        if self._first_step is None:
+            self._first_step = step
         self._step_wall0 = self._clock()
         self.timer.begin(step)
 
@@ -312,11 +317,15 @@ class SentinelHooks:
 
     def _sdc_check(self, step: int) -> None:
         cfg = self.config
-        check_id = f"sdc-{step}"
+        requested, self._sdc_check_id = self._sdc_check_id, None
+        check_id = requested or f"sdc-{step}"
         local = sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)
         digests = self.exchange.gather_digests(local)
-        _, bad = sdc.majority(digests)
+        top, bad = sdc.majority(digests)
         me = self.exchange.rank
+        # Corruption that struck after the last check every rank passed may have spread into
+        # every rank's state through the collectives: all of those steps are suspect.
+        since = self._suspect_since()
         self._send(
             EventKind.RANK_SDC,
             RankSdcPayload(
@@ -326,20 +335,35 @@ class SentinelHooks:
                 mismatch=me in bad,
                 check="matmul",
                 mismatched_ranks=bad,
+                suspect_since=since if me in bad else None,
             ),
         )
+        clean = top is not None and not bad
         if self.model is not None and cfg.sdc_params:
-            self._param_check(step, check_id)
+            clean = self._param_check(step, check_id, since) and clean
+        if clean:
+            self._sdc_clean_step = step
 
-    def _param_check(self, step: int, check_id: str) -> None:
+    def _suspect_since(self) -> int | None:
+        """The first step after the last clean check (or this process's first step)."""
+        if self._sdc_clean_step is not None:
+            return self._sdc_clean_step + 1
+        return self._first_step
+
+    def _param_check(self, step: int, check_id: str, since: int | None) -> bool:
+        """Compare replicas' parameter digests; False when some replica disagrees."""
         assert self.model is not None
         digests = self.exchange.gather_digests(sdc.param_digest(self.model))
         groups = self.replica_groups or [list(range(len(digests)))]
         me = self.exchange.rank
+        clean = True
         for group in groups:
-            if me not in group or len(group) < 3:
+            if len(group) < 3:
                 continue  # a majority needs at least three replicas
             _, bad_local = sdc.majority([digests[r] for r in group])
+            clean = clean and not bad_local
+            if me not in group:
+                continue
             bad = [group[i] for i in bad_local]
             self._send(
                 EventKind.RANK_SDC,
@@ -350,8 +374,10 @@ class SentinelHooks:
                     mismatch=me in bad,
                     check="params",
                     mismatched_ranks=bad,
+                    suspect_since=since if me in bad else None,
                 ),
             )
+        return clean
 
     def _on_hang(self, step: int | None, waited_s: float, timeout_s: float) -> None:
         path = self.dump_flight_recorder("hang")
@@ -372,6 +398,8 @@ class SentinelHooks:
         if cmd.kind == CommandKind.FR_DUMP:
             self.dump_flight_recorder("command")
         elif cmd.kind == CommandKind.SDC_CHECK:
+            check_id = cmd.args.get("check_id")
+            self._sdc_check_id = str(check_id) if check_id else None  # answers quote it
             self._requests["sdc"].set()
         elif cmd.kind == CommandKind.CHECKPOINT_NOW:
             self._requests["checkpoint"].set()

@@ -231,8 +231,9 @@ class Ingestor:
         if step is None and job is not None:
             step = job["status"].get("step")
         detail: dict[str, Any] = {"nodes": [ev.source.node] if ev.source.node else []}
-        if ev.payload.get("batch") is not None:
-            detail["batch"] = ev.payload["batch"]
+        for name in ("batch", "suspect_since"):  # what a rollback or a skip needs to know
+            if ev.payload.get(name) is not None:
+                detail[name] = ev.payload[name]
         cur = self.store.execute(
             "INSERT INTO incidents (key, fault, target, job, state, playbook, opened_at,"
             " updated_at, first_step, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",

@@ -40,11 +40,14 @@ def hooks_env(out: Path) -> dict[str, str]:
     analyzes them. The loss-spike policy is the EMA z-score: a tiny model's loss falls fast
     and far in a few dozen steps, which keeps the median/MAD default's threshold above even a
     batch of random tokens. Stragglers are judged from a 15% slowdown, not 3%: eight ranks
-    share two cores here, so a few percent is scheduling noise."""
+    share two cores here, so a few percent is scheduling noise. The SDC spot check runs at
+    every exchange (a real run spaces it out more: it costs a host sync and a small GEMM chain),
+    so that corruption is caught within a checkpoint interval of a short drill."""
     return {
         "SENTINEL_HOOKS_ANOMALY_POLICY": "zclip",
         "SENTINEL_HOOKS_REPORT_EVERY": "1",
         "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
+        "SENTINEL_HOOKS_SDC_EVERY": "5",
         "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.15",
         "SENTINEL_HOOKS_HANG_FLOOR_S": "8",
         "SENTINEL_HOOKS_HANG_FIRST_STEP_S": "120",

@@ -5,6 +5,11 @@ An injected fault only creates the fault; nothing here reports that it fired. Tr
 resume does not fire them again. Persistent faults (sdc, straggler) strike the hardware: the
 marker records the node (SENTINEL_NODE) hosting the rank when the fault first struck, and a
 replacement node (a hot spare) taking the rank over does not inherit it.
+
+An `sdc` fault is a device whose GEMM unit computes wrong: from the fault's step on, every
+matrix product the rank's process computes on its device comes back slightly wrong (`FaultyGemm`)
+- the model's forward and backward, and whatever else multiplies matrices there, such as the
+hooks' SDC spot check - as on a real GPU with silent data corruption.
 """
 
 from __future__ import annotations
@@ -13,12 +18,13 @@ import os
 import socket
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from pydantic import TypeAdapter, ValidationError
-from torch import nn
 
 from sentinel.scenario import (
     CorruptBatchFault,
@@ -31,8 +37,16 @@ from sentinel.scenario import (
 )
 
 TRAINER_FAULTS = (CorruptBatchFault, SdcFault, StragglerFault, HangFault, CrashFault)
-SDC_EVERY = 97  # one element in SDC_EVERY of a faulty Linear's output gets a bit flipped
-_FLIP_BIT = {torch.float32: (torch.int32, 22), torch.bfloat16: (torch.int16, 6)}
+SDC_EVERY = 97  # one element in SDC_EVERY of a faulty GEMM's output gets a bit flipped
+# The mantissa bit flipped, per dtype: a relative error of 2**-7 (under 1%) in the element. Small
+# enough that the loss and gradients look normal (the dangerous, silent kind), so only a
+# recompute-and-compare check can tell.
+_FLIP_BIT = {
+    torch.float64: (torch.int64, 45),
+    torch.float32: (torch.int32, 16),
+    torch.float16: (torch.int16, 3),
+    torch.bfloat16: (torch.int16, 0),
+}
 
 
 def parse_fault_flag(text: str) -> Fault:
@@ -56,23 +70,92 @@ def load_faults(path: Path | None, flags: tuple[str, ...]) -> list[Fault]:
     return [f for f in faults if isinstance(f, TRAINER_FAULTS)]
 
 
-def flip_bits(out: torch.Tensor) -> torch.Tensor:
-    """`out` with one bit flipped in every SDC_EVERY-th element (a flaky multiplier)."""
-    int_dtype, bit = _FLIP_BIT.get(out.dtype, (torch.int32, 22))
-    bad = out.detach().float() if out.dtype not in _FLIP_BIT else out.detach().clone()
-    flat = bad.reshape(-1).view(int_dtype)
-    flat[::SDC_EVERY] ^= 1 << bit
-    return out + (bad.to(out.dtype) - out.detach())
+def flip_bits_(out: torch.Tensor) -> torch.Tensor:
+    """Flip one mantissa bit of every SDC_EVERY-th element of `out`, in place (a flaky
+    multiplier). Integer and unknown dtypes are left alone."""
+    if out.dtype not in _FLIP_BIT or not out.is_contiguous():
+        return out
+    int_dtype, bit = _FLIP_BIT[out.dtype]
+    out.view(-1).view(int_dtype)[::SDC_EVERY] ^= 1 << bit
+    return out
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    return flip_bits_(torch.ops.aten.mm.out(a, b, out=out))
+
+
+def _addmm(
+    bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    return flip_bits_(torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha, out=out))
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    return flip_bits_(torch.ops.aten.bmm.out(a, b, out=out))
+
+
+def _baddbmm(
+    bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1
+) -> torch.Tensor:
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]))
+    return flip_bits_(torch.ops.aten.baddbmm.out(bias, a, b, beta=beta, alpha=alpha, out=out))
+
+
+GEMM_KERNELS = {"mm": _mm, "addmm": _addmm, "bmm": _bmm, "baddbmm": _baddbmm}
+
+
+class FaultyGemm:
+    """This process's device computes its matrix products wrong while installed.
+
+    The faulty kernels replace PyTorch's own for the device's dispatch key, beneath autograd and
+    DTensor, so every GEMM on the device is hit: forward, backward, and any check that
+    recomputes a matmul workload. Each computes the right product (through the `.out` kernels,
+    which stay untouched) and then flips bits in it.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.key = device.type.upper()  # "CPU", "CUDA": the dispatch key of the device
+        self._lib: torch.library.Library | None = None
+
+    @property
+    def installed(self) -> bool:
+        return self._lib is not None
+
+    def install(self) -> None:
+        if self._lib is not None:
+            return
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():  # "overriding a previously registered kernel": we mean it
+            warnings.simplefilter("ignore")
+            for name, kernel in GEMM_KERNELS.items():
+                lib.impl(name, kernel, self.key)
+        self._lib = lib
+
+    def uninstall(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
 
 
 class FaultInjector:
-    def __init__(self, faults: list[Fault], rank: int, run_dir: Path, vocab: int) -> None:
+    def __init__(
+        self,
+        faults: list[Fault],
+        rank: int,
+        run_dir: Path,
+        vocab: int,
+        device: torch.device | None = None,
+    ) -> None:
         self.rank, self.vocab = rank, vocab
         self.node = os.environ.get("SENTINEL_NODE", socket.gethostname())
         self.markers = run_dir / "faults"
         self.corrupt = {f.batch for f in faults if isinstance(f, CorruptBatchFault)}
         mine = [f for f in faults if getattr(f, "rank", None) == rank]
         self.sdc = [f for f in mine if isinstance(f, SdcFault)]
+        self.gemm = FaultyGemm(device or torch.device("cpu"))
         self.stragglers = [f for f in mine if isinstance(f, StragglerFault)]
         self.transient = [f for f in mine if isinstance(f, HangFault | CrashFault)]
         self.step = 0
@@ -97,8 +180,13 @@ class FaultInjector:
         return torch.from_numpy(rng.integers(0, self.vocab, size=tuple(tokens.shape)))
 
     def before_step(self, step: int) -> None:
-        """Crash, hang or slow down this rank at the start of `step` (before any collective)."""
+        """Crash, hang, corrupt or slow down this rank from the start of `step` (before any
+        collective)."""
         self.step = step
+        if not self.gemm.installed and any(
+            step >= f.at_step and self._strikes_here(f) for f in self.sdc
+        ):
+            self.gemm.install()  # the device stays faulty: it is never uninstalled
         for f in self.transient:
             if f.at_step == step and not self._marker(f).exists():
                 self.markers.mkdir(parents=True, exist_ok=True)
@@ -116,16 +204,3 @@ class FaultInjector:
 
     def after_step(self, step_s: float) -> None:
         self._busy_s = max(0.0, step_s - self._slept_s)
-
-    def install_sdc(self, model: nn.Module) -> None:
-        """Perturb this rank's Linear outputs from the fault's step on (registered after TP)."""
-        if not self.sdc:
-            return
-
-        def hook(_m: nn.Module, _inp: object, out: torch.Tensor) -> torch.Tensor | None:
-            active = any(self.step >= f.at_step and self._strikes_here(f) for f in self.sdc)
-            return flip_bits(out) if active and isinstance(out, torch.Tensor) else None
-
-        for m in model.modules():
-            if isinstance(m, nn.Linear):
-                m.register_forward_hook(hook)

@@ -102,7 +102,7 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
         lr=LRSchedule(cfg.lr, cfg.min_lr, cfg.warmup, cfg.steps),
         loader=loader,
         ckpt=CheckpointManager(cfg.ckpt_dir, cfg.durable_dir, cfg.keep, rank),
-        injector=FaultInjector(faults, rank, cfg.out, cfg.model.vocab),
+        injector=FaultInjector(faults, rank, cfg.out, cfg.model.vocab, device),
         step_fn=TrainStep(model, opt, mesh, schedule, cfg.accum, cfg.clip, autocast),
         skip=set(cfg.skip_batches),
     )
@@ -117,5 +117,4 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
     loader.skip = frozenset(job.skip)
     job.ckpt.supersede_after(job.start)
     job.step_fn.before_update = job.ckpt.wait_staged
-    job.injector.install_sdc(model)  # after TP, so its hook sees local outputs
     return job

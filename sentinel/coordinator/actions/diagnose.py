@@ -46,6 +46,23 @@ def named_nodes(job: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[
     return sorted({n for r in ranks if (n := node_of_rank(job, r))})
 
 
+_SDC_ROWS = (
+    "SELECT node, json_extract(payload,'$.step') AS step,"
+    " json_extract(payload,'$.digest') AS digest,"
+    " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
+    " WHERE kind='rank.sdc' AND COALESCE(json_extract(payload,'$.check'),'matmul')='matmul'"
+)
+
+
+def complete_check(rows: list[dict[str, Any]], world: int) -> list[dict[str, Any]]:
+    """The rows of the latest step that every rank answered for (none if no step is complete)."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_step.setdefault(int(r["step"]), []).append(r)
+    done = [s for s, rs in by_step.items() if len(rs) >= max(world, 2)]
+    return by_step[max(done)] if done else []
+
+
 class SdcRecompute(BaseAction):
     name = "sdc_recompute"
     Params = _WaitParams
@@ -58,27 +75,22 @@ class SdcRecompute(BaseAction):
         job = ctx.job()
         step = ctx.incident.get("first_step") or 0
         cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.command_id()})
-        # Answers to this check; ranks that cannot echo the check id answer after it was sent.
+        # Answers: the ranks quote the check id, but every rank runs the check at the same step
+        # (their gang exchange decides it together), so any whole-gang matmul check of a later
+        # step than the suspect one, made after the command was sent, is a recompute too,
+        # whichever rank heard of the command first.
         rows = ctx.store.query(
-            "SELECT node, json_extract(payload,'$.step') AS step,"
-            " json_extract(payload,'$.digest') AS digest,"
-            " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
-            " WHERE kind='rank.sdc' AND job=? AND (json_extract(payload,'$.check_id')=?"
-            " OR (json_extract(payload,'$.check_id') IS NULL AND received_at>=?))",
-            (ctx.job_id, cid, ctx.step_started_at),
+            _SDC_ROWS + " AND job=? AND (json_extract(payload,'$.check_id')=?"
+            " OR (received_at>=? AND json_extract(payload,'$.step')>?))",
+            (ctx.job_id, cid, ctx.step_started_at, step),
         )
         world = int(job["status"].get("world_size", 0)) if job else 0
+        rows = complete_check(rows, world)
         timed_out = ctx.now - ctx.step_started_at > params.timeout_s
-        if len(rows) < max(world, 2) and not timed_out:
-            return StepResult(StepStatus.WAIT, {"digests": len(rows)})
-        if len(rows) < 2:  # nobody answered: fall back to the digests that opened the incident
-            rows = ctx.store.query(
-                "SELECT node, json_extract(payload,'$.step') AS step,"
-                " json_extract(payload,'$.digest') AS digest,"
-                " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
-                " WHERE kind='rank.sdc' AND incident_id=?",
-                (ctx.incident["id"],),
-            )
+        if not rows and not timed_out:
+            return StepResult(StepStatus.WAIT, {})
+        if not rows:  # nobody answered: fall back to the digests that opened the incident
+            rows = ctx.store.query(_SDC_ROWS + " AND incident_id=?", (ctx.incident["id"],))
         culprits = disagreeing_nodes(rows) or named_nodes(job, rows)
         if not culprits:
             return StepResult(StepStatus.ESCALATE, {"reason": "recompute-diff found no culprit"})

@@ -37,7 +37,8 @@ class StopJob(BaseAction):
 
 class RollbackParams(_P):
     # latest: the newest checkpoint; before_incident: the newest one at or before
-    # (first suspect step - margin_steps).
+    # (first suspect step - margin_steps). The first suspect step is the incident's first step,
+    # or earlier when its evidence says since when the state may be bad (`suspect_since`).
     to: Literal["latest", "before_incident"] = "latest"
     margin_steps: int = Field(default=0, ge=0)
 
@@ -50,6 +51,9 @@ class Rollback(BaseAction):
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, RollbackParams)
         first = ctx.incident.get("first_step")
+        since = (ctx.incident.get("detail") or {}).get("suspect_since")
+        if since is not None:
+            first = int(since) if first is None else min(int(first), int(since))
         if params.to == "before_incident" and first is not None:
             ctx.context["resume_before_step"] = max(0, int(first) - params.margin_steps)
         else:
