@@ -42,6 +42,8 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import gc
+
     import uvloop
     from aiohttp import web
 
@@ -65,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if not admin.exists():
         log.info("no admin token file yet; one is created at %s if no token exists", admin)
+    # What is loaded by now (modules, schemas, playbooks) lives as long as the process: kept
+    # out of the collector's full passes, which every acknowledgement would wait behind.
+    gc.freeze()
     web.run_app(
         build_app(cfg, service),
         # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
