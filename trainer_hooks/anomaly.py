@@ -3,9 +3,14 @@
 Four spike policies share one interface (`update(value) -> threshold | None`), so they can be
 compared on the same curves (`benchmarks/anomaly.py`):
 
-- `robust` (default): median + k x MAD over the last `window` accepted values, and at least
+- `robust` (default): median + k x MAD over the last `window` (32) accepted values, and at least
   `min_ratio` x the median. Median and MAD ignore the spikes themselves and the heavy-tailed
-  noise of grad norms, which is what makes a mean/sigma rule either blind or noisy.
+  noise of grad norms, which is what makes a mean/sigma rule either blind or noisy. The window
+  is short so that the statistics follow a loss that is still falling fast (a long window would
+  spread its MAD over the whole descent and lift the threshold above even a batch of random
+  tokens), and the warm-up is short (8 values) because a restarted rank starts with no history.
+  Grad norms keep a long window (128 values, 16 to warm up): their noise is heavy-tailed, and
+  32 values under-estimate its spread.
 - `megatron`: value >= 10 x the running maximum (Megatron-LM's loss check).
 - `olmo`: value > mean + 6 sigma over the last 128 values (OLMo-core's spike skipping).
 - `zclip`: EMA z-score > 2.5 (ZClip's adaptive clipping trigger).
@@ -43,11 +48,11 @@ class RobustSpike:
 
     def __init__(
         self,
-        window: int = 128,
+        window: int = 32,
         k: float = 8.0,
         min_ratio: float = 1.3,
-        warmup: int = 16,
-        refresh: int = 16,
+        warmup: int = 8,
+        refresh: int = 4,
     ) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self.k, self.min_ratio, self.warmup, self.refresh = k, min_ratio, warmup, refresh
@@ -145,9 +150,15 @@ POLICIES: dict[str, type] = {
 }
 
 
-def make_policy(name: str) -> SpikePolicy:
+# Per-metric settings of a policy where one size does not fit both curves.
+METRIC_SETTINGS: dict[tuple[str, str], dict[str, int]] = {
+    ("robust", "grad_norm"): {"window": 128, "warmup": 16, "refresh": 16},
+}
+
+
+def make_policy(name: str, metric: str = "loss") -> SpikePolicy:
     try:
-        return POLICIES[name]()
+        return POLICIES[name](**METRIC_SETTINGS.get((name, metric), {}))
     except KeyError:
         raise ValueError(
             f"unknown spike policy {name!r}; choose one of {sorted(POLICIES)}"
@@ -158,7 +169,7 @@ class AnomalyMonitor:
     """Checks each step's loss and grad norm; returns what is anomalous."""
 
     def __init__(self, policy: str = "robust") -> None:
-        self._detectors = {"loss": make_policy(policy), "grad_norm": make_policy(policy)}
+        self._detectors = {m: make_policy(policy, m) for m in ("loss", "grad_norm")}
 
     def update(self, step: int, metric: str, value: float | None) -> Anomaly | None:
         if value is None:

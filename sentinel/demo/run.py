@@ -37,12 +37,10 @@ def hooks_env(out: Path) -> dict[str, str]:
     """The trainer hooks' settings for a drill of a few dozen 0.3 s steps: a step report and a
     gang exchange (straggler and SDC comparison) every few steps, a hang declared after a
     stall of several seconds instead of a minute, flight recorders dumped where `sentinel run`
-    analyzes them. The loss-spike policy is the EMA z-score: a tiny model's loss falls fast
-    and far in a few dozen steps, which keeps the median/MAD default's threshold above even a
-    batch of random tokens. Stragglers are judged from a 15% slowdown, not 3%: eight ranks
+    analyzes them. The loss-spike detector is the shipped default (median/MAD over a short
+    window), which follows the tiny model's fast-falling loss. Stragglers are judged from a 15% slowdown, not 3%: eight ranks
     share two cores here, so a few percent is scheduling noise."""
     return {
-        "SENTINEL_HOOKS_ANOMALY_POLICY": "zclip",
         "SENTINEL_HOOKS_REPORT_EVERY": "1",
         "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
         "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.15",

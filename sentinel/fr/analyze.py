@@ -24,6 +24,8 @@ from sentinel.fr.dumps import DumpDir, RankSummary, Signature
 
 # Ops whose inputs must have the same shape on every member.
 SAME_SIZE_OPS = ("all_reduce", "broadcast", "reduce", "allreduce", "_allgather_base", "all_gather")
+# Only the root passes tensors in: the other members' entries record no input dtypes.
+ROOT_INPUT_OPS = ("scatter",)
 
 
 @dataclass
@@ -179,7 +181,11 @@ def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary])
 def _comparable(sig: Signature) -> Signature:
     op, sizes, dtypes = sig
     base = op.split(":")[-1]
-    return (op, sizes if base in SAME_SIZE_OPS else "", dtypes)
+    return (
+        op,
+        sizes if base in SAME_SIZE_OPS else "",
+        "" if base in ROOT_INPUT_OPS else dtypes,
+    )
 
 
 def _describe(sigs: tuple[Signature, ...]) -> str:
