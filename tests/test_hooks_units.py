@@ -71,7 +71,9 @@ def test_straggler_peers_are_the_ranks_doing_the_same_work() -> None:
         assert scorer.update(stage, replicas) == []
         blind.update(stage)
     assert blind.flagged == {0, 1, 2, 3}  # what comparing across stages does
-    slow = [v * (1.6 if r == 7 else 1.0) for r, v in enumerate(stage)]
+    # rank 7 is slow; ranks 2 and 3 (its pipeline's first stage) wait for it inside their steps
+    held = {7: 1.6, 2: 1.25, 3: 1.25}
+    slow = [v * held.get(r, 1.0) for r, v in enumerate(stage)]
     found = [f for _ in range(3) for f in scorer.update(slow, replicas)]
     assert [(f.rank, round(f.slowdown, 2)) for f in found] == [(7, 1.6)]
 
