@@ -257,7 +257,7 @@ def _blame_mismatch(report: Report, m: dict[str, Any], groups: dict[str, Group])
 def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
     waiting = {r for s in stuck for r in s.waiting}
     behind = {r for s in stuck for r in s.behind}
-    culprits = sorted(behind - waiting)
+    culprits = _roots(sorted(behind - waiting), stuck)
     if culprits:
         report.verdict = "hang"
         # Where the culprit first held others up: the earliest-issued stuck collective it
@@ -290,6 +290,21 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
         "seq": where.seq,
         "op": where.op,
     }
+
+
+def _roots(culprits: list[int], stuck: list[Stuck]) -> list[int]:
+    """Of several silent ranks (behind, waiting in no recorded collective), the ones that stall
+    a rank in the middle of its step: a rank that waits for them in one collective while it
+    holds up another group itself. The others were held up too, in an operation the recorder
+    does not log (a pipeline stage's point-to-point receive from the hung stage, with gloo), and
+    are only late for the collective that ends the step, which finished ranks wait in."""
+    if len(culprits) < 2:
+        return culprits
+    mid_step = {w for s in stuck for w in s.waiting} & {b for s in stuck for b in s.behind}
+    roots = sorted(
+        {c for s in stuck if set(s.waiting) & mid_step for c in s.behind} & set(culprits)
+    )
+    return roots or culprits
 
 
 def _natural(name: str) -> tuple[int, str]:
