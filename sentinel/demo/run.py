@@ -38,12 +38,13 @@ def hooks_env(out: Path) -> dict[str, str]:
     gang exchange (straggler and SDC comparison) every few steps, a hang declared after a
     stall of several seconds instead of a minute, flight recorders dumped where `sentinel run`
     analyzes them. The loss-spike detector is the shipped default (median/MAD over a short
-    window), which follows the tiny model's fast-falling loss. Stragglers are judged from a 15% slowdown, not 3%: eight ranks
-    share two cores here, so a few percent is scheduling noise."""
+    window), which follows the tiny model's fast-falling loss. Stragglers are judged from a
+    30% slowdown, not 3%: eight ranks share two cores here (and other work often shares them
+    too), so a rank's step time next to its replica's swings by 20% on scheduling alone."""
     return {
         "SENTINEL_HOOKS_REPORT_EVERY": "1",
         "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
-        "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.15",
+        "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.3",
         "SENTINEL_HOOKS_HANG_FLOOR_S": "8",
         "SENTINEL_HOOKS_HANG_FIRST_STEP_S": "120",
         "SENTINEL_HOOKS_FR_DIR": str(out / "fr"),
