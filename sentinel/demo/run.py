@@ -171,7 +171,7 @@ class Demo:
             job_token = coord.token(o / "tokens" / "job.token", "--role", "job", "--job", JOB)
             fleet.coordinator_url, fleet.token_files = coord.url, tokens
             self.note("info", None, f"coordinator {coord.url}; agents for {', '.join(names)}")
-            fleet.start()
+            fleet.start(timeout_s=180.0)  # ten agents starting at once on two busy cores
             client = CoordinatorClient(coord.url, coord.admin_token())
             observer = Observer(client, JOB, self.rec.t0, self.note)
             tail = MetricsTail(o / "run" / "metrics.jsonl", self.rec.t0)
