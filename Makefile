@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[torch,dev]'
 	touch $(STAMP)
 
+# The combined default drill; each run gets its own report directory under demo-out/.
 demo: venv
-	$(PY) -m sentinel.sim.agent_demo
+	$(PY) -m sentinel demo --out demo-out/$$(date +%Y%m%d-%H%M%S)
 
 test: venv
 	$(PY) -m pytest -q

@@ -70,7 +70,7 @@ def test_schema_is_versioned(tmp_path: Path) -> None:
 
 def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path: Path) -> None:
     store, ingest, engine, clock = setup(tmp_path)
-    fleet = job_status("j", [f"node-{i}" for i in range(4)], [])
+    fleet = job_status("j", [f"node-{i}" for i in range(4)], ["spare-0"])
     ingest.ingest(EventBatch(events=[fleet]), clock())
     events = [xid("node-3", gpu=g) for g in range(8)]
     r1 = ingest.ingest(EventBatch(events=events), clock())
@@ -163,6 +163,15 @@ def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> N
     ]
 
 
+def test_a_plan_that_shrinks_the_gang_is_refused_and_changes_nothing() -> None:
+    from sentinel.supervisor.supervisor import GangError, JobState
+
+    job = JobState(nodes=["node-0", "node-1"], spares=[], gpus_per_node=2)
+    with pytest.raises(GangError, match="node-1 out with no spare in its place: 1 of 2 nodes"):
+        job.apply_restart({"exclude": ["node-1"], "spare_map": {}}, {})
+    assert (job.nodes, job.generation, job.resume_from) == (["node-0", "node-1"], 0, None)
+
+
 def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
     from sentinel.config import EvictionBudgetConfig
 
@@ -242,7 +251,7 @@ def test_slurm_backend_against_a_stand_in_scontrol(tmp_path: Path) -> None:
     fake.chmod(0o755)
     _, ingest, engine, clock = setup(tmp_path, eviction_backend="slurm", scontrol=str(fake))
     fleet = [f"node-{i}" for i in range(8)]
-    ingest.ingest(EventBatch(events=[job_status("j", fleet, []), xid("node-7")]), clock())
+    ingest.ingest(EventBatch(events=[job_status("j", fleet, ["spare-0"]), xid("node-7")]), clock())
     engine.tick()
     assert record.read_text().strip() == (
         "update NodeName=node-7 State=DRAIN Reason=sentinel: GPU hardware fault"

@@ -359,3 +359,46 @@ def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coo
     assert (coord.state / "exclude.txt").read_text().split() == ["node-0"]
     assert job.record(2, 1)["node"] == "spare-0"
     assert job.status()["generation"] == 2  # the warning changed nothing
+
+
+def test_repeated_crash_with_no_spare_escalates_and_a_short_gang_fails(
+    job_factory: Any, coord: Coordinator
+) -> None:
+    # rank 1 (node-0) dies in generations 0 and 1; the job has no spare to take node-0's place
+    job: Job = job_factory(spares=0, env={"TOY_CRASH": "1:12:0,1:20:1"})
+    wait_for(
+        lambda: (
+            [i["state"] for i in job.coord.call("GET", "/v1/incidents", job.admin)]  # type: ignore[union-attr]
+            == ["mitigated", "escalated"]
+        ),
+        60,
+        "the repeat-crash run escalated",
+    )
+    incidents = job.coord.call("GET", "/v1/incidents", job.admin)
+    assert [i["playbook"] for i in incidents] == ["rank_crash", "rank_crash_repeat"]  # type: ignore[union-attr]
+    audit = job.coord.call("GET", "/v1/audit?limit=1000", job.admin)
+    escalated = [a for a in audit if a["what"] == "run.escalated"]  # type: ignore[union-attr]
+    assert len(escalated) == 1 and "no hot spare left to take node-0" in escalated[0]["why"]
+    assert not (coord.state / "exclude.txt").exists()  # nothing evicted, the gang kept whole
+    s = job.status()
+    assert (s["generation"], s["status"]["nodes"], job.proc.poll()) == (
+        1,
+        ["node-0", "node-1"],
+        None,
+    )
+    # A plan that would still take node-0 out with nobody in its place (as a coordinator
+    # without the rail would send): the supervisor refuses to shrink the job and fails it.
+    plan = {"exclude": ["node-0"], "spare_map": {}, "reason": "operator"}
+    with coord.db() as conn:
+        conn.execute(
+            "INSERT INTO commands (id, target_kind, target, kind, args, created_at)"
+            " VALUES ('shrink', 'job', 'job1', 'job.restart', ?, ?)",
+            (json.dumps(plan), time.time()),
+        )
+    assert job.proc.wait(60) == 1
+    s = job.status()
+    assert (s["state"], s["generation"], s["status"]["nodes"]) == (
+        "failed",
+        1,
+        ["node-0", "node-1"],
+    )

@@ -85,6 +85,9 @@ def test_bit_identity_is_required_unless_the_learning_rate_was_changed() -> None
     spike["actions"].append(action("lr_scale", factor=0.5, steps=100))
     res = build_result(evidence(sc, [spike], strike, digest="a", reference="b"))
     assert res["verdict"] == "pass" and not res["bit_identical"]
+    replayed = evidence(sc, [spike], strike, digest="a", reference="b")
+    replayed.reference_has_lr_scale = True  # the reference replayed the window: must match
+    assert build_result(replayed)["verdict"] == "fail"
 
 
 def test_an_unfinished_run_fails_and_burnin_catches_links() -> None:

@@ -89,6 +89,17 @@ def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
     assert "step   11  loss" in stdout and "replayed after rollback" in stdout
 
 
+def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: Path) -> None:
+    code, res, stdout = demo("corrupt_batch", tmp_path, cache)
+    assert code == 0
+    assert_repaired(res, "corrupt_batch", "loss_spike", [])
+    (fault,) = res["faults"]
+    assert fault["detected_step"] == fault["injected_step"] == 40
+    assert fault["actions"] == ["rollback", "skip_batches", "lr_scale", "resume"]
+    assert res["bit_identity_required"]  # the reference replayed the skip list and LR window
+    assert "skipping batches [(40, 240)] with the learning rate scaled 0.5:100@0" in stdout
+
+
 @pytest.mark.slow
 def test_burnin_keeps_the_bad_link_out_of_the_job(tmp_path: Path, cache: Path) -> None:
     code, res, _ = demo("link_degraded", tmp_path, cache)

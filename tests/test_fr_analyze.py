@@ -93,6 +93,30 @@ def test_cyclic_wait_is_an_order_mismatch(tmp_path: Path) -> None:
     assert report.verdict == "mismatch" and report.culprit_ranks == [0, 1]
 
 
+def test_a_pipeline_neighbour_held_up_off_the_record_is_not_blamed(tmp_path: Path) -> None:
+    # Rank 2 hangs: its TP peer 3 waits for it mid-step (and so holds up its own DP group). Rank
+    # 1 is blocked in a point-to-point receive from 2 that gloo does not record: it is only late
+    # for the DP all-reduce that finished rank 0 waits in. Only rank 2 is to blame.
+    groups = {"1": ("dp", [0, 1]), "2": ("tp", [2, 3]), "3": ("dp", [2, 4]), "4": ("dp", [3, 5])}
+    issued = {0: {"1": 2}, 1: {"1": 1}, 2: {"2": 1, "3": 1}, 3: {"2": 2, "4": 1}, 4: {"3": 2}}
+    issued[5] = {"4": 2}
+    cfg = {g: {"ranks": str(ranks), "desc": desc} for g, (desc, ranks) in groups.items()}
+    for rank, seqs in issued.items():
+        entries = [
+            {"pg_id": int(g), "process_group": (g, groups[g][0]), "collective_seq_id": i + 1}
+            for g, n in seqs.items()
+            for i in range(n)
+        ]
+        _write(
+            tmp_path,
+            rank,
+            {"version": "2.10", "pg_config": cfg, "pg_status": {}, "entries": entries},
+        )
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "hang" and report.culprit_ranks == [2]
+    assert report.collective is not None and report.collective["pg_desc"] == "tp"
+
+
 def test_restricted_unpickler_refuses_globals(tmp_path: Path) -> None:
     assert safe_loads(pickle.dumps({"entries": [("a", 1)], "x": None})) == {
         "entries": [("a", 1)],

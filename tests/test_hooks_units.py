@@ -62,6 +62,22 @@ def test_straggler_scorer_flags_persistent_slowdown_only() -> None:
     assert flagged_at == 7 and scorer.flagged == {5}
 
 
+def test_straggler_peers_are_the_ranks_doing_the_same_work() -> None:
+    # two pipeline stages, the first ~20% heavier: not a straggler among its replicas
+    stage = [0.12, 0.12, 0.12, 0.12, 0.10, 0.10, 0.10, 0.10]
+    replicas = [[0, 2], [1, 3], [4, 6], [5, 7]]
+    blind, scorer = StragglerScorer(1.15, 3), StragglerScorer(1.15, 3)
+    for _ in range(5):
+        assert scorer.update(stage, replicas) == []
+        blind.update(stage)
+    assert blind.flagged == {0, 1, 2, 3}  # what comparing across stages does
+    # rank 7 is slow; ranks 2 and 3 (its pipeline's first stage) wait for it inside their steps
+    held = {7: 1.6, 2: 1.25, 3: 1.25}
+    slow = [v * held.get(r, 1.0) for r, v in enumerate(stage)]
+    found = [f for _ in range(3) for f in scorer.update(slow, replicas)]
+    assert [(f.rank, round(f.slowdown, 2)) for f in found] == [(7, 1.6)]
+
+
 def test_watchdog_calibrates_and_fires_once_per_stall() -> None:
     now = [0.0]
     fired: list[tuple] = []

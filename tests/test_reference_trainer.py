@@ -234,6 +234,10 @@ def test_lr_scale_applies_for_the_given_steps(single: Path, data_dir: Path, tmp_
     assert [resumed[s]["lr"] / ref[s]["lr"] for s in (7, 8, 9, 10)] == [0.5, 0.5, 1.0, 1.0]
     assert resumed[7]["loss"] == ref[7]["loss"], "a step's loss is computed before its update"
     assert resumed[8]["loss"] != ref[8]["loss"]
+    # a clean run that names the window's first step reproduces the restarted run bit for bit
+    clean = run(1, tmp_path / "clean", data_dir, *ONE, "--lr-scale", "0.5:2@6")
+    assert [clean[s]["lr"] for s in (7, 8, 9)] == [resumed[s]["lr"] for s in (7, 8, 9)]
+    assert digest(tmp_path / "clean") == digest(out)
 
 
 def test_corrupt_batch_spikes_the_loss(single: Path, data_dir: Path, tmp_path: Path) -> None:

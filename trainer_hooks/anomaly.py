@@ -3,9 +3,15 @@
 Four spike policies share one interface (`update(value) -> threshold | None`), so they can be
 compared on the same curves (`benchmarks/anomaly.py`):
 
-- `robust` (default): median + k x MAD over the last `window` accepted values, and at least
-  `min_ratio` x the median. Median and MAD ignore the spikes themselves and the heavy-tailed
-  noise of grad norms, which is what makes a mean/sigma rule either blind or noisy.
+- `robust` (default): a robust level + k x MAD, and at least `min_ratio` x the level. Median
+  and MAD ignore the spikes themselves and the heavy-tailed noise of grad norms, which is what
+  makes a mean/sigma rule either blind or noisy. For the loss the level is the median of the
+  last 8 values and the MAD that of step-to-step changes over the last 32, so the threshold
+  follows a loss that is still falling fast (a window's plain MAD spreads over the whole descent
+  and lifts the threshold above even a batch of random tokens); its warm-up is short (8 values)
+  because a restarted rank starts with no history. Grad norms keep the plain median/MAD over a
+  long window (128 values, 16 to warm up): their noise is heavy-tailed and their level moves
+  slowly.
 - `megatron`: value >= 10 x the running maximum (Megatron-LM's loss check).
 - `olmo`: value > mean + 6 sigma over the last 128 values (OLMo-core's spike skipping).
 - `zclip`: EMA z-score > 2.5 (ZClip's adaptive clipping trigger).
@@ -15,6 +21,7 @@ Flagged values are not folded into the statistics, so one spike does not hide th
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -39,27 +46,42 @@ class SpikePolicy(Protocol):
 
 
 class RobustSpike:
-    """Median + k x MAD; the statistics are refreshed every `refresh` values (they move slowly)."""
+    """Median + k x MAD; the statistics are refreshed every `refresh` values (they move slowly).
+
+    With `trend` (the loss), the level is the median of the last `level_n` values and the spread
+    is the MAD of step-to-step changes (divided by sqrt 2: the noise of one value), so a loss
+    still falling fast is judged against where it is now and how much it jitters, not against
+    the whole descent the window spans. Without it (grad norms), both come from the window.
+    """
 
     def __init__(
         self,
-        window: int = 128,
+        window: int = 32,
         k: float = 8.0,
         min_ratio: float = 1.3,
-        warmup: int = 16,
-        refresh: int = 16,
+        warmup: int = 8,
+        refresh: int = 4,
+        trend: bool = True,
+        level_n: int = 8,
     ) -> None:
         self.values: deque[float] = deque(maxlen=window)
         self.k, self.min_ratio, self.warmup, self.refresh = k, min_ratio, warmup, refresh
+        self.trend, self.level_n = trend, level_n
         self.baseline: float | None = None
         self._threshold = math.inf
         self._since = refresh
 
     def _recompute(self) -> None:
-        med = statistics.median(self.values)
-        mad = statistics.median([abs(v - med) for v in self.values])
+        values = list(self.values)
+        if self.trend:
+            med = statistics.median(values[-self.level_n :])
+            steps = [abs(b - a) for a, b in itertools.pairwise(values)]
+            spread = statistics.median(steps) / math.sqrt(2)
+        else:
+            med = statistics.median(values)
+            spread = statistics.median([abs(v - med) for v in values])
         self.baseline = med
-        self._threshold = max(med + self.k * 1.4826 * mad, med * self.min_ratio)
+        self._threshold = max(med + self.k * 1.4826 * spread, med * self.min_ratio)
         self._since = 0
 
     def update(self, value: float) -> float | None:
@@ -145,9 +167,15 @@ POLICIES: dict[str, type] = {
 }
 
 
-def make_policy(name: str) -> SpikePolicy:
+# Per-metric settings of a policy where one size does not fit both curves.
+METRIC_SETTINGS: dict[tuple[str, str], dict[str, int]] = {
+    ("robust", "grad_norm"): {"window": 128, "warmup": 16, "refresh": 16, "trend": False},
+}
+
+
+def make_policy(name: str, metric: str = "loss") -> SpikePolicy:
     try:
-        return POLICIES[name]()
+        return POLICIES[name](**METRIC_SETTINGS.get((name, metric), {}))
     except KeyError:
         raise ValueError(
             f"unknown spike policy {name!r}; choose one of {sorted(POLICIES)}"
@@ -158,7 +186,7 @@ class AnomalyMonitor:
     """Checks each step's loss and grad norm; returns what is anomalous."""
 
     def __init__(self, policy: str = "robust") -> None:
-        self._detectors = {"loss": make_policy(policy), "grad_norm": make_policy(policy)}
+        self._detectors = {m: make_policy(policy, m) for m in ("loss", "grad_norm")}
 
     def update(self, step: int, metric: str, value: float | None) -> Anomaly | None:
         if value is None:

@@ -299,7 +299,7 @@ class SentinelHooks:
             self._requests["sdc"].clear()
         if ckpt_req:
             self._requests["checkpoint"].clear()
-        for found in self.stragglers.update([r[0] for r in rows]):
+        for found in self.stragglers.update([r[0] for r in rows], self.replica_groups):
             if found.rank == self.exchange.rank:
                 payload = RankStragglerPayload(
                     step=step,

@@ -278,7 +278,7 @@ class Engine:
         """A supervisor that stopped heartbeating (killed) leaves its job visibly `lost`."""
         limit = now - self.cfg.job_heartbeat_timeout_s
         for job in self.store.query(
-            "SELECT id, last_heartbeat FROM jobs WHERE state NOT IN ('finished','lost')"
+            "SELECT id, last_heartbeat FROM jobs WHERE state NOT IN ('finished','failed','lost')"
             " AND last_heartbeat < ?",
             (limit,),
         ):

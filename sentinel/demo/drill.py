@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Callable
@@ -28,6 +29,29 @@ def skip_list(incidents: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return sorted(out)
 
 
+def lr_windows(supervisor_log: Path) -> list[str]:
+    """The learning-rate scale windows the restarts applied, as `FACTOR:STEPS@FROM`: each
+    generation the supervisor launched with `--lr-scale F:N` scales from the step it resumed at
+    (its `--resume-from` checkpoint's step; 0 when it started over)."""
+    out: list[str] = []
+    lines = supervisor_log.read_text().splitlines() if supervisor_log.exists() else []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        argv = rec.get("argv") if isinstance(rec, dict) else None
+        if not isinstance(argv, list) or "--lr-scale" not in argv:
+            continue
+        scale = str(argv[argv.index("--lr-scale") + 1])
+        start = 0
+        if "--resume-from" in argv:
+            m = re.search(r"step[-_]?(\d+)", Path(str(argv[argv.index("--resume-from") + 1])).name)
+            start = int(m.group(1)) if m else 0
+        out.append(f"{scale}@{start}")
+    return out
+
+
 def run_drill(
     scenario: Scenario,
     out: Path,
@@ -46,12 +70,18 @@ def run_drill(
     observer, tail = demo.train(budget, stall_s)
     incidents = list(observer.seen.incident_details.values())
     skip = skip_list(incidents)
+    # One scale window is what the trainer's schedule holds; the reference replays it. With
+    # more than one the reference cannot, and bit-identity is not required (result.py).
+    windows = lr_windows(out / "supervisor.log")
+    lr = windows[0] if len(windows) == 1 else None
     reference, ref_steps = None, []
     if tail.digest is not None:
         note = f" skipping batches {skip}" if skip else ""
+        note += f" with the learning rate scaled {lr}" if lr else ""
         demo.note("info", None, f"clean reference run of the same configuration{note}")
         started = time.monotonic()
-        ref = reference_run(scenario.fleet.world_size, trainer_args(scenario), skip, out / "data")
+        args = trainer_args(scenario) + (["--lr-scale", lr] if lr else [])
+        ref = reference_run(scenario.fleet.world_size, args, skip, out / "data")
         how = "cached" if ref.cached else f"{time.monotonic() - started:.0f}s"
         demo.note("info", None, f"reference digest {ref.digest[:12]} ({how})")
         reference, ref_steps = ref.digest, ref.steps
@@ -66,6 +96,7 @@ def run_drill(
         final_digest=tail.digest,
         reference_digest=reference,
         burnin_exclude=demo.rec.burnin_exclude,
+        reference_has_lr_scale=lr is not None,
     )
     result = build_result(evidence)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -27,7 +27,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "hang": frozenset({"collective_hang"}),
     "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
 }
-# Repairs after which the run cannot end bit-identical to a clean run (a changed learning rate);
+# Repairs after which the run ends bit-identical to a clean run only if the reference replays
+# them too (a learning-rate scale window: the drill passes it to the reference when there is one);
 # every other repair is rollback-and-resume, possibly skipping batches the reference skips too.
 CHANGES_NUMERICS = frozenset({"lr_scale"})
 
@@ -55,6 +56,8 @@ class Evidence:
     final_digest: str | None
     reference_digest: str | None
     burnin_exclude: list[str] = field(default_factory=list)
+    # The reference replayed the learning-rate scale windows the repairs set (see drill.py).
+    reference_has_lr_scale: bool = False
 
 
 def incident_nodes(inc: dict[str, Any]) -> set[str]:
@@ -167,7 +170,9 @@ def build_result(ev: Evidence) -> dict[str, Any]:
     false = [i for i in incidents if i["id"] not in explained]
     evicted_nodes = sorted({n for i in incidents for n in evicted(i)})
     bit_identical = ev.final_digest is not None and ev.final_digest == ev.reference_digest
-    must_match = not any(set(_kinds(i)) & CHANGES_NUMERICS for i in incidents)
+    must_match = ev.reference_has_lr_scale or not any(
+        set(_kinds(i)) & CHANGES_NUMERICS for i in incidents
+    )
     completed = ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
     ok = (
         all(f["detected"] for f in faults)

@@ -24,6 +24,8 @@ from sentinel.fr.dumps import DumpDir, RankSummary, Signature
 
 # Ops whose inputs must have the same shape on every member.
 SAME_SIZE_OPS = ("all_reduce", "broadcast", "reduce", "allreduce", "_allgather_base", "all_gather")
+# Only the root passes tensors in: the other members' entries record no input dtypes.
+ROOT_INPUT_OPS = ("scatter",)
 
 
 @dataclass
@@ -179,7 +181,11 @@ def find_mismatches(groups: dict[str, Group], summaries: dict[int, RankSummary])
 def _comparable(sig: Signature) -> Signature:
     op, sizes, dtypes = sig
     base = op.split(":")[-1]
-    return (op, sizes if base in SAME_SIZE_OPS else "", dtypes)
+    return (
+        op,
+        sizes if base in SAME_SIZE_OPS else "",
+        "" if base in ROOT_INPUT_OPS else dtypes,
+    )
 
 
 def _describe(sigs: tuple[Signature, ...]) -> str:
@@ -251,7 +257,7 @@ def _blame_mismatch(report: Report, m: dict[str, Any], groups: dict[str, Group])
 def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
     waiting = {r for s in stuck for r in s.waiting}
     behind = {r for s in stuck for r in s.behind}
-    culprits = sorted(behind - waiting)
+    culprits = _roots(sorted(behind - waiting), stuck)
     if culprits:
         report.verdict = "hang"
         # Where the culprit first held others up: the earliest-issued stuck collective it
@@ -284,6 +290,21 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
         "seq": where.seq,
         "op": where.op,
     }
+
+
+def _roots(culprits: list[int], stuck: list[Stuck]) -> list[int]:
+    """Of several silent ranks (behind, waiting in no recorded collective), the ones that stall
+    a rank in the middle of its step: a rank that waits for them in one collective while it
+    holds up another group itself. The others were held up too, in an operation the recorder
+    does not log (a pipeline stage's point-to-point receive from the hung stage, with gloo), and
+    are only late for the collective that ends the step, which finished ranks wait in."""
+    if len(culprits) < 2:
+        return culprits
+    mid_step = {w for s in stuck for w in s.waiting} & {b for s in stuck for b in s.behind}
+    roots = sorted(
+        {c for s in stuck if set(s.waiting) & mid_step for c in s.behind} & set(culprits)
+    )
+    return roots or culprits
 
 
 def _natural(name: str) -> tuple[int, str]:

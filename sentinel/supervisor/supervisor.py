@@ -42,6 +42,10 @@ log = logging.getLogger("sentinel.supervisor")
 _CKPT = re.compile(r"step[-_]?(\d+)")
 
 
+class GangError(RuntimeError):
+    """A restart plan that cannot form the gang at its size (a node out with no spare in)."""
+
+
 @dataclass
 class JobState:
     nodes: list[str]
@@ -64,6 +68,12 @@ class JobState:
                     new_nodes.append(spare_map[node])
                 continue
             new_nodes.append(node)
+        if len(new_nodes) < len(self.nodes):
+            out = sorted(n for n in self.nodes if n in excluded and n not in spare_map)
+            raise GangError(
+                f"the restart plan takes {', '.join(out)} out with no spare in its place:"
+                f" {len(new_nodes)} of {len(self.nodes)} nodes left, the gang cannot be formed"
+            )
         self.spares = [s for s in self.spares if s not in spare_map.values()]
         self.nodes = new_nodes
         before = plan.get("resume_before_step")
@@ -225,10 +235,17 @@ class Supervisor:
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
             self._stop_gang()
-            self.job.apply_restart(
-                args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
-            )
-            self._launch()
+            try:
+                self.job.apply_restart(
+                    args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+                )
+            except GangError as e:  # never shrink the job silently: fail it, loudly
+                log.error("cannot restart the job: %s", e)
+                self.job.state = "failed"
+                self.exit_code = 1
+                self.done.set()
+            else:
+                self._launch()
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")

@@ -43,6 +43,7 @@ class TrainConfig:
     resume_from: str | None
     skip_batches: frozenset[int]
     lr_scale: tuple[float, int] | None
+    lr_scale_from: int | None  # the window's first step; None: the step the run starts at
     fault_file: Path | None
     fault_flags: tuple[str, ...] = field(default_factory=tuple)
     digest_out: Path | None = None
@@ -113,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--resume-from", default=None, help="checkpoint dir, or 'latest' (either tier)")
     a("--skip-batches", default="", help="global batch indices never trained on: 70-79,95")
-    a("--lr-scale", default=None, help="FACTOR:STEPS, scale the LR for the next STEPS steps")
+    a(
+        "--lr-scale",
+        default=None,
+        help="FACTOR:STEPS[@FROM], scale the LR for STEPS steps from step FROM (default: the "
+        "step the run starts at; a clean reference run names the step a restart resumed from)",
+    )
     a("--faults", type=Path, default=None, help="scenario YAML whose faults to inject")
     a("--fault", action="append", default=[], help="one fault, e.g. sdc:rank=1,at_step=3")
     a("--digest-out", type=Path, default=None, help="write the final parameter digest here")
@@ -121,17 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _lr_scale(text: str | None) -> tuple[float, int] | None:
+def _lr_scale(text: str | None) -> tuple[tuple[float, int] | None, int | None]:
     if text is None:
-        return None
-    f, sep, n = text.partition(":")
+        return None, None
+    window, at, start = text.partition("@")
+    f, sep, n = window.partition(":")
     try:
         factor, steps = float(f), int(n)
+        first = int(start) if at else None
     except ValueError:
-        raise ConfigError(f"--lr-scale {text!r}: want FACTOR:STEPS, e.g. 0.5:20") from None
-    if not sep or factor <= 0 or steps < 1:
-        raise ConfigError(f"--lr-scale {text!r}: want FACTOR > 0 and STEPS >= 1")
-    return factor, steps
+        raise ConfigError(
+            f"--lr-scale {text!r}: want FACTOR:STEPS[@FROM], e.g. 0.5:20 or 0.5:20@40"
+        ) from None
+    if not sep or factor <= 0 or steps < 1 or (first is not None and first < 0):
+        raise ConfigError(f"--lr-scale {text!r}: want FACTOR > 0, STEPS >= 1 and FROM >= 0")
+    return (factor, steps), first
 
 
 def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
@@ -159,6 +169,7 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         skip = parse_skip_list(ns.skip_batches)
     except ValueError as e:
         raise ConfigError(f"--skip-batches: {e}") from None
+    lr_scale, lr_scale_from = _lr_scale(ns.lr_scale)
     out: Path = ns.out
     return TrainConfig(
         model=ModelArgs(vocab=ns.vocab, dim=ns.dim, layers=ns.layers, heads=ns.heads, seq=ns.seq),
@@ -187,7 +198,8 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         checkpoint_mode=ns.checkpoint_mode,
         resume_from=ns.resume_from,
         skip_batches=skip,
-        lr_scale=_lr_scale(ns.lr_scale),
+        lr_scale=lr_scale,
+        lr_scale_from=lr_scale_from,
         fault_file=ns.faults,
         fault_flags=tuple(ns.fault),
         digest_out=ns.digest_out,

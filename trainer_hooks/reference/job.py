@@ -113,7 +113,8 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
         job.lr.load_state_dict(st["lr"])
         job.skip |= set(st["skip"])
     if cfg.lr_scale:
-        job.lr.scale_from(job.start, *cfg.lr_scale)
+        first = job.start if cfg.lr_scale_from is None else cfg.lr_scale_from
+        job.lr.scale_from(first, *cfg.lr_scale)
     loader.skip = frozenset(job.skip)
     job.ckpt.supersede_after(job.start)
     job.step_fn.before_update = job.ckpt.wait_staged

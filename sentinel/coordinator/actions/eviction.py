@@ -141,6 +141,35 @@ def _budget_refusal(ctx: ActionContext) -> str | None:
     return None
 
 
+def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
+    """A node in a job's gang may go only when a hot spare of that job can take its place:
+    the gang's shape (TP x PP x DP) is fixed, so evicting it without one would shrink the job
+    or leave it unable to start. Spares already promised to nodes this run evicted count as
+    taken."""
+    jobs = ctx.store.query(
+        "SELECT id, status FROM jobs WHERE state NOT IN ('finished','failed','lost')"
+    )
+    for job in jobs:
+        status = job["status"] or {}
+        if node not in status.get("nodes", []):
+            continue
+        free = [
+            s
+            for s in status.get("spares", [])
+            if (row := ctx.store.one("SELECT state FROM nodes WHERE name=?", (s,))) is None
+            or row["state"] == "spare"
+        ]
+        mapped = ctx.context.get("spare_map", {})
+        promised = [n for n in ctx.context.get("evicted", []) if n != node and n not in mapped]
+        if len(free) - len(promised) < 1:
+            return (
+                f"no hot spare left to take {node}'s place in job {job['id']}"
+                f" ({len(free)} free, {len(promised)} already promised): evicting it would"
+                " shrink the gang below its size"
+            )
+    return None
+
+
 class EvictNode(BaseAction):
     name = "evict_node"
     Params = EvictParams
@@ -156,7 +185,7 @@ class EvictNode(BaseAction):
             row = ctx.store.one("SELECT state FROM nodes WHERE name=?", (node,))
             already = row is not None and row["state"] == "evicted"
             if not already:
-                refusal = _budget_refusal(ctx)
+                refusal = _budget_refusal(ctx) or _replacement_refusal(ctx, node)
                 if refusal:
                     return StepResult(StepStatus.ESCALATE, {"node": node, "reason": refusal})
             if ctx.dry_run:

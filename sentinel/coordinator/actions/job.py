@@ -130,6 +130,11 @@ class Resume(BaseAction):
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
         if int(job["generation"]) > before:  # restarted; a new failure is a new incident
             return StepResult(StepStatus.DONE, {"command": cid, "generation": job["generation"]})
+        if job["state"] == "failed":  # the supervisor could not form the gang and gave up
+            return StepResult(
+                StepStatus.FAILED,
+                {"error": "the supervisor reports the job failed", "command": cid},
+            )
         if ctx.now - ctx.step_started_at > params.timeout_s:
             return StepResult(
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
