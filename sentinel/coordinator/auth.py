@@ -83,18 +83,18 @@ class TokenStore:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._cache: dict[str, Principal] = {}
-        self._data_version: int | None = None
+        self._revoked = 0
 
     def cached(self, header: str | None) -> Principal | None:
         return self._cache.get(header or "")
 
     def drop_cache_if_changed(self) -> None:
-        """Forget every cached token when another connection has written the store (SQLite's
-        data_version moves only for other connections' commits)."""
-        row = self.store.one("PRAGMA data_version")
-        version = row["data_version"] if row else None
-        if version != self._data_version:
-            self._data_version = version
+        """Forget every cached token once the store holds a revocation the cache has not seen
+        (revocations only ever add up; a small table, so counting them is cheap)."""
+        row = self.store.one("SELECT COUNT(*) AS n FROM tokens WHERE revoked_at IS NOT NULL")
+        revoked = int(row["n"]) if row else 0
+        if revoked != self._revoked:
+            self._revoked = revoked
             self._cache.clear()
 
     def create(
