@@ -1,22 +1,22 @@
-"""hook_overhead_ratio: step time with every hook on / without hooks, same run, interleaved.
+"""hook_overhead_ratio: the reference trainer's time per step with every hook on / without.
 
-Two gloo ranks train a small MLP with an explicit gradient all-reduce (a plain DDP-style loop).
-Steps alternate (in pairs of one-step blocks, each pair in a random order) between the
-instrumented loop (step context,
-observe(loss, grad_norm), wrapped collectives, step reports, the gang exchange every 20 steps,
-watchdog and transport threads, an absent agent so events queue locally) and the bare loop.
-Reported for rank 0: `hook_overhead_ratio`, the ratio of the median step times;
-`trimmed_mean_ratio`, which also counts the periodic work (exchange, reports); and
-`cpu_time_ratio`, the same with the process's CPU time per step (all its threads), which other
-tenants of a shared machine do not disturb; and `hook_calls_ratio`, (bare step + mean time
-spent inside the hooks' calls) / bare step, the hooks' own cost on the step's critical path
-without any noise from the machine. Target <= 1.01 on CPU.
+The reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo configuration) runs in pairs of
+whole runs, hooks on and off, each pair in a random order. Each rank times its own window of
+`--reference-steps` steps after `--reference-warmup` untimed ones: wall time (everything in the
+window, the hooks' periodic exchange and SDC checks included) and its process's CPU time (all
+threads). `hook_overhead_ratio` is the median over pairs of on/off wall time per step;
+`hook_overhead_cpu_ratio` the same with the whole gang's CPU time per step, which other tenants
+of a shared machine disturb less; the per-pair ratios are listed. "On" is a supervised run:
+events to an agent socket (a sink process), flight recorder on with a dump directory, the gang
+exchange every 20 steps, an SDC check every 40. "Off" is the bare trainer: hooks disabled and
+no flight recorder. Skip it with `--no-reference`.
 
-`reference_hook_overhead_ratio`: the reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo
-configuration) with every hook on / with `SENTINEL_HOOKS_ENABLED=0`, whole runs alternated
-(on, off, on, off, ...) in the same benchmark run; the ratio of median step times over all
-on-runs and all off-runs, warm-up steps dropped. Skip it with `--no-reference`.
-Last line of output: JSON.
+The toy loop: two gloo ranks train a small MLP with an explicit gradient all-reduce, steps
+alternating (pairs of one-step blocks, each pair in a random order) between the instrumented
+loop and the bare one. Reported for rank 0: `toy_hook_overhead_ratio` (median step times),
+`trimmed_mean_ratio` (counts the periodic work), `cpu_time_ratio` (the process's CPU time per
+step), and `hook_calls_ratio`, (bare step + mean time inside the hooks' calls) / bare step.
+Target <= 1.01 on CPU. Last line of output: JSON.
 """
 
 from __future__ import annotations
