@@ -17,8 +17,10 @@ from trainer_hooks.sdc import digest_to_ints, ints_to_digest
 
 
 class GangExchange:
-    def __init__(self) -> None:
-        self.active = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    def __init__(self, enabled: bool = True) -> None:
+        """`enabled=False` (hooks turned off): no side group, every call is local."""
+        up = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.active = enabled and up
         self.rank = dist.get_rank() if self.active else 0
         self.world = dist.get_world_size() if self.active else 1
         self.group = dist.new_group(backend="gloo") if self.active else None

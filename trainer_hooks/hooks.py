@@ -107,10 +107,10 @@ class SentinelHooks:
         fpt = flops_per_token or cfg.flops_per_token
         if fpt is None and model is not None:
             fpt = mfu.flops_per_token(mfu.non_embedding_params(model))
-        self.mfu = mfu.MfuMeter(
-            fpt, mfu.device_peak_flops(self.device, cfg.peak_flops) if fpt else None
-        )
-        self.exchange = GangExchange()
+        # Turned off, the hooks cost nothing: no peak-FLOP/s measurement, no side group.
+        peak = mfu.device_peak_flops(self.device, cfg.peak_flops) if fpt and cfg.enabled else None
+        self.mfu = mfu.MfuMeter(fpt, peak)
+        self.exchange = GangExchange(enabled=cfg.enabled)
         self.transport = transport or AgentTransport(cfg.agent_socket)
         self.transport.on_command(self._on_command)
         self.flight = (

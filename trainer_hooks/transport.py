@@ -5,18 +5,28 @@ Wire format on the agent's Unix socket (`SENTINEL_AGENT_SOCKET`): the rank write
 `send()` only appends to a bounded in-memory queue; a daemon thread connects, drains the queue in
 batches and reads commands. When the agent is absent or slow the queue fills and the oldest
 events are dropped (counted in `dropped`), so a training process never waits on its agent.
+
+The thread does not poll. It blocks in `select` on the agent's socket (commands) and on a wake
+pipe: the first event queued after the queue was empty writes one byte to the pipe, and the
+thread then sends that event, and whatever joins it within `flush_interval_s`, as one batch.
+A rank reporting every few steps thus wakes its thread a few times a minute, not five times a
+second: on a machine whose cores the ranks already fill, each wake-up takes the GIL and a core
+from a training process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import select
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sentinel.protocol import (
     Command,
@@ -56,7 +66,9 @@ class AgentTransport:
         self._reconnect_s = reconnect_s
         self._send_timeout_s = send_timeout_s
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake_r, self._wake_w = -1, -1  # the wake pipe, made by start()
+        self._due = 0.0  # monotonic time by which the oldest queued event is sent
+        self._flush_now = False
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._rbuf = b""
@@ -70,12 +82,15 @@ class AgentTransport:
 
     def send(self, event: Outgoing) -> None:
         with self._lock:
+            first = not self._queue
             if len(self._queue) >= self._max_queue:
                 self._queue.popleft()
                 self.dropped += 1
             self._queue.append(event)
-        if self._sock is not None and len(self._queue) >= self._max_batch:
-            self._wake.set()  # connected and a full batch waits: send it now
+            if first:
+                self._due = time.monotonic() + self._flush_interval_s
+        if first or (self._sock is not None and len(self._queue) == self._max_batch):
+            self._wake()  # arm the flush timer, or a full batch waits: send it now
 
     def on_command(self, handler: CommandHandler) -> None:
         """`handler` runs on the transport thread: it must be quick and thread-safe."""
@@ -105,6 +120,9 @@ class AgentTransport:
     def start(self) -> None:
         if self._thread is not None or self.socket_path is None:
             return
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="sentinel-transport", daemon=True)
         self._thread.start()
 
@@ -114,17 +132,28 @@ class AgentTransport:
             return
         self.flush(flush_timeout_s)
         self._stop.set()
-        self._wake.set()
+        self._wake()
         self._thread.join(timeout=flush_timeout_s)
         self._thread = None
         self._close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
 
     def flush(self, timeout_s: float = 1.0) -> None:
         """Wait up to `timeout_s` for the queue to reach a connected agent (e.g. before exit)."""
         deadline = time.monotonic() + timeout_s
         while self._queue and self._sock is not None and time.monotonic() < deadline:
-            self._wake.set()
+            self._flush_now = True
+            self._wake()
             time.sleep(0.01)
+
+    def _wake(self) -> None:
+        """One byte down the wake pipe (never blocks: a full pipe already wakes the thread)."""
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     # --- the background thread ---------------------------------------------------------------
 
@@ -132,16 +161,31 @@ class AgentTransport:
         while not self._stop.is_set():
             try:
                 if self._sock is None and not self._connect():
-                    self._wake.wait(self._reconnect_s)
-                    self._wake.clear()
+                    self._sleep(None, self._reconnect_s)
                     continue
-                self._flush()
-                self._read_commands()
-            except OSError as e:
+                if self._queue and (
+                    self._flush_now
+                    or len(self._queue) >= self._max_batch
+                    or time.monotonic() >= self._due
+                ):
+                    self._flush_now = False
+                    self._flush()
+                timeout = max(0.0, self._due - time.monotonic()) if self._queue else None
+                if self._sleep(self._sock, timeout):
+                    self._read_commands()
+            except (OSError, ValueError) as e:
                 log.debug("agent socket error: %s", e)
                 self._close()
-            self._wake.wait(self._flush_interval_s)
-            self._wake.clear()
+                self._sleep(None, self._flush_interval_s)  # then reconnect
+
+    def _sleep(self, sock: socket.socket | None, timeout: float | None) -> bool:
+        """Block until the wake pipe, `sock` (if any) or `timeout`; True if `sock` is readable."""
+        watched: list[Any] = [self._wake_r] + ([sock] if sock is not None else [])
+        readable, _, _ = select.select(watched, [], [], timeout)
+        if self._wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        return sock is not None and sock in readable
 
     def _connect(self) -> bool:
         assert self.socket_path is not None
@@ -187,20 +231,12 @@ class AgentTransport:
             self.sent += len(batch)
 
     def _read_commands(self) -> None:
+        """The socket is readable: take what is there (one read; select says if more waits)."""
         assert self._sock is not None
-        self._sock.setblocking(False)
-        try:
-            while True:
-                try:
-                    chunk = self._sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    break
-                if not chunk:
-                    raise ConnectionResetError("agent closed the socket")
-                self._rbuf += chunk
-        finally:
-            if self._sock is not None:
-                self._sock.settimeout(self._send_timeout_s)
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("agent closed the socket")
+        self._rbuf += chunk
         *lines, self._rbuf = self._rbuf.split(b"\n")
         for raw in lines:
             if raw.strip():

@@ -5,6 +5,12 @@ The timeout follows the run (as NVIDIA Resiliency Extension calibrates its rank 
 `first_step_s` applies (startup, compilation, the first collective's rendezvous). It fires once
 per stall and re-arms when a step completes. The clock is injectable and `check()` is a plain
 method, so tests drive time directly; `start()` runs `check()` on a daemon thread.
+
+The thread does not poll: it sleeps until the current deadline (at least `poll_s`, at most
+`floor_s`, so a timeout that shrinks while it sleeps is noticed within `floor_s`), and a step
+wakes it only when the deadline moves earlier than that: the first completed step after start
+or after a stall. On a machine whose cores the ranks already oversubscribe, every wake-up of a
+rank's thread takes the GIL and a core from a training process.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class HangWatchdog:
         self._paused = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._rearm = threading.Event()  # the deadline moved earlier: the thread recomputes it
         self._thread: threading.Thread | None = None
         self.fired_count = 0
 
@@ -53,10 +60,13 @@ class HangWatchdog:
     def progress(self, step: int, step_s: float | None = None) -> None:
         with self._lock:
             now = self._clock()
+            wake = self._fired or not self._step_times  # first_step_s or a stall ends
             self._step_times.append(step_s if step_s is not None else now - self._last_progress)
             self._last_progress = now
             self._last_step = step
             self._fired = False
+        if wake:
+            self._rearm.set()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -92,11 +102,24 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
+        self._rearm.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
 
+    def next_check_in(self) -> float:
+        """Seconds the thread may sleep before the stall could exceed the timeout."""
+        with self._lock:
+            if self._fired or self._paused:
+                return self._poll_s
+            remaining = self._last_progress + self.timeout_s() - self._clock()
+        return min(max(remaining, self._poll_s), max(self.floor_s, self._poll_s))
+
     def _run(self) -> None:
-        while not self._stop.wait(self._poll_s):
+        while not self._stop.is_set():
+            self._rearm.wait(self.next_check_in())
+            self._rearm.clear()
+            if self._stop.is_set():
+                return
             with contextlib.suppress(Exception):
                 self.check()

@@ -140,9 +140,12 @@ def launch(
     env_of_node: Callable[[str], dict[str, str]] | None = None,
     module: str = TRAIN_MODULE,
     fork: bool = False,
+    entry: Callable[[list[str]], int] | None = None,
 ) -> Gang:
-    """Start `nproc` ranks of `python -m module args`, each logging to log_dir/rank-R.log."""
-    main = importlib.import_module(module).main if fork else None
+    """Start `nproc` ranks of `python -m module args`, each logging to log_dir/rank-R.log.
+
+    With `fork`, `entry` (default: the module's `main`) is what each forked rank runs."""
+    main = (entry or importlib.import_module(module).main) if fork else None
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     node_of = node_of_rank or (lambda r: "node-0")
