@@ -115,12 +115,14 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
 def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(coord: Coordinator) -> None:
     admin = (coord.state / "admin.token").read_text().strip()
     fleet = [f"node-{i}" for i in range(8)]
-    # a job with no supervisor: the hardware playbook evicts node-5, then waits in `resume`
+    # a job with no supervisor: the hardware playbook evicts node-5, then waits in `resume`.
+    # Spares for every node the storm below strikes: the eviction budget is what must bind.
+    spares = [f"spare-{i}" for i in range(5)]
     coord.call(
         "POST",
         "/v1/events",
         admin,
-        encode(EventBatch(events=[job_status("jobk", fleet, ["spare-0"]), xid("node-5")])).encode(),
+        encode(EventBatch(events=[job_status("jobk", fleet, spares), xid("node-5")])).encode(),
     )
     acked: list[str] = []
     stop = threading.Event()

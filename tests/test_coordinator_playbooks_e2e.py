@@ -217,7 +217,7 @@ def test_loss_spike_nan_and_sdc(job_factory: Any) -> None:
 
 
 def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> None:
-    job: Job = job_factory(spares=2, env={"TOY_HANG": "3:5:2"})  # rank 3 sticks in gen 2
+    job: Job = job_factory(spares=3, env={"TOY_HANG": "3:5:2"})  # rank 3 sticks in gen 2
     node0 = coord.token("--role", "node", "--node", "node-0")
     job.wait_running(0)
     hot = GpuVerdictPayload(
@@ -245,8 +245,8 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     job.post(EventKind.RANK_HANG, rank_src(0, "spare-0"), RankHangPayload(waited_s=120.0))
     # fr.dump -> ranks dump -> the supervisor analyzes -> fr.analysis names rank 3 (spare-1)
     s3 = job.wait_running(3)
-    assert s3["status"]["nodes"] == ["spare-0"]  # no spare left: the job runs one node short
-    assert job.record(3, 0)["world"] == 2
+    assert s3["status"]["nodes"] == ["spare-0", "spare-2"]  # the culprit's node swapped out
+    assert job.record(3, 0)["world"] == 4
     incidents = job.finish()
     assert [(i["playbook"], i["state"]) for i in incidents] == [
         ("thermal_critical", "mitigated"),

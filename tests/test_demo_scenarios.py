@@ -21,13 +21,15 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("demo-reference")
 
 
-def demo(scenario: str, tmp_path: Path, cache: Path) -> tuple[int, dict[str, Any], str]:
+def demo(
+    scenario: str, tmp_path: Path, cache: Path, quick: bool = True
+) -> tuple[int, dict[str, Any], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     env["SENTINEL_DEMO_CACHE"] = str(cache)
     out, result = tmp_path / "out", tmp_path / "result.json"
     done = subprocess.run(
-        [*SENTINEL, "demo", "--scenario", scenario, "--quick", "--out", str(out),
-         "--json", str(result)],
+        [*SENTINEL, "demo", "--scenario", scenario, *(["--quick"] if quick else []),
+         "--out", str(out), "--json", str(result)],
         env=env, capture_output=True, text=True, timeout=420,
     )  # fmt: skip
     assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -119,3 +121,23 @@ def test_bad_scenario_exits_2(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert not (tmp_path / "o").exists()
     assert "must equal the fleet's GPUs" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("scenario", "incident", "evicted"),
+    [
+        ("xid", "gpu_hardware", "node-0"),  # XID 79 on node-0's GPU 1
+        ("thermal", "thermal", "node-1"),  # 96 °C on node-1: evicted at the next checkpoint
+        ("straggler", "straggler", "node-0"),  # rank 1 runs 60% slow; it lives on node-0
+    ],
+)
+def test_node_faults_swap_the_struck_node_for_the_spare(
+    scenario: str, incident: str, evicted: str, tmp_path: Path, cache: Path
+) -> None:
+    # A straggler's node is swapped at the checkpoint after a few scoring windows: past the
+    # point where --quick stops, so that drill runs its whole (short) course.
+    code, res, _ = demo(scenario, tmp_path, cache, quick=scenario != "straggler")
+    assert code == 0
+    assert_repaired(res, scenario, incident, [evicted])
+    assert res["faults"][0]["struck_node"] == evicted
