@@ -4,7 +4,8 @@
 
 Prints a JSON object as the last line: `sentinel_ratio`, `baseline_ratio` and `delta` (mean
 effective training time ratio over `--runs` seeds, same failures for both), `interruptions_mean`
-(vs the trace's 419), `young_daly_interval_s`, and `run_ms` (one simulated 54-day run of
+(vs the trace's 419), `young_daly_interval_s`, `checkpoint_cost_s` and `checkpoint_commit_lag_s`
+(derived by `sentinel/goodput/checkpoint.py`), and `run_ms` (one simulated 54-day run of
 16,384 GPUs, wall clock, mean).
 """
 
@@ -41,6 +42,8 @@ def main() -> None:
                 "delta": round(sen.mean - base.mean, 4),
                 "interruptions_mean": sen.mean_interruptions(),
                 "young_daly_interval_s": round(sen.interval_s, 1),
+                "checkpoint_cost_s": round(sen.model.checkpoint_cost_s, 3),
+                "checkpoint_commit_lag_s": round(sen.model.checkpoint_commit_lag_s, 3),
                 "run_ms": round(run_ms, 2),
             }
         )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.cli import main
+from sentinel.goodput.checkpoint import CheckpointSpec
 from sentinel.goodput.model import baseline_model, sentinel_model
 from sentinel.goodput.simulate import CATEGORIES, Fleet, run_once
 from sentinel.goodput.trace import LLAMA3, FaultClass
@@ -38,7 +39,7 @@ def test_young_daly_formula_and_it_is_the_optimum(fleet: Fleet) -> None:
     # In the simulator, too, the Young/Daly interval beats a 4x shorter or longer one.
     model = sentinel_model(spares=8)
     tau = fleet.interval_for(model)
-    assert tau == pytest.approx(math.sqrt(2 * 5.0 * fleet.mtbf_s))
+    assert tau == pytest.approx(math.sqrt(2 * model.checkpoint_cost_s * fleet.mtbf_s))
     best = fleet.evaluate(model).mean
     for other in (tau / 4, tau * 4, 3600.0):
         assert fleet.evaluate(model.replace(checkpoint_interval_s=other)).mean < best
@@ -88,6 +89,39 @@ def test_one_failure_by_hand() -> None:
     )
     assert run.seconds["waiting"] == pytest.approx(1800.0 - 5.0)
     assert run.seconds["restart"] == 20.0 and run.seconds["detection"] == 10.0
+
+
+def test_a_failure_before_the_async_write_commits_loses_the_interval_before() -> None:
+    model = sentinel_model(spares=0, checkpoint_cost_s=10.0, checkpoint_commit_lag_s=5.0)
+    model = model.replace(detect_s=dict.fromkeys(FaultClass, 5.0))
+    model = model.replace(resume_s=dict.fromkeys(FaultClass, 20.0))
+    # Struck 3 s after the second save's blocking part: that save is not committed yet, so
+    # the job goes back to the first one (100 s + 3 s lost); 7 s later it would have held.
+    late = run_once([(223.0, FaultClass.RESTART)], model, wall_s=1000.0, tau=100.0)
+    assert late.seconds["rollback"] == 103.0
+    held = run_once([(230.0, FaultClass.RESTART)], model, wall_s=1000.0, tau=100.0)
+    assert held.seconds["rollback"] == 10.0
+    for run in (late, held):
+        assert sum(run.seconds.values()) == pytest.approx(1000.0)
+    # A save cannot start before the previous one committed: the interval is at least the lag.
+    tiny = Fleet(LLAMA3, gpus=16384, days=1, seeds=[0])
+    assert tiny.interval_for(model.replace(checkpoint_interval_s=1.0)) == 5.0
+
+
+def test_checkpoint_cost_is_derived_from_state_size_and_bandwidths() -> None:
+    spec = CheckpointSpec()  # Llama 3 405B: 14 bytes a parameter, 2 TB/s storage
+    assert spec.state_bytes == pytest.approx(5.67e12)
+    assert spec.bytes_per_gpu(16384) == pytest.approx(0.346e9, rel=1e-3)
+    assert spec.write_s == pytest.approx(2.835)
+    assert spec.blocking_s(16384) == pytest.approx(0.0346 + 1.0, rel=1e-3)
+    assert spec.commit_lag_s() == spec.write_s
+    sync = CheckpointSpec(asynchronous=False)
+    assert sync.blocking_s(16384) == pytest.approx(1.0 + 2.835) and sync.commit_lag_s() == 0.0
+    # Half the fleet stages twice the bytes per GPU.
+    assert spec.staging_s(8192) == pytest.approx(2 * spec.staging_s(16384))
+    model = sentinel_model()
+    assert model.checkpoint_cost_s == spec.blocking_s(16384)
+    assert model.checkpoint_commit_lag_s == spec.write_s
 
 
 def test_more_spares_never_lower_goodput(fleet: Fleet) -> None:
@@ -162,6 +196,12 @@ def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {("spares", "0"), ("spares", "8"), ("detection time", "x0.5"),
             ("checkpoint interval", "fixed 1 h")} <= levers  # fmt: skip
     assert rep["fleet"]["gpus"] == 4096 and rep["fleet"]["runs"] == 2
+    ckpt = rep["checkpoint"]
+    assert ckpt["source"] == "derived" and ckpt["asynchronous"]
+    assert ckpt["gb_per_gpu"] == pytest.approx(5.67e12 / 4096 / 1e9)
+    assert rep["sentinel"]["checkpoint_cost_s"] == ckpt["blocking_s"] == ckpt["blocking_s_used"]
+    assert rep["sentinel"]["checkpoint_commit_lag_s"] == ckpt["write_s"]
+    assert any(r["lever"] == "checkpoint" and "synchronous" in r["setting"] for r in rep["levers"])
     by_class = rep["fleet"]["simulated_by_class_mean"]
     assert set(by_class) == set(FaultClass)
     assert sum(by_class.values()) == pytest.approx(rep["fleet"]["simulated_interruptions_mean"])
@@ -180,6 +220,16 @@ def test_overrides_and_demo_times(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert s["detect_s"] == {"node": 7.0, "restart": 5.0, "hang": 95.0, "sdc": 30.0, "link": 60.0}
     assert s["resume_s"]["restart"] == 45.0 and s["resume_s"]["node"] == 60.0
     assert s["checkpoint_interval_s"] == 600 and s["spares"] == 2
+    args = ["goodput", "--runs", "1", "--json", "--days", "2", "--sync-checkpoint",
+            "--storage-tbps", "1", "--coordination-s", "0.5"]  # fmt: skip
+    assert main(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["sentinel"]["checkpoint_cost_s"] == pytest.approx(0.5 + 5.67)
+    assert rep["sentinel"]["checkpoint_commit_lag_s"] == 0.0
+    assert main(["goodput", "--runs", "1", "--json", "--checkpoint-cost", "3"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["sentinel"]["checkpoint_cost_s"] == rep["baseline"]["checkpoint_cost_s"] == 3.0
+    assert rep["checkpoint"]["source"].startswith("command line")
     assert str(demo) in s["sources"]["detect_s"]
     demo.write_text(json.dumps({"time_to_detect_s": {"meteor": 1}}))
     assert main(["goodput", "--from-demo", str(demo)]) == 2

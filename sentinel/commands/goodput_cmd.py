@@ -46,8 +46,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="fixed seconds of training between checkpoints",
     )
     ckpt.add_argument("--young-daly", action="store_true", help="√(2·cost·MTBF) (the default)")
-    p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), default=5.0, metavar="S",
-                   help="seconds a checkpoint blocks training (default 5)")  # fmt: skip
+    p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), metavar="S",
+                   help="seconds a save blocks training (default: derived from the flags below)")  # fmt: skip
+    state = p.add_argument_group(
+        "checkpoint cost",
+        "a save's cost from the state's size and bandwidths (defaults: Llama 3 405B)",
+    )
+    state.add_argument("--model-params", type=_positive(float, 0, True), default=405e9,
+                       help="parameters (default 405e9)")  # fmt: skip
+    state.add_argument("--bytes-per-param", type=_positive(float, 0, True), default=14.0,
+                       help="checkpointed bytes per parameter (default 14: bf16 weights, fp32 "
+                       "master, AdamW moments)")  # fmt: skip
+    state.add_argument("--staging-gbps", type=_positive(float, 0, True), default=10.0,
+                       help="GB/s per GPU into host memory (default 10)")  # fmt: skip
+    state.add_argument("--coordination-s", type=_positive(float, 0, False), default=1.0,
+                       help="save-plan exchange and barrier per save, seconds (default 1)")  # fmt: skip
+    state.add_argument("--storage-tbps", type=_positive(float, 0, True), default=2.0,
+                       help="storage write TB/s for the whole fleet (default 2)")  # fmt: skip
+    state.add_argument("--sync-checkpoint", action="store_true",
+                       help="synchronous saves: block for the whole write")  # fmt: skip
     p.add_argument("--detect-s", action="append", default=[], metavar="[CLASS=]S",
                    help="Sentinel detection time, for all classes or one (node, restart, hang, "
                    "sdc, link); repeatable")  # fmt: skip
@@ -93,6 +110,7 @@ def _overrides(items: list[str], flag: str) -> dict[str, float]:
 
 
 def run_goodput(args: argparse.Namespace) -> int:
+    from sentinel.goodput.checkpoint import CheckpointSpec
     from sentinel.goodput.levers import lever_rows
     from sentinel.goodput.model import baseline_model, sentinel_model, with_demo_times
     from sentinel.goodput.report import build_report, render_text
@@ -100,7 +118,18 @@ def run_goodput(args: argparse.Namespace) -> int:
     from sentinel.goodput.trace import LLAMA3, FaultClass, load_trace
 
     trace = load_trace(args.trace) if args.trace else LLAMA3
-    model = sentinel_model(spares=args.spares, checkpoint_cost_s=args.checkpoint_cost)
+    gpus = args.gpus or trace.gpus
+    spec = CheckpointSpec(
+        params=args.model_params,
+        bytes_per_param=args.bytes_per_param,
+        staging_gb_per_s=args.staging_gbps,
+        coordination_s=args.coordination_s,
+        storage_tb_per_s=args.storage_tbps,
+        asynchronous=not args.sync_checkpoint,
+    )
+    cost = spec.blocking_s(gpus) if args.checkpoint_cost is None else args.checkpoint_cost
+    lag = spec.commit_lag_s()
+    model = sentinel_model(spares=args.spares, checkpoint_cost_s=cost, checkpoint_commit_lag_s=lag)
     model = model.replace(node_repair_s=args.node_repair_h * 3600.0)
     if args.checkpoint_interval is not None:
         model = model.replace(checkpoint_interval_s=args.checkpoint_interval)
@@ -118,16 +147,21 @@ def run_goodput(args: argparse.Namespace) -> int:
         resume_s={**model.resume_s, **resume},
         sources=sources,
     )
-    baseline = baseline_model(checkpoint_cost_s=args.checkpoint_cost)
+    baseline = baseline_model(checkpoint_cost_s=cost, checkpoint_commit_lag_s=lag)
     baseline = baseline.replace(node_repair_s=model.node_repair_s)
 
     fleet = Fleet(
         trace,
-        gpus=args.gpus or trace.gpus,
+        gpus=gpus,
         days=args.days or trace.days,
         seeds=[args.seed + i for i in range(args.runs)],
     )
     sen, base = fleet.evaluate(model), fleet.evaluate(baseline)
-    rep = build_report(fleet, sen, base, lever_rows(fleet, model, sen), args.target, args.seed)
+    checkpoint = spec.describe(gpus) | {
+        "blocking_s_used": cost,
+        "source": "derived" if args.checkpoint_cost is None else "command line (--checkpoint-cost)",
+    }
+    levers = lever_rows(fleet, model, sen, spec)
+    rep = build_report(fleet, sen, base, levers, args.target, args.seed, checkpoint)
     print(json.dumps(rep, indent=2) if args.json else render_text(rep))
     return ExitCode.OK

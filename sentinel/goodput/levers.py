@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from sentinel.goodput.checkpoint import CheckpointSpec
 from sentinel.goodput.model import RecoveryModel
 from sentinel.goodput.simulate import Fleet, Summary
 
 SPARES = (0, 1, 2, 4, 8)
 DETECTION_FACTORS = (0.5, 2.0)
-CHECKPOINT_COSTS_S = (1.0, 2.0, 10.0)
+CHECKPOINT_COSTS_S = (0.5, 2.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,9 @@ class LeverRow:
     delta: float  # effective-training-time ratio minus the base model's
 
 
-def variants(base: RecoveryModel) -> list[tuple[str, str, RecoveryModel]]:
+def variants(
+    base: RecoveryModel, checkpoint: CheckpointSpec, gpus: int
+) -> list[tuple[str, str, RecoveryModel]]:
     out = [("spares", str(k), base.replace(spares=k)) for k in SPARES]
     out += [
         ("checkpoint interval", "fixed 1 h", base.replace(checkpoint_interval_s=3600.0)),
@@ -31,12 +35,20 @@ def variants(base: RecoveryModel) -> list[tuple[str, str, RecoveryModel]]:
         ("checkpoint cost", f"{c:g} s", base.replace(checkpoint_cost_s=c))
         for c in CHECKPOINT_COSTS_S
     ]
+    sync = dataclasses.replace(checkpoint, asynchronous=False)
+    out.append((
+        "checkpoint",
+        f"synchronous save ({sync.blocking_s(gpus):.1f} s)",
+        base.replace(checkpoint_cost_s=sync.blocking_s(gpus), checkpoint_commit_lag_s=0.0),
+    ))  # fmt: skip
     return out
 
 
-def lever_rows(fleet: Fleet, base: RecoveryModel, base_summary: Summary) -> list[LeverRow]:
+def lever_rows(
+    fleet: Fleet, base: RecoveryModel, base_summary: Summary, checkpoint: CheckpointSpec
+) -> list[LeverRow]:
     rows = []
-    for lever, setting, model in variants(base):
+    for lever, setting, model in variants(base, checkpoint, fleet.gpus):
         summary = fleet.evaluate(model)
         rows.append(LeverRow(lever, setting, summary, summary.mean - base_summary.mean))
     return rows

@@ -20,6 +20,7 @@ def summary_dict(s: Summary) -> dict[str, Any]:
         "checkpoint_interval_s": s.interval_s,
         "checkpoint_interval_rule": "fixed" if m.checkpoint_interval_s else "young-daly",
         "checkpoint_cost_s": m.checkpoint_cost_s,
+        "checkpoint_commit_lag_s": m.checkpoint_commit_lag_s,
         "detect_s": {str(k): v for k, v in m.detect_s.items()},
         "resume_s": {str(k): v for k, v in m.resume_s.items()},
         "node_repair_h": m.node_repair_s / 3600.0,
@@ -35,6 +36,7 @@ def build_report(
     levers: list[LeverRow],
     target: float,
     seed: int,
+    checkpoint: dict[str, Any],
 ) -> dict[str, Any]:
     t = fleet.trace
     return {
@@ -55,6 +57,7 @@ def build_report(
             "runs": len(sentinel.runs),
             "seed": seed,
         },
+        "checkpoint": checkpoint,
         "sentinel": summary_dict(sentinel),
         "baseline": summary_dict(baseline),
         "delta": sentinel.mean - baseline.mean,
@@ -78,6 +81,25 @@ def _pct(x: float) -> str:
     return f"{100 * x:6.2f}%"
 
 
+def _checkpoint_line(c: dict[str, Any]) -> str:
+    state = (
+        f"checkpoint: {c['params'] / 1e9:g}B params x {c['bytes_per_param']:g} B = "
+        f"{c['state_tb']:.2f} TB, {c['gb_per_gpu']:.2f} GB per GPU; "
+    )
+    if c["source"] != "derived":
+        return state + f"a save blocks {c['blocking_s_used']:.2f} s ({c['source']})"
+    if not c["asynchronous"]:
+        return state + (
+            f"a sync save blocks {c['blocking_s']:.2f} s (coordination {c['coordination_s']:g} s"
+            f" + write at {c['storage_tb_per_s']:g} TB/s)"
+        )
+    return state + (
+        f"an async save blocks {c['blocking_s']:.2f} s (staging {c['staging_s']:.3f} s at "
+        f"{c['staging_gb_per_s']:g} GB/s + coordination {c['coordination_s']:g} s), committed "
+        f"{c['write_s']:.1f} s later ({c['storage_tb_per_s']:g} TB/s storage)"
+    )
+
+
 def render_text(rep: dict[str, Any]) -> str:
     fl, sen, base = rep["fleet"], rep["sentinel"], rep["baseline"]
     lines = [
@@ -89,6 +111,8 @@ def render_text(rep: dict[str, Any]) -> str:
         f"seed {fl['seed']})",
         "  by class: "
         + ", ".join(f"{k} {v:.1f}" for k, v in fl["simulated_by_class_mean"].items()),
+        "",
+        _checkpoint_line(rep["checkpoint"]),
         "",
         f"{'time by category (h, mean)':<28}{'baseline':>12}{'sentinel':>12}",
     ]
@@ -106,11 +130,11 @@ def render_text(rep: dict[str, Any]) -> str:
         f"[{_pct(sen['ratio_min']).strip()}, {_pct(sen['ratio_max']).strip()}]",
         f"  delta                   {100 * rep['delta']:+.2f} points",
         "",
-        f"{'lever (sentinel, one knob turned)':<36}{'ratio':>9}{'change':>10}",
+        f"{'lever (sentinel, one knob turned)':<42}{'ratio':>9}{'change':>10}",
     ]
     for r in rep["levers"]:
         label = f"{r['lever']}: {r['setting']}"
-        lines.append(f"  {label:<34}{_pct(r['ratio_mean']):>9}{100 * r['delta']:>+9.2f}p")
+        lines.append(f"  {label:<40}{_pct(r['ratio_mean']):>9}{100 * r['delta']:>+9.2f}p")
     verdict = "meets" if rep["meets_target"] else "misses"
     lines += ["", f"target {_pct(rep['target']).strip()}: sentinel {verdict} it"]
     if not rep["meets_target"]:

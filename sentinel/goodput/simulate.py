@@ -4,8 +4,9 @@ Failures arrive on the wall clock as a Poisson process per category (rate = coun
 scaled by fleet size), whether the job is training or recovering: one that strikes during a
 recovery restarts it (its own detection, then whichever replacement node is ready last).
 Between failures the job trains in cycles of `interval` training then `cost` checkpointing;
-a failure loses the training since the last completed checkpoint. Every second of wall time
-lands in exactly one category of `CATEGORIES`.
+a failure loses the training since the last committed checkpoint: an async save commits
+`commit lag` seconds into the next cycle, so a failure in that window loses the cycle before
+too. Every second of wall time lands in exactly one category of `CATEGORIES`.
 
 The stream of failures depends only on the seed, so every model sees the same failures
 (common random numbers): differences between models are the models', not the dice's.
@@ -74,12 +75,19 @@ class _Pool:
         return max(t, back)
 
 
-def _train(acc: dict[str, float], elapsed: float, tau: float, cost: float, failed: bool) -> None:
+def _train(
+    acc: dict[str, float], elapsed: float, tau: float, model: RecoveryModel, failed: bool
+) -> None:
+    cost = model.checkpoint_cost_s
     cycles, rest = divmod(elapsed, tau + cost)
     acc["useful"] += cycles * tau
     acc["checkpoint"] += cycles * cost + max(0.0, rest - tau)
-    done = min(rest, tau)  # training since the last completed checkpoint
+    done = min(rest, tau)  # training since the last completed save
     acc["rollback" if failed else "useful"] += done
+    if failed and cycles and rest < model.checkpoint_commit_lag_s:
+        # The last save was still being written: back to the one before it.
+        acc["useful"] -= tau
+        acc["rollback"] += tau
 
 
 def _down(acc: dict[str, float], phases: Phases, until: float) -> None:
@@ -90,13 +98,12 @@ def _down(acc: dict[str, float], phases: Phases, until: float) -> None:
 def run_once(failures: list[Failure], model: RecoveryModel, wall_s: float, tau: float) -> RunResult:
     acc = dict.fromkeys(CATEGORIES, 0.0)
     pool = _Pool(model)
-    cost = model.checkpoint_cost_s
     up_at, pending = 0.0, 0.0
     phases: Phases = []
     for at, cls in failures:
         if at >= up_at:
             _down(acc, phases, up_at)
-            _train(acc, at - up_at, tau, cost, failed=True)
+            _train(acc, at - up_at, tau, model, failed=True)
         else:
             _down(acc, phases, at)
         detected = at + model.detect_s[cls]
@@ -111,7 +118,7 @@ def run_once(failures: list[Failure], model: RecoveryModel, wall_s: float, tau: 
         ]
     _down(acc, phases, min(up_at, wall_s))
     if up_at < wall_s:
-        _train(acc, wall_s - up_at, tau, cost, failed=False)
+        _train(acc, wall_s - up_at, tau, model, failed=False)
     return RunResult(seconds=acc, interruptions=len(failures))
 
 
@@ -159,9 +166,12 @@ class Fleet:
         return self.wall_s / self.mtbf_s
 
     def interval_for(self, model: RecoveryModel) -> float:
+        """Seconds of training between saves; never shorter than a save takes to commit, as
+        the next save waits for the previous write."""
+        floor = max(MIN_INTERVAL_S, model.checkpoint_commit_lag_s)
         if model.checkpoint_interval_s is not None:
-            return max(MIN_INTERVAL_S, model.checkpoint_interval_s)
-        return max(MIN_INTERVAL_S, young_daly_interval(model.checkpoint_cost_s, self.mtbf_s))
+            return max(floor, model.checkpoint_interval_s)
+        return max(floor, young_daly_interval(model.checkpoint_cost_s, self.mtbf_s))
 
     def evaluate(self, model: RecoveryModel) -> Summary:
         tau = self.interval_for(model)
