@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from loopback import serve
 
 from sentinel.agent.delivery import Deliverer, Outcome
 from sentinel.agent.rank_socket import RankSocketServer
@@ -85,13 +86,8 @@ async def fake_coordinator() -> tuple[FakeCoordinator, str]:  # type: ignore[mis
     fake = FakeCoordinator()
     app = web.Application()
     app.router.add_post("/v1/events", fake.ingest)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield fake, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serve(app) as url:
+        yield fake, url
 
 
 async def test_delivery_retries_then_delivers_everything_once(
@@ -269,21 +265,15 @@ async def test_command_relay_delivers_to_ranks_then_acknowledges(tmp_path: Path)
     app = web.Application()
     app.router.add_get("/v1/commands", commands)
     app.router.add_post("/v1/commands/{id}/ack", ack)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     ranks = RankSocketServer(tmp_path / "agent.sock", "node-0", lambda e: None)
     await ranks.start()
     reader, writer = await asyncio.open_unix_connection(str(tmp_path / "agent.sock"))
     await asyncio.sleep(0.05)  # the server registers the connection
-    relay = CommandRelay(f"http://127.0.0.1:{port}", "tok", "node-0", ranks, wait_s=1)
-    async with aiohttp.ClientSession() as session:
+    async with serve(app) as url, aiohttp.ClientSession() as session:
+        relay = CommandRelay(url, "tok", "node-0", ranks, wait_s=1)
         assert await relay.poll_once(session) == 1
     assert decode_command(await asyncio.wait_for(reader.readline(), 5)) == command
     assert polls[0] == {"node": "node-0", "wait": "1"}
     assert acks == [(command.id, {"ok": True, "detail": {"relayed_to_ranks": 1}})]
     writer.close()
     await ranks.stop()
-    await runner.cleanup()

@@ -263,6 +263,7 @@ async def test_kubernetes_backend_against_a_local_api_server(tmp_path: Path) -> 
     import asyncio
 
     from aiohttp import web
+    from loopback import serve
 
     from sentinel.coordinator.actions.eviction import KubernetesBackend
 
@@ -280,16 +281,9 @@ async def test_kubernetes_backend_against_a_local_api_server(tmp_path: Path) -> 
     app = web.Application()
     app.router.add_get("/api/v1/nodes/{name}", get)
     app.router.add_patch("/api/v1/nodes/{name}", patch)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    backend = KubernetesBackend(f"http://127.0.0.1:{port}", "tok", "sentinel.dev/evicted")
-    try:
+    async with serve(app) as url:
+        backend = KubernetesBackend(url, "tok", "sentinel.dev/evicted")
         await asyncio.to_thread(backend.evict, "node-2", "test")
-    finally:
-        await runner.cleanup()
     assert calls[0] == ("GET", "Bearer tok")
     kind, body = calls[1]
     assert kind == "application/strategic-merge-patch+json"
