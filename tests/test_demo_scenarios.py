@@ -22,7 +22,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def demo(
-    scenario: str, tmp_path: Path, cache: Path, quick: bool = True
+    scenario: str, tmp_path: Path, cache: Path, quick: bool = True, timeout_s: float = 420
 ) -> tuple[int, dict[str, Any], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     env["SENTINEL_DEMO_CACHE"] = str(cache)
@@ -30,7 +30,7 @@ def demo(
     done = subprocess.run(
         [*SENTINEL, "demo", "--scenario", scenario, *(["--quick"] if quick else []),
          "--out", str(out), "--json", str(result)],
-        env=env, capture_output=True, text=True, timeout=420,
+        env=env, capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
     assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "report.html").exists() and (out / "goodput.json").exists()
@@ -141,3 +141,29 @@ def test_node_faults_swap_the_struck_node_for_the_spare(
     assert code == 0
     assert_repaired(res, scenario, incident, [evicted])
     assert res["faults"][0]["struck_node"] == evicted
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: Path) -> None:
+    """What `make demo` runs, whole (its last fault is too late for --quick to shorten it):
+    seven faults on 8 ranks, each found by its own signal and repaired, bit-identical at the end."""
+    code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
+    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert res["burnin_excluded"] == ["node-3"]
+    faults = {f["kind"]: f for f in res["faults"]}
+    assert list(faults) == ["link_degraded", "corrupt_batch", "ecc_dbe", "thermal", "crash",
+                            "xid", "hang"]  # fmt: skip
+    assert all(f["detected"] for f in faults.values())
+    assert [i["kind"] for i in res["incidents"]] == [
+        "loss_spike", "gpu_hardware", "thermal", "rank_crash", "gpu_hardware", "collective_hang"
+    ]  # fmt: skip
+    assert faults["corrupt_batch"]["detected_step"] == faults["corrupt_batch"]["injected_step"]
+    struck = [faults[k]["struck_node"] for k in ("ecc_dbe", "thermal", "xid", "hang")]
+    assert struck[:3] == ["node-2", "node-0", "node-1"]
+    assert sorted(res["evicted_nodes"]) == sorted(struck)
+    assert res["false_incidents"] == [] and res["completed_steps"] == 100
+    assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
+    for kind in ("ecc_dbe", "thermal", "crash", "xid", "hang"):
+        assert 0 < faults[kind]["time_to_resume_s"] < 120, (kind, faults[kind])
+    assert "verdict: PASS" in stdout
