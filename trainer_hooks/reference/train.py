@@ -104,7 +104,7 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     reports (`report_every`) key on the trainer's step number; each step is on or off with
     equal chance whatever its number, so the on-arm gets its share of them on average.
     Off-steps run inside `hooks.bypassed()`, entered and left between steps, outside the timed
-    window. Process-wide state stays as set up for the run in both arms: PyTorch's flight
+    window, as is a barrier before every step (see below). Process-wide state stays as set up for the run in both arms: PyTorch's flight
     recorder buffer (TORCH_FR_BUFFER_SIZE), the hooks' transport and watchdog threads (idle
     unless woken) and the side process group.
     """
@@ -137,6 +137,11 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
                 else:
                     bypass.enter_context(hooks.bypassed())
                 bypassed = not on
+            # Untimed and in both arms: without it, work after the step's last collective
+            # (the hooks' end_step: exchange, SDC check) on a slower rank would be waited for
+            # inside the next step's collectives, charging it to the next step's arm. With it,
+            # the gang's time for a step is the slowest rank's wall time.
+            dist.barrier()
             wall0, cpu0 = time.perf_counter(), time.process_time()
             run_step(job, out, hooks if on else None, step)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
