@@ -15,7 +15,9 @@ each arm's steps *without periodic work* and keeps every step with an exchange o
 so their cost is amortised in full. Also reported: the plain means' ratio
 (`interleaved_mean_ratio`), the medians' (`interleaved_median_ratio`, which hides the periodic
 work), the gang CPU time's (all ranks, all threads; `interleaved_cpu_ratio`, trimmed the same
-way), and the mean cost of plain / exchange / SDC steps.
+way), the mean cost of plain / exchange / SDC steps, and `hook_overhead_ratio_ci95`, a 95%
+bootstrap interval of the primary ratio resampling whole pairs of blocks (how much the
+machine's noise leaves of the figure).
 
 What an interleaved run cannot switch off per step: PyTorch's flight recorder buffer
 (TORCH_FR_BUFFER_SIZE is process-wide, so it is on in both arms; `interleaved_fr_on_both_arms`),
@@ -263,6 +265,30 @@ def _arm_trimmed_mean(values: list[float], periodic: list[bool], cut: float = 0.
     return statistics.fmean(kept)
 
 
+def _trimmed_ratio(steps: list[tuple[float, bool, bool]]) -> float:
+    """On/off ratio of the arms' trimmed means; steps are (value, on, periodic)."""
+    means = []
+    for on in (True, False):
+        arm = [(v, p) for v, a, p in steps if a == on]
+        means.append(_arm_trimmed_mean([v for v, _ in arm], [p for _, p in arm]))
+    return means[0] / means[1]
+
+
+def _bootstrap_ci(
+    pairs: list[list[tuple[float, bool, bool]]], n: int = 1000, seed: int = 0
+) -> list[float]:
+    """95% interval of `_trimmed_ratio`, resampling whole pairs of blocks (each holds both
+    arms, side by side in time, so the resampling keeps the pairing that cancels load drift)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n):
+        sample = [step for _ in pairs for step in rng.choice(pairs)]
+        if {on for _, on, _ in sample} == {True, False}:
+            ratios.append(_trimmed_ratio(sample))
+    ratios.sort()
+    return [round(ratios[int(0.025 * len(ratios))], 4), round(ratios[int(0.975 * len(ratios))], 4)]
+
+
 def interleaved_overhead(
     tmp: Path, sock: str, steps: int, warmup: int, block: int, seed: int = 0
 ) -> dict[str, Any]:
@@ -300,8 +326,12 @@ def interleaved_overhead(
         return round(statistics.fmean(values) * 1e3, 2) if values else None
 
     on_wall, off_wall = pick(wall, True), pick(wall, False)
+    pairs: dict[int, list[tuple[float, bool, bool]]] = {}
+    for i, w, a, k in zip(idx, wall, arm, kind, strict=True):  # a pair: 2 x block steps
+        pairs.setdefault(recs[0]["steps"][i] // (2 * block), []).append((w, a, k is not None))
     return {
         "hook_overhead_ratio": round(trimmed(wall, True) / trimmed(wall, False), 4),
+        "hook_overhead_ratio_ci95": _bootstrap_ci(list(pairs.values())),
         "hook_overhead_statistic": "interleaved run, gang step time (slowest rank's wall): "
         "on/off of each arm's mean, top/bottom 2% of steps without periodic work trimmed",
         "interleaved_mean_ratio": round(statistics.fmean(on_wall) / statistics.fmean(off_wall), 4),
