@@ -104,9 +104,9 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     reports (`report_every`) key on the trainer's step number; each step is on or off with
     equal chance whatever its number, so the on-arm gets its share of them on average.
     Off-steps run inside `hooks.bypassed()`, entered and left between steps, outside the timed
-    window, as is a barrier before every step (see below). Process-wide state stays as set up for the run in both arms: PyTorch's flight
-    recorder buffer (TORCH_FR_BUFFER_SIZE), the hooks' transport and watchdog threads (idle
-    unless woken) and the side process group.
+    window, as is a barrier before every step (see below). Process-wide state stays as set up
+    for the run in both arms: PyTorch's flight recorder buffer (TORCH_FR_BUFFER_SIZE), the
+    hooks' transport and watchdog threads (idle unless woken) and the side process group.
     """
     cfg = job.cfg
     arms = interleave.schedule(cfg.steps, cfg.hooks_interleave, cfg.hooks_interleave_seed)
