@@ -1,20 +1,38 @@
 """hook_overhead_ratio: the reference trainer's time per step with every hook on / without.
 
-The reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo configuration) runs in pairs of
-whole runs, hooks on and off, each pair in a random order. Each rank times its own window of
-`--reference-steps` steps after `--reference-warmup` untimed ones: wall time (everything in the
-window, the hooks' periodic exchange and SDC checks included) and its process's CPU time (all
-threads). `hook_overhead_ratio` is the median over pairs of on/off wall time per step;
-`hook_overhead_cpu_ratio` the same with the whole gang's CPU time per step, which other tenants
-of a shared machine disturb less; the per-pair ratios are listed. "On" is a supervised run:
-events to an agent socket (a sink process), flight recorder on with a dump directory, the gang
-exchange every 20 steps, an SDC check every 40. "Off" is the bare trainer: hooks disabled and
-no flight recorder. Skip it with `--no-reference`.
+Primary, in one run: the reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo
+configuration) with `--hooks-interleave BLOCK` alternates blocks of BLOCK steps with every hook
+on and with the hooks bypassed (no hook call at all), pairs of blocks in a seeded random order,
+the same on every rank, so both arms see the same machine load. The hooks are set up as in a
+supervised run: events to an agent socket (a sink process), flight recorder on with a dump
+directory, step reports every 10 steps, the gang exchange every 20 hooked steps and a matmul +
+parameter SDC check every 40 (far more often than a real run), counted on the hooks' own step
+count, so the on-arm carries them at a real run's rate. The trainer puts an untimed barrier
+before every step; a step's gang time is its slowest rank's wall time. After
+`--reference-warmup` steps, `hook_overhead_ratio` = the 2%-trimmed mean of the gang step time
+over on-steps / the same over off-steps, where the trimming drops the top and bottom 2% of
+each arm's steps *without periodic work* and keeps every step with an exchange or SDC check,
+so their cost is amortised in full. Also reported: the plain means' ratio
+(`interleaved_mean_ratio`), the medians' (`interleaved_median_ratio`, which hides the periodic
+work), the gang CPU time's (all ranks, all threads; `interleaved_cpu_ratio`, trimmed the same
+way), the mean cost of plain / exchange / SDC steps, and `hook_overhead_ratio_ci95`, a 95%
+bootstrap interval of the primary ratio resampling whole pairs of blocks (how much the
+machine's noise leaves of the figure).
+
+What an interleaved run cannot switch off per step: PyTorch's flight recorder buffer
+(TORCH_FR_BUFFER_SIZE is process-wide, so it is on in both arms; `interleaved_fr_on_both_arms`),
+and the hooks' idle threads and side process group. The secondary, whole-run measurement
+includes them: pairs of whole runs, hooks on (as above) vs the bare trainer (hooks disabled,
+no flight recorder), each pair in a random order, each rank timing a window of
+`--whole-run-steps` after `--reference-warmup` untimed ones: `whole_run_wall_ratio` (median
+over pairs of the on/off wall time per step) and `whole_run_cpu_ratio` (the gang's CPU time
+per step). Between whole runs the machine's load drifts (other tenants), which is why they are
+secondary. Skip all reference runs with `--no-reference`.
 
 The toy loop: two gloo ranks train a small MLP with an explicit gradient all-reduce, steps
 alternating (pairs of one-step blocks, each pair in a random order) between the instrumented
 loop and the bare one. Reported for rank 0: `toy_hook_overhead_ratio` (median step times),
-`trimmed_mean_ratio` (counts the periodic work), `cpu_time_ratio` (the process's CPU time per
+`toy_trimmed_mean_ratio` (counts the periodic work), `toy_cpu_time_ratio` (the process's CPU time per
 step), and `hook_calls_ratio`, (bare step + mean time inside the hooks' calls) / bare step.
 Target <= 1.01 on CPU. Last line of output: JSON.
 """
@@ -42,17 +60,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer_hooks import HooksConfig, SentinelHooks
-
-
-def schedule(steps: int, block: int, seed: int = 0) -> list[bool]:
-    """On/off per step: pairs of blocks in a random order (the same on every rank), so neither
-    arm always runs first or on the same step parity."""
-    rng = random.Random(seed)
-    out: list[bool] = []
-    while len(out) < steps:
-        first = rng.random() < 0.5
-        out += [first] * block + [not first] * block
-    return out[:steps]
+from trainer_hooks.interleave import schedule
 
 
 def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -176,21 +184,26 @@ def timed_rank(argv: list[str]) -> int:
     return train.main(argv)
 
 
+def _hooks_env(out: Path, sock: str) -> dict[str, str]:
+    """Every hook, as in a supervised run: events to the agent, recorder dumps, SDC checks."""
+    return dict(
+        SENTINEL_AGENT_SOCKET=sock,
+        SENTINEL_JOB="bench",
+        SENTINEL_HOOKS_FR_DIR=str(out / "fr"),
+        SENTINEL_HOOKS_EXCHANGE_EVERY=str(EXCHANGE_EVERY),
+        SENTINEL_HOOKS_SDC_EVERY=str(SDC_EVERY),
+        TORCH_FR_BUFFER_SIZE="2000",
+    )
+
+
 def reference_run(on: bool, tmp: Path, name: str, steps: int, warmup: int, sock: str) -> dict:
     """One whole run of the 8-rank reference trainer; its timed window per step."""
     from trainer_hooks.reference.launch import run_gang
 
     out = tmp / name
     env = dict(os.environ, OMP_NUM_THREADS="1", SENTINEL_BENCH_WARMUP=str(warmup))
-    if on:  # every hook, as in a supervised run: events to the agent, recorder dumps, SDC checks
-        env.update(
-            SENTINEL_AGENT_SOCKET=sock,
-            SENTINEL_JOB="bench",
-            SENTINEL_HOOKS_FR_DIR=str(out / "fr"),
-            SENTINEL_HOOKS_EXCHANGE_EVERY=str(EXCHANGE_EVERY),
-            SENTINEL_HOOKS_SDC_EVERY=str(SDC_EVERY),
-            TORCH_FR_BUFFER_SIZE="2000",
-        )
+    if on:
+        env.update(_hooks_env(out, sock))
     else:  # the bare trainer: no hooks, and no flight recorder either
         env.update(SENTINEL_HOOKS_ENABLED="0", TORCH_FR_BUFFER_SIZE="0")
     args = [*REFERENCE, "--steps", str(warmup + steps), "--out", str(out)]
@@ -204,11 +217,151 @@ def reference_run(on: bool, tmp: Path, name: str, steps: int, warmup: int, sock:
     }
 
 
-def reference_overhead(pairs: int, steps: int, warmup: int, seed: int = 0) -> dict[str, Any]:
+def whole_run_overhead(
+    tmp: Path, sock: str, pairs: int, steps: int, warmup: int, seed: int = 0
+) -> dict[str, Any]:
     """Pairs of whole runs, hooks on and off, each pair in a random order; per-pair ratios of
     the timed windows' wall time and the gang's CPU time per step, and their medians."""
     rng = random.Random(seed)
     runs: dict[bool, list[dict]] = {True: [], False: []}
+    for i in range(pairs):
+        first = rng.random() < 0.5
+        for on in (first, not first):
+            name = f"pair{i}-{'on' if on else 'off'}"
+            runs[on].append(reference_run(on, tmp, name, steps, warmup, sock))
+            r = runs[on][-1]
+            print(
+                f"whole run {name}: {r['step_s'] * 1e3:.1f} ms/step, gang CPU "
+                f"{r['cpu_s'] * 1e3:.1f} ms/step, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    wall = [a["step_s"] / b["step_s"] for a, b in zip(runs[True], runs[False], strict=True)]
+    cpu = [a["cpu_s"] / b["cpu_s"] for a, b in zip(runs[True], runs[False], strict=True)]
+
+    def med(arm: bool, key: str) -> float:
+        return round(statistics.median(r[key] for r in runs[arm]), 4)
+
+    return {
+        "whole_run_wall_ratio": round(statistics.median(wall), 4),
+        "whole_run_cpu_ratio": round(statistics.median(cpu), 4),
+        "whole_run_pair_wall_ratios": [round(r, 4) for r in wall],
+        "whole_run_pair_cpu_ratios": [round(r, 4) for r in cpu],
+        "whole_run_step_s_on": med(True, "step_s"),
+        "whole_run_step_s_off": med(False, "step_s"),
+        "whole_run_cpu_s_per_step_on": med(True, "cpu_s"),
+        "whole_run_cpu_s_per_step_off": med(False, "cpu_s"),
+        "whole_run_steps_each": steps * pairs,
+        "whole_run_pairs": pairs,
+        "whole_run_hook_errors": sum(r["hook_errors"] for r in runs[True]),
+    }
+
+
+def _arm_trimmed_mean(values: list[float], periodic: list[bool], cut: float = 0.02) -> float:
+    """Mean of an arm's steps, the top and bottom `cut` of its steps without periodic work
+    dropped (preempted steps) and every step with periodic work kept (their cost counts)."""
+    plain = sorted(v for v, p in zip(values, periodic, strict=True) if not p)
+    k = int(len(plain) * cut)
+    kept = plain[k : len(plain) - k] + [v for v, p in zip(values, periodic, strict=True) if p]
+    return statistics.fmean(kept)
+
+
+def _trimmed_ratio(steps: list[tuple[float, bool, bool]]) -> float:
+    """On/off ratio of the arms' trimmed means; steps are (value, on, periodic)."""
+    means = []
+    for on in (True, False):
+        arm = [(v, p) for v, a, p in steps if a == on]
+        means.append(_arm_trimmed_mean([v for v, _ in arm], [p for _, p in arm]))
+    return means[0] / means[1]
+
+
+def _bootstrap_ci(
+    pairs: list[list[tuple[float, bool, bool]]], n: int = 1000, seed: int = 0
+) -> list[float]:
+    """95% interval of `_trimmed_ratio`, resampling whole pairs of blocks (each holds both
+    arms, side by side in time, so the resampling keeps the pairing that cancels load drift)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n):
+        sample = [step for _ in pairs for step in rng.choice(pairs)]
+        if {on for _, on, _ in sample} == {True, False}:
+            ratios.append(_trimmed_ratio(sample))
+    ratios.sort()
+    return [round(ratios[int(0.025 * len(ratios))], 4), round(ratios[int(0.975 * len(ratios))], 4)]
+
+
+def interleaved_overhead(
+    tmp: Path, sock: str, steps: int, warmup: int, block: int, seed: int = 0
+) -> dict[str, Any]:
+    """One 8-rank run with `--hooks-interleave block`: the on/off ratios of the gang's time per
+    step (the slowest rank's wall time; the gang's CPU time), over the steps after `warmup`."""
+    from trainer_hooks.reference.launch import run_gang
+
+    out = tmp / "interleaved"
+    env = dict(os.environ, OMP_NUM_THREADS="1", **_hooks_env(out, sock))
+    args = [*REFERENCE, "--steps", str(warmup + steps), "--out", str(out)]
+    args += ["--data-dir", str(tmp / "corpus"), "--hooks-interleave", str(block)]
+    args += ["--hooks-interleave-seed", str(seed)]
+    run_gang(8, args, log_dir=out / "logs", timeout=1800, env=env, fork=True)
+    recs = [json.loads((out / f"hooks-interleave-{r}.json").read_text()) for r in range(8)]
+    if any(r["on"] != recs[0]["on"] or r["periodic"] != recs[0]["periodic"] for r in recs):
+        raise RuntimeError("interleaved run: ranks recorded different schedules")
+    idx = [i for i, s in enumerate(recs[0]["steps"]) if s >= warmup]
+    wall = [max(r["wall_s"][i] for r in recs) for i in idx]  # the slowest rank's step
+    cpu = [sum(r["cpu_s"][i] for r in recs) for i in idx]  # the gang's CPU, all threads
+    arm = [recs[0]["on"][i] for i in idx]
+    kind = [recs[0]["periodic"][i] for i in idx]
+
+    def pick(values: list[float], on: bool, kinds: tuple[str | None, ...] | None = None) -> list:
+        return [
+            v
+            for v, a, k in zip(values, arm, kind, strict=True)
+            if a == on and (kinds is None or k in kinds)
+        ]
+
+    def trimmed(values: list[float], on: bool) -> float:
+        periodic = [k is not None for a, k in zip(arm, kind, strict=True) if a == on]
+        return _arm_trimmed_mean(pick(values, on), periodic)
+
+    def ms(values: list[float]) -> float | None:
+        return round(statistics.fmean(values) * 1e3, 2) if values else None
+
+    on_wall, off_wall = pick(wall, True), pick(wall, False)
+    pairs: dict[int, list[tuple[float, bool, bool]]] = {}
+    for i, w, a, k in zip(idx, wall, arm, kind, strict=True):  # a pair: 2 x block steps
+        pairs.setdefault(recs[0]["steps"][i] // (2 * block), []).append((w, a, k is not None))
+    return {
+        "hook_overhead_ratio": round(trimmed(wall, True) / trimmed(wall, False), 4),
+        "hook_overhead_ratio_ci95": _bootstrap_ci(list(pairs.values())),
+        "hook_overhead_statistic": "interleaved run, gang step time (slowest rank's wall): "
+        "on/off of each arm's mean, top/bottom 2% of steps without periodic work trimmed",
+        "interleaved_mean_ratio": round(statistics.fmean(on_wall) / statistics.fmean(off_wall), 4),
+        "interleaved_median_ratio": round(
+            statistics.median(on_wall) / statistics.median(off_wall), 4
+        ),
+        "interleaved_cpu_ratio": round(trimmed(cpu, True) / trimmed(cpu, False), 4),
+        "interleaved_cpu_mean_ratio": round(
+            statistics.fmean(pick(cpu, True)) / statistics.fmean(pick(cpu, False)), 4
+        ),
+        "interleaved_step_ms_on": ms(on_wall),
+        "interleaved_step_ms_off": ms(off_wall),
+        "interleaved_step_ms_on_plain": ms(pick(wall, True, (None,))),
+        "interleaved_step_ms_on_exchange": ms(pick(wall, True, ("exchange",))),
+        "interleaved_step_ms_on_sdc": ms(pick(wall, True, ("sdc",))),
+        "interleaved_gang_cpu_ms_on": ms(pick(cpu, True)),
+        "interleaved_gang_cpu_ms_off": ms(pick(cpu, False)),
+        "interleaved_steps_on": len(on_wall),
+        "interleaved_steps_off": len(off_wall),
+        "interleaved_exchanges": sum(k is not None for k in kind),
+        "interleaved_sdc_checks": sum(k == "sdc" for k in kind),
+        "interleaved_block": block,
+        "interleaved_warmup_steps": warmup,
+        "interleaved_fr_on_both_arms": True,
+        "interleaved_hook_errors": sum(r["hook_errors"] for r in recs),
+    }
+
+
+def reference_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """The interleaved run, then the whole-run pairs, all sending events to one agent sink."""
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-hooks-") as tmp_name:
         tmp = Path(tmp_name)
         sock = str(tmp / "agent.sock")
@@ -219,41 +372,24 @@ def reference_overhead(pairs: int, steps: int, warmup: int, seed: int = 0) -> di
             text=True,
         )
         try:
-            for i in range(pairs):
-                first = rng.random() < 0.5
-                for on in (first, not first):
-                    name = f"pair{i}-{'on' if on else 'off'}"
-                    runs[on].append(reference_run(on, tmp, name, steps, warmup, sock))
-                    r = runs[on][-1]
-                    print(
-                        f"reference {name}: {r['step_s'] * 1e3:.1f} ms/step, gang CPU "
-                        f"{r['cpu_s'] * 1e3:.1f} ms/step, load {os.getloadavg()[0]:.2f}",
-                        flush=True,
-                    )
+            t0 = time.monotonic()
+            inter = interleaved_overhead(
+                tmp, sock, args.interleaved_steps, args.reference_warmup, args.reference_block
+            )
+            print(
+                f"interleaved: on {inter['interleaved_step_ms_on']} ms/step, off "
+                f"{inter['interleaved_step_ms_off']} ms/step, ratio {inter['hook_overhead_ratio']}"
+                f" ({time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
+            whole = {}
+            if args.whole_run_pairs:
+                whole = whole_run_overhead(
+                    tmp, sock, args.whole_run_pairs, args.whole_run_steps, args.reference_warmup
+                )
         finally:
             batches, _ = sink.communicate("", timeout=30)
-    wall = [a["step_s"] / b["step_s"] for a, b in zip(runs[True], runs[False], strict=True)]
-    cpu = [a["cpu_s"] / b["cpu_s"] for a, b in zip(runs[True], runs[False], strict=True)]
-
-    def med(arm: bool, key: str) -> float:
-        return round(statistics.median(r[key] for r in runs[arm]), 4)
-
-    return {
-        "hook_overhead_ratio": round(statistics.median(wall), 4),
-        "hook_overhead_cpu_ratio": round(statistics.median(cpu), 4),
-        "reference_hook_overhead_ratio": round(statistics.median(wall), 4),
-        "reference_pair_ratios": [round(r, 4) for r in wall],
-        "reference_pair_cpu_ratios": [round(r, 4) for r in cpu],
-        "reference_step_s_on": med(True, "step_s"),
-        "reference_step_s_off": med(False, "step_s"),
-        "reference_cpu_s_per_step_on": med(True, "cpu_s"),
-        "reference_cpu_s_per_step_off": med(False, "cpu_s"),
-        "reference_steps_each": steps * pairs,
-        "reference_warmup_steps": warmup,
-        "reference_pairs": pairs,
-        "reference_agent_batches": int(batches.strip() or 0),
-        "reference_hook_errors": sum(r["hook_errors"] for r in runs[True]),
-    }
+    return {**inter, **whole, "reference_agent_batches": int(batches.strip() or 0)}
 
 
 def main() -> None:
@@ -261,19 +397,37 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1200, help="toy-loop steps")
     p.add_argument("--block", type=int, default=1, help="toy-loop steps per on/off block")
     p.add_argument("--warmup", type=int, default=20, help="toy-loop warm-up steps")
-    p.add_argument("--quick", action="store_true", help="400 toy steps, 3 reference pairs of 40")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="400 toy steps, 160 interleaved reference steps, 2 whole-run pairs of 30",
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the reference-trainer runs")
-    p.add_argument("--reference-pairs", type=int, default=None, help="on/off run pairs (6)")
-    p.add_argument("--reference-steps", type=int, default=None, help="timed steps per run (80)")
-    p.add_argument("--reference-warmup", type=int, default=5, help="untimed steps per run")
+    p.add_argument(
+        "--interleaved-steps", type=int, default=None, help="timed interleaved steps (400)"
+    )
+    p.add_argument("--reference-block", type=int, default=2, help="--hooks-interleave BLOCK")
+    p.add_argument(
+        "--whole-run-pairs", type=int, default=None, help="on/off whole-run pairs (3; 0: none)"
+    )
+    p.add_argument(
+        "--whole-run-steps", type=int, default=None, help="timed steps per whole run (60)"
+    )
+    p.add_argument("--reference-warmup", type=int, default=6, help="untimed steps per run")
     args = p.parse_args()
     quick = args.quick
     if quick:
         args.steps = 400
-    pairs = args.reference_pairs or (3 if quick else 6)
-    ref_steps = args.reference_steps or (40 if quick else 80)
-    if pairs < 1 or ref_steps < 1 or args.reference_warmup < 1:
-        p.error("--reference-pairs, --reference-steps and --reference-warmup must be >= 1")
+    if args.interleaved_steps is None:
+        args.interleaved_steps = 160 if quick else 400
+    if args.whole_run_pairs is None:
+        args.whole_run_pairs = 2 if quick else 3
+    if args.whole_run_steps is None:
+        args.whole_run_steps = 30 if quick else 60
+    if min(args.interleaved_steps, args.whole_run_steps, args.reference_warmup) < 1:
+        p.error("--interleaved-steps, --whole-run-steps and --reference-warmup must be >= 1")
+    if args.reference_block < 1 or args.whole_run_pairs < 0:
+        p.error("--reference-block must be >= 1 and --whole-run-pairs >= 0")
     load_start = os.getloadavg()
     import socket
 
@@ -294,26 +448,24 @@ def main() -> None:
         f"({len(data['on'])} each)",
         flush=True,
     )
-    reference = (
-        {} if args.no_reference else reference_overhead(pairs, ref_steps, args.reference_warmup)
-    )
+    reference = {} if args.no_reference else reference_overhead(args)
     print(
         json.dumps(
             {
                 **reference,
                 "toy_hook_overhead_ratio": round(ratio, 4),
-                "trimmed_mean_ratio": round(mean_ratio, 4),
-                "cpu_time_ratio": round(cpu_ratio, 4),
+                "toy_trimmed_mean_ratio": round(mean_ratio, 4),
+                "toy_cpu_time_ratio": round(cpu_ratio, 4),
                 "hook_calls_ms_per_step": round(inside * 1e3, 4),
                 "hook_calls_ms_median": round(statistics.median(data["inside"]) * 1e3, 4),
                 "hook_calls_ms_p90": round(
                     sorted(data["inside"])[int(0.9 * len(data["inside"]))] * 1e3, 4
                 ),
                 "hook_calls_ratio": round((off + inside) / off, 4),
-                "step_ms_on": round(on * 1e3, 3),
-                "step_ms_off": round(off * 1e3, 3),
-                "steps_each": len(data["on"]),
-                "hook_errors": data["errors"],
+                "toy_step_ms_on": round(on * 1e3, 3),
+                "toy_step_ms_off": round(off * 1e3, 3),
+                "toy_steps_each": len(data["on"]),
+                "toy_hook_errors": data["errors"],
                 "load_avg_start": round(load_start[0], 2),
                 "load_avg_end": round(os.getloadavg()[0], 2),
                 "device": "cpu",

@@ -220,6 +220,27 @@ class SentinelHooks:
     def pause_watchdog(self) -> contextlib.AbstractContextManager[None]:
         return self.watchdog.paused()
 
+    @property
+    def steps_done(self) -> int:
+        """Steps this object has seen end (its own count: exchange and SDC cadence follow it)."""
+        return self._steps_done
+
+    @contextlib.contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """For steps the loop runs without calling the hooks (an overhead benchmark's "off"
+        blocks): the watchdog is paused, so the missing progress is no hang, and the collective
+        wrappers are taken off, so those steps run exactly as without hooks. Enter and leave it
+        between steps, never inside one."""
+        wrapped = self.config.enabled and self.config.instrument_collectives
+        with self.watchdog.paused():
+            if wrapped:
+                timing.uninstrument_collectives()
+            try:
+                yield
+            finally:
+                if wrapped:
+                    timing.instrument_collectives(self.timer)
+
     def dump_flight_recorder(self, reason: str = "manual") -> Path | None:
         if self.flight is None:
             return None

@@ -147,11 +147,22 @@ _originals: dict[str, Callable[..., Any]] = {}
 def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        # Called for every collective of every step: no context manager (a generator per
+        # call), and nothing to do outside a step, inside a comm region already (nested) or
+        # for an async call.
         timer = _active_timer[0] if _active_timer else None
-        if timer is None or not timer.in_step or kwargs.get("async_op"):
+        if (
+            timer is None
+            or timer._current is None
+            or timer._comm_start is not None
+            or kwargs.get("async_op")
+        ):
             return fn(*args, **kwargs)
-        with timer.comm():
+        timer.comm_begin()
+        try:
             return fn(*args, **kwargs)
+        finally:
+            timer.comm_end()
 
     return timed
 

@@ -49,6 +49,8 @@ class TrainConfig:
     digest_out: Path | None = None
     quiet: bool = False
     cpu_threads: int = 1
+    hooks_interleave: int = 0  # steps per hooks-on / hooks-off block; 0: hooks on throughout
+    hooks_interleave_seed: int = 0
 
     @property
     def global_batch(self) -> int:
@@ -124,6 +126,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fault", action="append", default=[], help="one fault, e.g. sdc:rank=1,at_step=3")
     a("--digest-out", type=Path, default=None, help="write the final parameter digest here")
     a("--quiet", action="store_true", help="metrics to the file only, not stdout")
+    a(
+        "--hooks-interleave",
+        type=int,
+        default=0,
+        metavar="BLOCK",
+        help="overhead measurement: alternate blocks of BLOCK steps with every Sentinel hook on "
+        "and with the hooks bypassed (no hook call at all), pairs of blocks in a seeded random "
+        "order, the same on every rank; each rank writes its per-step wall and CPU time and arm "
+        "to OUT/hooks-interleave-<rank>.json (0: off, hooks on in every step)",
+    )
+    a(
+        "--hooks-interleave-seed",
+        type=int,
+        default=0,
+        help="seed of the --hooks-interleave block order",
+    )
     return p
 
 
@@ -163,6 +181,8 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         raise ConfigError(
             "--mbs, --accum, --steps, --keep, --seq must be >= 1; --checkpoint-every >= 0"
         )
+    if ns.hooks_interleave < 0:
+        raise ConfigError(f"--hooks-interleave {ns.hooks_interleave}: want BLOCK >= 1, or 0 (off)")
     if ns.corpus_tokens < 4 * (ns.seq + 1):
         raise ConfigError(f"--corpus-tokens {ns.corpus_tokens} is too small for --seq {ns.seq}")
     try:
@@ -205,4 +225,6 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         digest_out=ns.digest_out,
         quiet=ns.quiet,
         cpu_threads=ns.cpu_threads,
+        hooks_interleave=ns.hooks_interleave,
+        hooks_interleave_seed=ns.hooks_interleave_seed,
     )

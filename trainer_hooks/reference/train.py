@@ -6,6 +6,7 @@ The step boundary is marked below: a hook added there sees `result.loss` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
-from trainer_hooks import SentinelHooks, enable_flight_recorder
+from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import resolve_resume
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
@@ -39,44 +40,124 @@ def _emit(line: dict[str, Any], files: list[TextIO]) -> None:
         print(text, file=f, flush=True)
 
 
-def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
+def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> None:
+    """One step; `hooks=None` runs it without a single hook call (the bare trainer's step)."""
     global _checkpoint_requested
     cfg = job.cfg
     replica_tokens = cfg.mbs * cfg.accum * cfg.model.seq  # what this rank's replica processes
-    for step in range(job.start, cfg.steps):
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    if hooks:
         hooks.begin_step(step, tokens=replica_tokens)
-        job.injector.before_step(step)
-        batch, toks = job.loader.next()
-        toks = job.injector.corrupt_batch(batch, toks).to(job.device)
-        lr = job.lr.apply(job.opt, step)
-        result = job.step_fn(toks)
+    job.injector.before_step(step)
+    batch, toks = job.loader.next()
+    toks = job.injector.corrupt_batch(batch, toks).to(job.device)
+    lr = job.lr.apply(job.opt, step)
+    result = job.step_fn(toks)
+    if hooks:
         hooks.observe(loss=result.loss if job.step_fn.last else None, grad_norm=result.grad_norm)
-        mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
-        flags = [float(mine), float(_checkpoint_requested)]
-        stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
-        dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
-        job.tokens += cfg.global_batch * cfg.model.seq
-        step_s = time.perf_counter() - t0
-        job.injector.after_step(step_s)
+    mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
+    flags = [float(mine), float(_checkpoint_requested)]
+    stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
+    dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
+    job.tokens += cfg.global_batch * cfg.model.seq
+    step_s = time.perf_counter() - t0
+    job.injector.after_step(step_s)
+    if hooks:
         hooks.end_step()
-        done = step + 1
-        # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
-        line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
-        line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
-        stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
-        _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
-        job.ckpt.poll()
-        on_command = (
-            hooks.should_checkpoint()
-        )  # a coordinator `checkpoint.now`, same step everywhere
-        if (
-            (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
-            or stats[1].item() > 0
-            or on_command
-        ):
-            _checkpoint_requested = False
-            _emit(job.save(done), out)
+    done = step + 1
+    # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
+    line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
+    line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
+    stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
+    _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
+    job.ckpt.poll()
+    # a coordinator `checkpoint.now`, the same step everywhere (hook-less steps cannot see it)
+    on_command = hooks.should_checkpoint() if hooks else False
+    if (
+        (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+        or stats[1].item() > 0
+        or on_command
+    ):
+        _checkpoint_requested = False
+        _emit(job.save(done), out)
+
+
+def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
+    if job.cfg.hooks_interleave:
+        interleaved_loop(job, out, hooks)
+        return
+    for step in range(job.start, job.cfg.steps):
+        run_step(job, out, hooks, step)
+
+
+def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
+    """`--hooks-interleave BLOCK`: blocks of steps with every hook on and with none, one run.
+
+    Each step is timed whole (wall and this process's CPU, every thread), from before
+    `begin_step` to after the checkpoint decision, so an on-step carries all of the hooks'
+    main-thread work. The hooks' periodic work (gang exchange every `exchange_every` steps, SDC
+    check every `sdc_every`) follows their own step count, which advances only in on-steps:
+    the on-arm therefore carries exactly one exchange per `exchange_every` hooked steps and one
+    SDC check per `sdc_every`, the rate of a run with hooks on throughout, however the blocks
+    fall. (Counting off-steps too would fire the periodic work only when its step happened to
+    land in an on-block: the same rate on average, but lumpy and seed-dependent.) The step
+    reports (`report_every`) key on the trainer's step number; each step is on or off with
+    equal chance whatever its number, so the on-arm gets its share of them on average.
+    Off-steps run inside `hooks.bypassed()`, entered and left between steps, outside the timed
+    window, as is a barrier before every step (see below). Process-wide state stays as set up
+    for the run in both arms: PyTorch's flight recorder buffer (TORCH_FR_BUFFER_SIZE), the
+    hooks' transport and watchdog threads (idle unless woken) and the side process group.
+    """
+    cfg = job.cfg
+    arms = interleave.schedule(cfg.steps, cfg.hooks_interleave, cfg.hooks_interleave_seed)
+    interleave.check_agreement(arms)  # a rank that disagreed would deadlock the side group
+    hcfg = hooks.config
+    record: dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "block": cfg.hooks_interleave,
+        "seed": cfg.hooks_interleave_seed,
+        "fingerprint": interleave.fingerprint(arms),
+        "hooks_enabled": hcfg.enabled,
+        "exchange_every": hcfg.exchange_every,
+        "sdc_every": hcfg.sdc_every,
+        "steps": [],
+        "on": [],
+        "wall_s": [],
+        "cpu_s": [],
+        "periodic": [],  # on-steps: "sdc" (exchange + SDC check), "exchange", or None
+    }
+    bypassed = False
+    with contextlib.ExitStack() as bypass:
+        for step in range(job.start, cfg.steps):
+            on = arms[step]
+            if on == bypassed:  # the arm changes here, between two steps
+                if on:
+                    bypass.close()
+                else:
+                    bypass.enter_context(hooks.bypassed())
+                bypassed = not on
+            # Untimed and in both arms: without it, work after the step's last collective
+            # (the hooks' end_step: exchange, SDC check) on a slower rank would be waited for
+            # inside the next step's collectives, charging it to the next step's arm. With it,
+            # the gang's time for a step is the slowest rank's wall time.
+            dist.barrier()
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            run_step(job, out, hooks if on else None, step)
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            periodic = None
+            if on and hcfg.enabled and hooks.steps_done % hcfg.exchange_every == 0:
+                sdc = hcfg.sdc_every and hooks.steps_done % hcfg.sdc_every == 0
+                periodic = "sdc" if sdc else "exchange"
+            for key, value in zip(
+                ("steps", "on", "wall_s", "cpu_s", "periodic"),
+                (step, on, wall, cpu, periodic),
+                strict=True,
+            ):
+                record[key].append(value)
+    record["hook_errors"] = hooks.errors
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / f"hooks-interleave-{dist.get_rank()}.json").write_text(json.dumps(record))
 
 
 def train(cfg: TrainConfig, resume: Any, faults: list[Any]) -> None:
@@ -119,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(device_and_backend()[1])
     try:
         train(cfg, resume, faults)
+    except interleave.ScheduleMismatchError as e:  # raised on every rank together
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         dist.destroy_process_group()
     return 0
