@@ -97,16 +97,8 @@ class Service:
                 self._kick.set()
 
     def _commit_group(self, batches: list[EventBatch]) -> list[IngestResult | Exception]:
-        now = self.clock()
-        out: list[IngestResult | Exception] = []
         with self.store.tx():
-            for batch in batches:
-                try:
-                    out.append(self.ingestor.ingest(batch, now))  # a savepoint of its own
-                except Exception as e:
-                    log.exception("ingest failed")
-                    out.append(e)
-        return out
+            return self.ingestor.ingest_group(batches, self.clock())
 
     # --- engine ------------------------------------------------------------------------------
 
