@@ -9,7 +9,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
+
+from pydantic_core import to_json
 
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.incidents import (
@@ -159,7 +162,7 @@ class Ingestor:
                 ev.source.rank,
                 ev.source.job,
                 ev.ts,
-                dumps(ev.payload),
+                to_json(ev.payload).decode(),
                 now,
             )
             for ev in events
@@ -179,7 +182,7 @@ class Ingestor:
                     + ",".join(["(?,?,?,?,?,?,?,?)"] * size)
                     + " RETURNING id"
                 )
-            params = tuple(v for row in chunk for v in row)
+            params = tuple(chain.from_iterable(chunk))
             new.update(r[0] for r in self.store.execute(sql, params).fetchall())
         return new
 
