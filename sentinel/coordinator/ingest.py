@@ -108,13 +108,14 @@ class Ingestor:
 
     def _plain(self, batch: EventBatch) -> bool:
         """Whether no event of the batch can do more than be stored and mark its node seen."""
+        by_kind, absorbing = self._by_kind, bool(self.absorbing)
         for ev in batch.events:
-            triggers = self._by_kind.get(ev.kind)
-            if triggers is not None and triggers.candidates(_doc(ev)):
-                return False
             if ev.kind is EventKind.JOB_STATUS:
                 return False
-            if self.absorbing and ev.source.rank is not None and ev.source.node is not None:
+            triggers = by_kind.get(ev.kind)
+            if triggers is not None and triggers.may_match(ev):
+                return False
+            if absorbing and ev.source.rank is not None and ev.source.node is not None:
                 return False
         return True
 
@@ -154,10 +155,10 @@ class Ingestor:
         Chunks of fixed sizes (256, then powers of two) keep the statements few and cached.
         """
         new: set[str] = set()
-        rows = [
+        rows = [  # a kind is a str enum: SQLite stores its value (no Python `.value` call)
             (
                 ev.id,
-                ev.kind.value,
+                ev.kind,
                 ev.source.node,
                 ev.source.rank,
                 ev.source.job,
@@ -402,16 +403,27 @@ class _Triggers:
     def __init__(self, candidates: list[_Candidate]) -> None:
         self.all = candidates
         self.table: dict[object, list[_Candidate]] | None = None
+        self.payload_key: str | None = None
         shared = set.intersection(*(_eq_fields(clause) for _, clause, _ in candidates))
         if not shared:
             return
         gate = min(shared)
         self.read = compile_getter(gate.split("."))
+        # A gate on a top-level payload field (the usual case) is read off the event itself.
+        head, _, key = gate.partition(".")
+        self.payload_key = key if head == "payload" and key and "." not in key else None
         self.table = {}
         for cand in candidates:
             for cond in cand[1].when:
                 if cond.field == gate and cond.op == "eq":
                     self.table.setdefault(cond.value, []).append(cand)
+
+    def may_match(self, ev: Event) -> bool:
+        """Whether any clause can match `ev`: `candidates` without building its document."""
+        if self.table is None:
+            return bool(self.all)
+        value = ev.payload.get(self.payload_key) if self.payload_key else self.read(_doc(ev))
+        return isinstance(value, _GATE_TYPES) and bool(self.table.get(value))
 
     def candidates(self, doc: dict[str, Any]) -> list[_Candidate]:
         if self.table is None:

@@ -86,13 +86,16 @@ class Service:
             except Exception as e:  # the commit itself failed: nothing of the group is stored
                 outcomes = [e] * len(group)
             opened = False
+            stored = IngestResult()  # counted once per group, not per batch
             for (_, fut), outcome in zip(group, outcomes, strict=True):
                 if isinstance(outcome, BaseException):
                     fut.set_exception(outcome)
                 else:
                     opened |= bool(outcome.opened) or outcome.linked > 0
-                    self.on_ingest(outcome)
+                    stored.accepted += outcome.accepted
+                    stored.duplicates += outcome.duplicates
                     fut.set_result(outcome)
+            self.on_ingest(stored)
             if opened:
                 self._kick.set()
 
