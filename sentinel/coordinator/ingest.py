@@ -125,7 +125,8 @@ class Ingestor:
         try:
             with self.store.tx():
                 new = self._insert_new([ev for b in batches for ev in b.events], now)
-                results, nodes = [], {}
+                results: list[IngestResult | Exception] = []
+                nodes: dict[str, str | None] = {}
                 for batch in batches:
                     result = IngestResult()
                     for ev in batch.events:
@@ -147,7 +148,7 @@ class Ingestor:
                 return [self._ingest_one(batches[0], now)]
             log.warning("storing %d batches at once failed; storing them one by one", len(batches))
             return [self._ingest_one(b, now) for b in batches]
-        return list(results)
+        return results
 
     def _insert_new(self, events: list[Event], now: float) -> set[str]:
         """Insert every event not stored yet; the ids inserted.
