@@ -10,6 +10,13 @@ step also reports the coordinator's own parse-to-commit time (`server_ack_ms_p*_
 bound of its histogram bucket), how far the load generator fell behind its schedule
 (`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
 inflates every latency it measures.
+
+`--closed-loop N` measures cost instead of capacity: every node of the first fleet size sends N
+batches over 256 connections, each posting its next batch as soon as the last one is
+acknowledged, and the last line reports the coordinator's CPU per acknowledged batch, split into
+its event-loop thread (HTTP, decoding) and the rest (store thread, WAL checkpoints). The queue
+stays full whatever the machine's load, so the figure compares across runs on a shared machine
+where the paced steps' rates (and with them the commit group sizes) do not.
 """
 
 from __future__ import annotations
@@ -118,6 +125,62 @@ def _make_tokens(state: Path, nodes: int) -> tuple[str, list[str]]:
     return admin, per_node
 
 
+async def _closed_loop(port: int, requests: list[bytes], connections: int = 256) -> int:
+    """Send every request, each connection its next as soon as the last is answered; the number
+    answered with anything but 200."""
+    pending = iter(requests)
+    refused = 0
+
+    async def connection() -> None:
+        nonlocal refused
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for data in pending:
+            writer.write(data)
+            head = await reader.readuntil(b"\r\n\r\n")
+            refused += not head.startswith(b"HTTP/1.1 200")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+        writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(connections)))
+    return refused
+
+
+def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_node: int) -> dict:
+    import uvloop
+
+    def request(i: int) -> bytes:
+        body = _batch(i % nodes)
+        return (
+            f"POST /v1/events HTTP/1.1\r\nHost: coordinator\r\n"
+            f"Authorization: Bearer {tokens[i % nodes]}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+    uvloop.run(_closed_loop(port, [request(i) for i in range(nodes)]))  # every token cached
+    requests = [request(i) for i in range(nodes * per_node)]
+    proc = psutil.Process(pid)
+
+    def loop_thread_s() -> float:
+        return next(t.user_time + t.system_time for t in proc.threads() if t.id == pid)
+
+    cpu0, loop0, t0 = proc.cpu_times(), loop_thread_s(), time.perf_counter()
+    refused = uvloop.run(_closed_loop(port, requests))
+    cpu1, loop1, wall = proc.cpu_times(), loop_thread_s(), time.perf_counter() - t0
+    cpu_ms = 1000 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / len(requests)
+    loop_ms = 1000 * (loop1 - loop0) / len(requests)
+    return {
+        "nodes": nodes,
+        "batches": len(requests),
+        "refused": refused,
+        "batches_per_s": round(len(requests) / wall, 1),
+        "cpu_ms_per_batch": round(cpu_ms, 3),
+        "loop_thread_ms_per_batch": round(loop_ms, 3),
+        "other_threads_ms_per_batch": round(cpu_ms - loop_ms, 3),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
 def _server_ack_buckets(url: str, token: str) -> dict[float, float]:
     """Cumulative counts of the coordinator's own parse-to-commit histogram."""
     req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
@@ -158,6 +221,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
     ap.add_argument("--sizes", default="1024,2048,3072,4096", help="fleet sizes, ascending")
+    ap.add_argument(
+        "--closed-loop",
+        type=int,
+        metavar="N",
+        help="instead of paced steps: N batches per node of the first size, sent back to back",
+    )
     args = ap.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
@@ -187,6 +256,13 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.1)
+        if args.closed_loop:
+            print(
+                json.dumps(
+                    _closed_loop_step(port, coord.pid, node_tokens, sizes[0], args.closed_loop)
+                )
+            )
+            return
         proc = psutil.Process(coord.pid)
         steps = []
         for nodes in sizes:

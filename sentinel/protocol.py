@@ -15,7 +15,7 @@ import math
 import secrets
 import time
 import types
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Annotated, Any, Literal, NotRequired, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
@@ -403,6 +403,10 @@ def _as_typed_dict(model: type[BaseModel]) -> Any:
     def plain(tp: Any) -> Any:
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             return _as_typed_dict(tp)
+        if isinstance(tp, type) and issubclass(tp, Enum):
+            # Its values as literal strings: checked in pydantic's core, where an enum field
+            # would build an enum member and read its `.value` back in Python for every field.
+            return Literal[tuple(m.value for m in tp)]
         origin, args = get_origin(tp), get_args(tp)
         if origin is None:
             return tp

@@ -20,7 +20,17 @@ from sentinel.coordinator.incidents import (
 from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
 from sentinel.coordinator.store import MIGRATIONS, Store
-from sentinel.protocol import Event, EventBatch, EventKind, RankSdcPayload, Source, make_event
+from sentinel.protocol import Action as RecAction
+from sentinel.protocol import (
+    Event,
+    EventBatch,
+    EventKind,
+    GpuVerdictPayload,
+    RankSdcPayload,
+    Source,
+    Verdict,
+    make_event,
+)
 
 PLAYBOOKS = load_playbooks(ROOT / "playbooks")
 
@@ -373,3 +383,35 @@ def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_c
     (restart,) = store.query("SELECT args FROM commands WHERE kind='job.restart'")
     assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
     assert restart["args"]["resume_before_step"] == 10  # the last clean check, not step 14 - 1
+
+
+def _healthy(node: str, gpu: int) -> Event:
+    payload = GpuVerdictPayload(gpu=gpu, verdict=Verdict.HEALTHY, action=RecAction.NONE)
+    return make_event(EventKind.GPU_VERDICT, Source(node=node), payload)
+
+
+def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(tmp_path: Path) -> None:
+    store, ingest, _, clock = setup(tmp_path)
+    a = [_healthy("node-0", g) for g in range(3)]
+    b = [a[1], _healthy("node-1", 0)]  # a[1] re-sent in another batch of the same group
+    fault = [xid("node-2", code=79)]  # opens an incident: takes the per-batch path
+    c = [a[2], fault[0], _healthy("node-3", 0)]
+    with store.tx():
+        out = ingest.ingest_group([EventBatch(events=e) for e in (a, b, fault, c)], clock())
+    got = [(r.accepted, r.duplicates, len(r.opened)) for r in out]  # type: ignore[union-attr]
+    assert got == [(3, 0, 0), (1, 1, 0), (1, 0, 1), (1, 2, 0)]
+    assert store.one("SELECT COUNT(*) n FROM events")["n"] == 6
+    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
+    seen = {r["name"] for r in store.query("SELECT name FROM nodes")}
+    assert seen == {"node-0", "node-1", "node-2", "node-3"}
+    # A batch the database refuses fails alone, its run's other batches are stored.
+    store.execute(
+        "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.node='node-9'"
+        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    )
+    good, bad = [_healthy("node-8", 0)], [_healthy("node-9", 0)]
+    with store.tx():
+        out = ingest.ingest_group([EventBatch(events=good), EventBatch(events=bad)], clock())
+    assert out[0].accepted == 1 and isinstance(out[1], Exception)  # type: ignore[union-attr]
+    assert store.one("SELECT COUNT(*) n FROM events WHERE node IN ('node-8','node-9')")["n"] == 1
+    assert store.one("SELECT 1 AS x FROM nodes WHERE name='node-9'") is None

@@ -62,6 +62,20 @@ class Principal:
             return None
         return f"role {self.role} cannot report events"
 
+    def may_report_all(self, events: list[Event]) -> str | None:
+        """None when every event is allowed, else why the first one that is not is refused."""
+        if self.role == Role.ADMIN:
+            return None
+        if self.role == Role.NODE:
+            node = self.node
+            bad = next((e for e in events if e.source.node != node), None)
+        elif self.role == Role.JOB:
+            job = self.job
+            bad = next((e for e in events if e.source.job != job), None)
+        else:
+            bad = events[0] if events else None
+        return None if bad is None else self.may_report(bad)
+
     def may_target(self, kind: str, target: str) -> bool:
         if self.role in (Role.OPERATOR, Role.ADMIN):
             return True

@@ -6,9 +6,13 @@ wholly stored with everything it caused, or not at all.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
+
+from pydantic_core import to_json
 
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.incidents import (
@@ -23,6 +27,7 @@ from sentinel.coordinator.store import Store, dumps
 from sentinel.protocol import Event, EventBatch, EventKind
 
 _ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
+log = logging.getLogger("sentinel.coordinator")
 
 
 @dataclass
@@ -49,6 +54,28 @@ class Ingestor:
             p.incident.fault for p in playbooks if p.incident.absorbs_symptoms
         )
 
+    def ingest_group(self, batches: list[EventBatch], now: float) -> list[IngestResult | Exception]:
+        """Ingest batches that share one commit, in order; a batch that fails fails alone.
+
+        A run of consecutive batches that can only store events and mark nodes seen (no event
+        of theirs may open or join an incident: a healthy fleet's heartbeats and verdicts) is
+        stored with one INSERT per chunk for the whole run, in a savepoint of its own; if that
+        fails, its batches are tried one by one. Every other batch takes `ingest`.
+        """
+        out: list[IngestResult | Exception] = []
+        run: list[EventBatch] = []
+        for batch in batches:
+            if self._plain(batch):
+                run.append(batch)
+                continue
+            if run:
+                out += self._ingest_plain_run(run, now)
+                run = []
+            out.append(self._ingest_one(batch, now))
+        if run:
+            out += self._ingest_plain_run(run, now)
+        return out
+
     def ingest(self, batch: EventBatch, now: float) -> IngestResult:
         result = IngestResult()
         with self.store.tx():
@@ -72,31 +99,93 @@ class Ingestor:
             self._track_nodes(nodes, now)
         return result
 
+    def _ingest_one(self, batch: EventBatch, now: float) -> IngestResult | Exception:
+        try:
+            return self.ingest(batch, now)  # a savepoint of its own
+        except Exception as e:
+            log.exception("ingest failed")
+            return e
+
+    def _plain(self, batch: EventBatch) -> bool:
+        """Whether no event of the batch can do more than be stored and mark its node seen."""
+        by_kind, absorbing = self._by_kind, bool(self.absorbing)
+        for ev in batch.events:
+            if ev.kind is EventKind.JOB_STATUS:
+                return False
+            triggers = by_kind.get(ev.kind)
+            if triggers is not None and triggers.may_match(ev):
+                return False
+            if absorbing and ev.source.rank is not None and ev.source.node is not None:
+                return False
+        return True
+
+    def _ingest_plain_run(
+        self, batches: list[EventBatch], now: float
+    ) -> list[IngestResult | Exception]:
+        try:
+            with self.store.tx():
+                new = self._insert_new([ev for b in batches for ev in b.events], now)
+                results: list[IngestResult | Exception] = []
+                nodes: dict[str, str | None] = {}
+                for batch in batches:
+                    result = IngestResult()
+                    for ev in batch.events:
+                        if ev.id not in new:
+                            result.duplicates += 1  # stored before, or earlier in this run
+                            continue
+                        new.discard(ev.id)
+                        result.accepted += 1
+                        node = ev.source.node
+                        if node is not None:
+                            verdict = (
+                                ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
+                            )
+                            nodes[node] = verdict or nodes.get(node)
+                    results.append(result)
+                self._track_nodes(nodes, now)
+        except Exception:
+            if len(batches) == 1:
+                return [self._ingest_one(batches[0], now)]
+            log.warning("storing %d batches at once failed; storing them one by one", len(batches))
+            return [self._ingest_one(b, now) for b in batches]
+        return results
+
     def _insert_new(self, events: list[Event], now: float) -> set[str]:
-        """Insert every event not stored yet (one statement per chunk); the ids inserted."""
+        """Insert every event not stored yet; the ids inserted.
+
+        Chunks of fixed sizes (256, then powers of two) keep the statements few and cached.
+        """
         new: set[str] = set()
-        for start in range(0, len(events), _CHUNK):
-            chunk = events[start : start + _CHUNK]
-            values = ",".join(["(?,?,?,?,?,?,?,?)"] * len(chunk))
-            params: list[object] = []
-            for ev in chunk:
-                s = ev.source
-                params += [
-                    ev.id,
-                    ev.kind.value,
-                    s.node,
-                    s.rank,
-                    s.job,
-                    ev.ts,
-                    dumps(ev.payload),
-                    now,
-                ]
-            rows = self.store.execute(
-                "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
-                f" received_at) VALUES {values} RETURNING id",
-                tuple(params),
-            ).fetchall()
-            new.update(r[0] for r in rows)
+        rows = [  # a kind is a str enum: SQLite stores its value (no Python `.value` call)
+            (
+                ev.id,
+                ev.kind,
+                ev.source.node,
+                ev.source.rank,
+                ev.source.job,
+                ev.ts,
+                to_json(ev.payload).decode(),
+                now,
+            )
+            for ev in events
+        ]
+        start = 0
+        while start < len(rows):
+            size = _CHUNK
+            while size > len(rows) - start:
+                size //= 2
+            chunk = rows[start : start + size]
+            start += size
+            sql = _INSERT_SQL.get(size)
+            if sql is None:
+                sql = _INSERT_SQL[size] = (
+                    "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
+                    " received_at) VALUES "
+                    + ",".join(["(?,?,?,?,?,?,?,?)"] * size)
+                    + " RETURNING id"
+                )
+            params = tuple(chain.from_iterable(chunk))
+            new.update(r[0] for r in self.store.execute(sql, params).fetchall())
         return new
 
     # --- fleet and job state -----------------------------------------------------------------
@@ -174,12 +263,7 @@ class Ingestor:
         triggers = self._by_kind.get(ev.kind)
         if triggers is None:
             return None
-        s = ev.source
-        doc = {
-            "kind": ev.kind.value,
-            "payload": ev.payload,
-            "source": {"node": s.node, "rank": s.rank, "job": s.job},
-        }
+        doc = _doc(ev)
         for book, clause, pred in triggers.candidates(doc):  # by priority, highest first
             if not pred(doc):
                 continue
@@ -320,16 +404,27 @@ class _Triggers:
     def __init__(self, candidates: list[_Candidate]) -> None:
         self.all = candidates
         self.table: dict[object, list[_Candidate]] | None = None
+        self.payload_key: str | None = None
         shared = set.intersection(*(_eq_fields(clause) for _, clause, _ in candidates))
         if not shared:
             return
         gate = min(shared)
         self.read = compile_getter(gate.split("."))
+        # A gate on a top-level payload field (the usual case) is read off the event itself.
+        head, _, key = gate.partition(".")
+        self.payload_key = key if head == "payload" and key and "." not in key else None
         self.table = {}
         for cand in candidates:
             for cond in cand[1].when:
                 if cond.field == gate and cond.op == "eq":
                     self.table.setdefault(cond.value, []).append(cand)
+
+    def may_match(self, ev: Event) -> bool:
+        """Whether any clause can match `ev`: `candidates` without building its document."""
+        if self.table is None:
+            return bool(self.all)
+        value = ev.payload.get(self.payload_key) if self.payload_key else self.read(_doc(ev))
+        return isinstance(value, _GATE_TYPES) and bool(self.table.get(value))
 
     def candidates(self, doc: dict[str, Any]) -> list[_Candidate]:
         if self.table is None:
@@ -346,5 +441,18 @@ def _eq_fields(clause: TriggerClause) -> set[str]:
     }
 
 
-_CHUNK = 1000  # events per INSERT statement (8 parameters each, SQLite allows 32,766)
+_CHUNK = 256  # events per INSERT statement at most (8 parameters each)
+_INSERT_SQL: dict[int, str] = {}
+
+
+def _doc(ev: Event) -> dict[str, Any]:
+    """What trigger conditions read: the event as its JSON shape."""
+    s = ev.source
+    return {
+        "kind": ev.kind.value,
+        "payload": ev.payload,
+        "source": {"node": s.node, "rank": s.rank, "job": s.job},
+    }
+
+
 _VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})

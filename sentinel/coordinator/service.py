@@ -86,27 +86,22 @@ class Service:
             except Exception as e:  # the commit itself failed: nothing of the group is stored
                 outcomes = [e] * len(group)
             opened = False
+            stored = IngestResult()  # counted once per group, not per batch
             for (_, fut), outcome in zip(group, outcomes, strict=True):
                 if isinstance(outcome, BaseException):
                     fut.set_exception(outcome)
                 else:
                     opened |= bool(outcome.opened) or outcome.linked > 0
-                    self.on_ingest(outcome)
+                    stored.accepted += outcome.accepted
+                    stored.duplicates += outcome.duplicates
                     fut.set_result(outcome)
+            self.on_ingest(stored)
             if opened:
                 self._kick.set()
 
     def _commit_group(self, batches: list[EventBatch]) -> list[IngestResult | Exception]:
-        now = self.clock()
-        out: list[IngestResult | Exception] = []
         with self.store.tx():
-            for batch in batches:
-                try:
-                    out.append(self.ingestor.ingest(batch, now))  # a savepoint of its own
-                except Exception as e:
-                    log.exception("ingest failed")
-                    out.append(e)
-        return out
+            return self.ingestor.ingest_group(batches, self.clock())
 
     # --- engine ------------------------------------------------------------------------------
 
