@@ -47,10 +47,16 @@ async def test_admin_token_file_and_unauthenticated_requests(
         ("POST", "/v1/events"),
         ("GET", "/metrics"),
         ("GET", "/v1/commands?job=j"),
+        ("GET", "/v1/no-such-route"),  # an anonymous probe learns nothing about the routes
+        ("DELETE", "/v1/events"),
     ):
         assert (await client.request(method, url)).status == 401
         assert (await client.request(method, url, headers=bearer("snt_x_y"))).status == 401
     assert (await client.get("/v1/incidents", headers=bearer(admin))).status == 200
+    missing = await client.get("/v1/no-such-route", headers=bearer(admin))
+    assert missing.status == 404 and "no such route: /v1/no-such-route" in await missing.text()
+    wrong = await client.delete("/v1/events", headers=bearer(admin))
+    assert wrong.status == 405 and wrong.headers["Allow"] == "POST"
     service = client.app[SERVICE]
     stored = await service.db(service.store.query, "SELECT hash FROM tokens")
     assert admin not in json.dumps(stored)  # only the hash is kept

@@ -257,6 +257,22 @@ async def run_action(request: web.Request) -> web.Response:
     return web.json_response(doc)
 
 
+async def no_route(request: web.Request) -> web.Response:
+    """What no route serves, for an authenticated caller (an anonymous one got 401 first, so a
+    probe learns nothing about which routes exist): 405 where another method would do, else 404."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource is not request.match_info.route.resource:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        return web.json_response(
+            {"error": f"{request.method} is not allowed on {request.path}"},
+            status=405,
+            headers={"Allow": ", ".join(sorted(allowed))},
+        )
+    return _error(404, f"no such route: {request.path}")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -306,4 +322,5 @@ def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.App
     r.add_get("/v1/openapi.json", _authenticated(openapi))
     r.add_get("/healthz", healthz)
     r.add_get("/metrics", _authenticated(metrics_handler))
+    r.add_route("*", "/{tail:.*}", _authenticated(no_route))  # last: only what nothing else serves
     return app
