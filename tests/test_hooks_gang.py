@@ -35,7 +35,10 @@ def _wait(cond, timeout: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_faults_are_found_from_their_signals(tmp_path: Path) -> None:
-    args = ["--steps", "100", "--compute-s", "0.02", "--slow-rank", "2", "--slowdown", "1.05"]
+    # 50 ms of compute a step: on a loaded 2-core CI machine rank 0 (the process that also
+    # hosts the rendezvous store) ran ~1 ms a step slower than its peers, which outranked a 5%
+    # slowdown of a 20 ms step; 5% of 50 ms stands clear of it.
+    args = ["--steps", "100", "--compute-s", "0.05", "--slow-rank", "2", "--slowdown", "1.05"]
     args += ["--spike-step", "50", "--nan-step", "70", "--sdc-rank", "3", "--sdc-every", "50"]
     with fake_agent(tmp_path) as agent:
         outs = wait_all(launch(4, args, _env(agent.path, tmp_path / "fr")))
