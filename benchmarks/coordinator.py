@@ -1,7 +1,8 @@
 """Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
 each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
-loopback, as a real fleet does: every node with its own node token, event ids made the way the
-agent makes them. Fleets grow through the sizes given; past the 2,048-node target they stop at the
+loopback, as a real fleet does: every node on its own keep-alive connection with its own node
+token, event ids made the way the agent makes them. The coordinator is pinned to one core (the
+target is a fleet on one core) and the generator to the others. Fleets grow through the sizes given; past the 2,048-node target they stop at the
 first one whose p99 ack passes 50 ms.
 
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
@@ -69,45 +70,71 @@ def _batch(node: int) -> bytes:
     return json.dumps({"v": 1, "events": [hb, *gpus]}).encode()
 
 
-async def _load(
-    url: str, tokens: list[str], nodes: int, seconds: float
-) -> tuple[list[float], list[float], float]:
-    """(ack latencies, send lateness): lateness is the generator's own lag behind its schedule,
-    which a starved load generator adds to every latency it measures."""
-    import aiohttp
+def _request(token: str, body: bytes) -> bytes:
+    """One HTTP/1.1 POST of a batch, as a node agent sends it on its keep-alive connection."""
+    return (
+        f"POST /v1/events HTTP/1.1\r\nHost: coordinator\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
+
+async def _response(reader: asyncio.StreamReader) -> int:
+    """Read one HTTP/1.1 response; its status code."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return int(head[9:12])
+
+
+async def _load(
+    port: int, tokens: list[str], nodes: int, seconds: float
+) -> tuple[list[float], list[float], float]:
+    """(ack latencies, send lateness, elapsed): lateness is the generator's own lag behind its
+    schedule, which a starved load generator adds to every latency it measures.
+
+    HTTP/1.1 straight over asyncio streams, one keep-alive connection per node as a connected
+    fleet holds them: an HTTP client library's per-request work would take the generator more
+    CPU than the coordinator it measures, on a machine where both share two cores.
+    """
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(nodes)]
     lat: list[float] = []
     late: list[float] = []
-    conn = aiohttp.TCPConnector(limit=512)
-    headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=conn, headers=headers) as s:
-        start = time.perf_counter()
+    start = time.perf_counter()
 
-        async def node(i: int) -> None:
-            auth = {"Authorization": f"Bearer {tokens[i]}"}  # a node speaks only as itself
-            next_t = start + (i / nodes)  # spread the fleet over each second
-            while next_t < start + seconds:
-                await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
-                t0 = time.perf_counter()
-                if t0 >= start + seconds:
-                    break  # a generator that fell behind does not run past the window
-                body = _batch(i)
-                async with s.post(f"{url}/v1/events", data=body, headers=auth) as r:
-                    await r.read()
-                    if r.status == 200 and t0 - start >= WARMUP_S:
-                        lat.append(time.perf_counter() - t0)
-                        late.append(t0 - next_t)
-                next_t += 1.0
+    async def node(i: int) -> None:
+        reader, writer = conns[i]
+        next_t = start + (i / nodes)  # spread the fleet over each second
+        while next_t < start + seconds:
+            await asyncio.sleep(max(0.0, next_t - time.perf_counter()))
+            t0 = time.perf_counter()
+            if t0 >= start + seconds:
+                break  # a generator that fell behind does not run past the window
+            writer.write(_request(tokens[i], _batch(i)))  # a node speaks only as itself
+            status = await _response(reader)
+            if status == 200 and t0 - start >= WARMUP_S:
+                lat.append(time.perf_counter() - t0)
+                late.append(t0 - next_t)
+            next_t += 1.0
+        writer.close()
 
-        await asyncio.gather(*(node(i) for i in range(nodes)))
-        elapsed = time.perf_counter() - start
-    return lat, late, elapsed
+    await asyncio.gather(*(node(i) for i in range(nodes)))
+    return lat, late, time.perf_counter() - start
 
 
-def _loader(url: str, tokens: list[str], nodes: int, seconds: float, q: mp.Queue) -> None:
+def _cores() -> tuple[set[int], set[int]]:
+    """(the coordinator's core, the load generator's): the target is a fleet on one core, and a
+    generator sharing that core would bill the coordinator for its own work."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[-1]}, set(cpus[:-1])) if len(cpus) > 1 else (set(cpus), set(cpus))
+
+
+def _loader(port: int, tokens: list[str], nodes: int, seconds: float, q: mp.Queue) -> None:
     import uvloop  # the generator shares the machine: the less CPU it takes, the better
 
-    q.put(uvloop.run(_load(url, tokens, nodes, seconds)))
+    os.sched_setaffinity(0, _cores()[1])
+
+    q.put(uvloop.run(_load(port, tokens, nodes, seconds)))
 
 
 def _make_tokens(state: Path, nodes: int) -> tuple[str, list[str]]:
@@ -136,10 +163,7 @@ async def _closed_loop(port: int, requests: list[bytes], connections: int = 256)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for data in pending:
             writer.write(data)
-            head = await reader.readuntil(b"\r\n\r\n")
-            refused += not head.startswith(b"HTTP/1.1 200")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
+            refused += await _response(reader) != 200
         writer.close()
 
     await asyncio.gather(*(connection() for _ in range(connections)))
@@ -149,13 +173,10 @@ async def _closed_loop(port: int, requests: list[bytes], connections: int = 256)
 def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_node: int) -> dict:
     import uvloop
 
+    os.sched_setaffinity(0, _cores()[1])
+
     def request(i: int) -> bytes:
-        body = _batch(i % nodes)
-        return (
-            f"POST /v1/events HTTP/1.1\r\nHost: coordinator\r\n"
-            f"Authorization: Bearer {tokens[i % nodes]}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
+        return _request(tokens[i % nodes], _batch(i % nodes))
 
     uvloop.run(_closed_loop(port, [request(i) for i in range(nodes)]))  # every token cached
     requests = [request(i) for i in range(nodes * per_node)]
@@ -247,7 +268,8 @@ def main() -> None:
             f"127.0.0.1:{port}",
             "--state-dir",
             str(state),
-        ]
+        ],
+        preexec_fn=lambda: os.sched_setaffinity(0, _cores()[0]),
     )
     try:
         for _ in range(300):
@@ -269,7 +291,7 @@ def main() -> None:
             hist0 = _server_ack_buckets(url, token)
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
-            loader = mp.Process(target=_loader, args=(url, node_tokens, nodes, args.seconds, q))
+            loader = mp.Process(target=_loader, args=(port, node_tokens, nodes, args.seconds, q))
             loader.start()
             lat, late, elapsed = q.get()
             loader.join()

@@ -153,7 +153,10 @@ class Ingestor:
     def _insert_new(self, events: list[Event], now: float) -> set[str]:
         """Insert every event not stored yet; the ids inserted.
 
-        Chunks of fixed sizes (256, then powers of two) keep the statements few and cached.
+        Chunks of fixed sizes (256, then powers of two) keep the statements few and cached. A
+        chunk all of whose rows went in (the rule: ids are unique) needs no lookup; only one
+        with a replayed or repeated id asks which went in. `events` is a rowid table, so the
+        rows one statement inserts take consecutive rowids ending at the last one inserted.
         """
         new: set[str] = set()
         rows = [  # a kind is a str enum: SQLite stores its value (no Python `.value` call)
@@ -180,12 +183,20 @@ class Ingestor:
             if sql is None:
                 sql = _INSERT_SQL[size] = (
                     "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
-                    " received_at) VALUES "
-                    + ",".join(["(?,?,?,?,?,?,?,?)"] * size)
-                    + " RETURNING id"
+                    " received_at) VALUES " + ",".join(["(?,?,?,?,?,?,?,?)"] * size)
                 )
-            params = tuple(chain.from_iterable(chunk))
-            new.update(r[0] for r in self.store.execute(sql, params).fetchall())
+            cur = self.store.execute(sql, tuple(chain.from_iterable(chunk)))
+            inserted, last = cur.rowcount, cur.lastrowid
+            if inserted == size:
+                new.update(row[0] for row in chunk)
+            elif inserted > 0:
+                new.update(
+                    r["id"]
+                    for r in self.store.query(
+                        "SELECT id FROM events WHERE rowid BETWEEN ? AND ?",
+                        (last - inserted + 1, last),
+                    )
+                )
         return new
 
     # --- fleet and job state -----------------------------------------------------------------
