@@ -1,7 +1,8 @@
 """hook_overhead_ratio: the reference trainer's time per step with every hook on / without.
 
 Primary, in one run: the reference trainer (TP2 x PP2 x DP2, 8 gloo ranks, the demo
-configuration) with `--hooks-interleave BLOCK` alternates blocks of BLOCK steps with every hook
+configuration; `--reference-layout TPxPPxDP` picks another, e.g. 2x1x1 for as many ranks as
+a 2-core machine has cores) with `--hooks-interleave BLOCK` alternates blocks of BLOCK steps with every hook
 on and with the hooks bypassed (no hook call at all), pairs of blocks in a seeded random order,
 the same on every rank, so both arms see the same machine load. The hooks are set up as in a
 supervised run: events to an agent socket (a sink process), flight recorder on with a dump
@@ -129,7 +130,35 @@ def _trimmed_mean(values: list[float], cut: float = 0.02) -> float:
 
 # --- the reference trainer: whole runs, hooks on vs off ----------------------------------------
 
-REFERENCE = ["--tp", "2", "--pp", "2", "--mbs", "2", "--accum", "2", "--quiet"]
+REFERENCE = ["--mbs", "2", "--accum", "2", "--quiet"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The reference trainer's parallel layout; its ranks are one gloo process each."""
+
+    tp: int = 2
+    pp: int = 2
+    dp: int = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        tp, pp, dp = (int(n) for n in text.lower().split("x"))
+        if min(tp, pp, dp) < 1:
+            raise ValueError(text)
+        return cls(tp, pp, dp)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def argv(self) -> list[str]:
+        return [*REFERENCE, "--tp", str(self.tp), "--pp", str(self.pp), "--dp", str(self.dp)]
+
+    def __str__(self) -> str:
+        return f"TP{self.tp} x PP{self.pp} x DP{self.dp}"
+
+
 EXCHANGE_EVERY = 20  # the hooks' default: straggler scores and requests every 20 steps
 SDC_EVERY = 40  # a matmul + parameter SDC check every 40 steps: far more often than a real run
 
@@ -196,8 +225,10 @@ def _hooks_env(out: Path, sock: str) -> dict[str, str]:
     )
 
 
-def reference_run(on: bool, tmp: Path, name: str, steps: int, warmup: int, sock: str) -> dict:
-    """One whole run of the 8-rank reference trainer; its timed window per step."""
+def reference_run(
+    layout: Layout, on: bool, tmp: Path, name: str, steps: int, warmup: int, sock: str
+) -> dict:
+    """One whole run of the reference trainer; its timed window per step."""
     from trainer_hooks.reference.launch import run_gang
 
     out = tmp / name
@@ -206,10 +237,11 @@ def reference_run(on: bool, tmp: Path, name: str, steps: int, warmup: int, sock:
         env.update(_hooks_env(out, sock))
     else:  # the bare trainer: no hooks, and no flight recorder either
         env.update(SENTINEL_HOOKS_ENABLED="0", TORCH_FR_BUFFER_SIZE="0")
-    args = [*REFERENCE, "--steps", str(warmup + steps), "--out", str(out)]
+    args = [*layout.argv(), "--steps", str(warmup + steps), "--out", str(out)]
     args += ["--data-dir", str(tmp / "corpus")]
-    run_gang(8, args, log_dir=out / "logs", timeout=900, env=env, fork=True, entry=timed_rank)
-    windows = [json.loads((out / f"window-{r}.json").read_text()) for r in range(8)]
+    world = layout.world
+    run_gang(world, args, log_dir=out / "logs", timeout=900, env=env, fork=True, entry=timed_rank)
+    windows = [json.loads((out / f"window-{r}.json").read_text()) for r in range(world)]
     return {
         "step_s": statistics.median(w["wall_s"] for w in windows) / steps,
         "cpu_s": sum(w["cpu_s"] for w in windows) / steps,  # the whole gang's CPU per step
@@ -218,7 +250,7 @@ def reference_run(on: bool, tmp: Path, name: str, steps: int, warmup: int, sock:
 
 
 def whole_run_overhead(
-    tmp: Path, sock: str, pairs: int, steps: int, warmup: int, seed: int = 0
+    layout: Layout, tmp: Path, sock: str, pairs: int, steps: int, warmup: int, seed: int = 0
 ) -> dict[str, Any]:
     """Pairs of whole runs, hooks on and off, each pair in a random order; per-pair ratios of
     the timed windows' wall time and the gang's CPU time per step, and their medians."""
@@ -228,7 +260,7 @@ def whole_run_overhead(
         first = rng.random() < 0.5
         for on in (first, not first):
             name = f"pair{i}-{'on' if on else 'off'}"
-            runs[on].append(reference_run(on, tmp, name, steps, warmup, sock))
+            runs[on].append(reference_run(layout, on, tmp, name, steps, warmup, sock))
             r = runs[on][-1]
             print(
                 f"whole run {name}: {r['step_s'] * 1e3:.1f} ms/step, gang CPU "
@@ -290,19 +322,20 @@ def _bootstrap_ci(
 
 
 def interleaved_overhead(
-    tmp: Path, sock: str, steps: int, warmup: int, block: int, seed: int = 0
+    layout: Layout, tmp: Path, sock: str, steps: int, warmup: int, block: int, seed: int = 0
 ) -> dict[str, Any]:
-    """One 8-rank run with `--hooks-interleave block`: the on/off ratios of the gang's time per
+    """One run with `--hooks-interleave block`: the on/off ratios of the gang's time per
     step (the slowest rank's wall time; the gang's CPU time), over the steps after `warmup`."""
     from trainer_hooks.reference.launch import run_gang
 
     out = tmp / "interleaved"
     env = dict(os.environ, OMP_NUM_THREADS="1", **_hooks_env(out, sock))
-    args = [*REFERENCE, "--steps", str(warmup + steps), "--out", str(out)]
+    args = [*layout.argv(), "--steps", str(warmup + steps), "--out", str(out)]
     args += ["--data-dir", str(tmp / "corpus"), "--hooks-interleave", str(block)]
     args += ["--hooks-interleave-seed", str(seed)]
-    run_gang(8, args, log_dir=out / "logs", timeout=1800, env=env, fork=True)
-    recs = [json.loads((out / f"hooks-interleave-{r}.json").read_text()) for r in range(8)]
+    world = layout.world
+    run_gang(world, args, log_dir=out / "logs", timeout=1800, env=env, fork=True)
+    recs = [json.loads((out / f"hooks-interleave-{r}.json").read_text()) for r in range(world)]
     if any(r["on"] != recs[0]["on"] or r["periodic"] != recs[0]["periodic"] for r in recs):
         raise RuntimeError("interleaved run: ranks recorded different schedules")
     idx = [i for i, s in enumerate(recs[0]["steps"]) if s >= warmup]
@@ -374,7 +407,12 @@ def reference_overhead(args: argparse.Namespace) -> dict[str, Any]:
         try:
             t0 = time.monotonic()
             inter = interleaved_overhead(
-                tmp, sock, args.interleaved_steps, args.reference_warmup, args.reference_block
+                args.reference_layout,
+                tmp,
+                sock,
+                args.interleaved_steps,
+                args.reference_warmup,
+                args.reference_block,
             )
             print(
                 f"interleaved: on {inter['interleaved_step_ms_on']} ms/step, off "
@@ -385,11 +423,23 @@ def reference_overhead(args: argparse.Namespace) -> dict[str, Any]:
             whole = {}
             if args.whole_run_pairs:
                 whole = whole_run_overhead(
-                    tmp, sock, args.whole_run_pairs, args.whole_run_steps, args.reference_warmup
+                    args.reference_layout,
+                    tmp,
+                    sock,
+                    args.whole_run_pairs,
+                    args.whole_run_steps,
+                    args.reference_warmup,
                 )
         finally:
             batches, _ = sink.communicate("", timeout=30)
-    return {**inter, **whole, "reference_agent_batches": int(batches.strip() or 0)}
+    layout = args.reference_layout
+    return {
+        **inter,
+        **whole,
+        "reference_layout": str(layout),
+        "reference_ranks": layout.world,
+        "reference_agent_batches": int(batches.strip() or 0),
+    }
 
 
 def main() -> None:
@@ -414,6 +464,13 @@ def main() -> None:
         "--whole-run-steps", type=int, default=None, help="timed steps per whole run (60)"
     )
     p.add_argument("--reference-warmup", type=int, default=6, help="untimed steps per run")
+    p.add_argument(
+        "--reference-layout",
+        type=Layout.parse,
+        default=Layout(),
+        metavar="TPxPPxDP",
+        help="the reference trainer's layout (2x2x2: 8 ranks, the demo's)",
+    )
     args = p.parse_args()
     quick = args.quick
     if quick:
