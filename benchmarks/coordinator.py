@@ -7,7 +7,7 @@ first one whose p99 ack passes 50 ms.
 
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
 cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step. Each
-step also reports the coordinator's own parse-to-commit time (`server_ack_ms_p*_le`, the upper
+step also reports the coordinator's own receive-to-commit time (`server_ack_ms_p*_le`, the upper
 bound of its histogram bucket), how far the load generator fell behind its schedule
 (`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
 inflates every latency it measures.
@@ -203,7 +203,7 @@ def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_no
 
 
 def _server_ack_buckets(url: str, token: str) -> dict[float, float]:
-    """Cumulative counts of the coordinator's own parse-to-commit histogram."""
+    """Cumulative counts of the coordinator's own receive-to-commit histogram."""
     req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         text = r.read().decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import stat
@@ -108,6 +109,24 @@ async def test_bad_requests_are_refused_whole(client: TestClient) -> None:
     assert await events.json() == []  # nothing of the refused batches was written
     service = client.app[SERVICE]
     assert (await service.db(service.store.one, "SELECT COUNT(*) n FROM events"))["n"] == 0
+
+
+async def test_batches_decoded_in_one_group_fail_alone(client: TestClient) -> None:
+    """Batches that arrive together are decoded together before their shared commit: a
+    malformed or forbidden one is refused with its own reason and the others are stored."""
+    node1 = bearer(await make_token(client, Role.NODE, node="node-1"))
+    mine = [encode(EventBatch(events=[xid("node-1", gpu=g)])) for g in range(3)]
+    other = encode(EventBatch(events=[xid("node-2")]))
+    sent = [mine[0], b"{nope", other, mine[1], b'{"v": 1, "events": 3}', mine[2]]
+    replies = await asyncio.gather(
+        *(client.post("/v1/events", data=d, headers=node1) for d in sent)
+    )
+    assert [r.status for r in replies] == [200, 400, 403, 200, 422, 200]
+    assert "cannot report as node 'node-2'" in (await replies[2].json())["error"]
+    assert "events: Input should be a valid list" in (await replies[4].json())["error"]
+    service = client.app[SERVICE]
+    rows = await service.db(service.store.query, "SELECT node FROM events")
+    assert [r["node"] for r in rows] == ["node-1"] * 3
 
 
 async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:

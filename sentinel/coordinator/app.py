@@ -22,8 +22,8 @@ from sentinel.coordinator import queries
 from sentinel.coordinator.auth import Principal
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.openapi import openapi_document
-from sentinel.coordinator.service import Service
-from sentinel.protocol import ProtocolError, decode_batch, format_validation_error
+from sentinel.coordinator.service import Refused, Service
+from sentinel.protocol import ProtocolError, format_validation_error
 
 SERVICE = web.AppKey("service", Service)
 PRINCIPAL = web.RequestKey("principal", Principal)
@@ -85,19 +85,17 @@ def _reader(request: web.Request) -> Principal:
 async def post_events(request: web.Request) -> web.Response:
     service, metrics = request.app[SERVICE], request.app[METRICS]
     body = await request.read()
+    t0 = time.perf_counter()
     try:
-        batch = decode_batch(body)
+        result = await service.ingest(body, _principal(request).may_report_all)
     except ProtocolError as e:
         msg = str(e)
         status = 400 if msg.startswith(("not valid JSON", "expected a JSON object")) else 422
         metrics.rejected.labels(code=str(status)).inc()
         return _error(status, msg)
-    refusal = _principal(request).may_report_all(batch.events)
-    if refusal:
+    except Refused as e:
         metrics.rejected.labels(code="403").inc()
-        return _error(403, refusal)
-    t0 = time.perf_counter()
-    result = await service.ingest(batch)
+        return _error(403, str(e))
     metrics.observe_batch(result, time.perf_counter() - t0)
     opened = ",".join(map(str, result.opened))
     return web.Response(

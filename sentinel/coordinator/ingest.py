@@ -189,7 +189,7 @@ class Ingestor:
             inserted, last = cur.rowcount, cur.lastrowid
             if inserted == size:
                 new.update(row[0] for row in chunk)
-            elif inserted > 0:
+            elif inserted > 0 and last is not None:
                 new.update(
                     r["id"]
                     for r in self.store.query(
