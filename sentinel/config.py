@@ -96,6 +96,10 @@ class CoordinatorConfig(StrictModel):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     long_poll_max_s: float = Field(default=30.0, gt=0)
     engine_tick_s: float = Field(default=0.2, gt=0)
+    # Group commit: a batch waits at most this long for others to share its commit. Each
+    # commit costs ~0.2 ms of CPU whatever it holds; batches spread over the second (a paced
+    # fleet) would otherwise commit one or two at a time.
+    commit_window_s: float = Field(default=0.005, ge=0, le=1.0)
     step_timeout_s: float = Field(default=600.0, gt=0)
 
 

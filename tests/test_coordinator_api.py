@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import stat
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from coord_util import cfg, xid
+from prometheus_client import generate_latest
 
 from sentinel.coordinator.app import SERVICE, build_app
 from sentinel.coordinator.auth import Role
+from sentinel.coordinator.metrics import Metrics
 from sentinel.protocol import EventBatch, encode
 
 
@@ -127,6 +130,53 @@ async def test_batches_decoded_in_one_group_fail_alone(client: TestClient) -> No
     service = client.app[SERVICE]
     rows = await service.db(service.store.query, "SELECT node FROM events")
     assert [r["node"] for r in rows] == ["node-1"] * 3
+
+
+async def test_batches_inside_the_commit_window_share_one_commit(tmp_path: Path) -> None:
+    """A batch waits up to `commit_window_s` for others: two batches 0.1 s apart inside a
+    0.3 s window are committed together, and the first is acknowledged once the window ends."""
+    async with TestClient(TestServer(build_app(cfg(tmp_path, commit_window_s=0.3)))) as client:
+        service = client.app[SERVICE]
+        groups: list[int] = []
+        commit = service._commit_group
+
+        def counted(batches: list) -> list:
+            groups.append(len(batches))
+            return commit(batches)
+
+        service._commit_group = counted  # type: ignore[method-assign]
+        h = bearer(await make_token(client, Role.ADMIN))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def post(node: str) -> tuple[int, float]:
+            r = await client.post(
+                "/v1/events", data=encode(EventBatch(events=[xid(node)])), headers=h
+            )
+            return r.status, loop.time() - t0
+
+        first = asyncio.create_task(post("node-1"))
+        await asyncio.sleep(0.1)
+        second = await post("node-2")
+        first_status, first_acked = await first
+        assert (first_status, second[0]) == (200, 200)
+        assert groups == [2]
+        assert 0.3 <= first_acked < 3.0
+
+
+def test_gc_pauses_are_exported_by_generation() -> None:
+    metrics = Metrics()
+    try:
+        gc.collect()
+        text = generate_latest(metrics.registry).decode()
+        full = re.search(
+            r'sentinel_coordinator_gc_pause_seconds_count\{generation="2"\} (\S+)', text
+        )
+        assert full is not None and float(full[1]) >= 1.0
+        assert 'sentinel_coordinator_gc_pause_seconds_bucket{generation="0",le="+Inf"}' in text
+    finally:
+        metrics.close()
+    assert metrics.gc_pauses._on_gc not in gc.callbacks
 
 
 async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:

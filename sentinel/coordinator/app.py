@@ -299,6 +299,7 @@ def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.App
         await svc.start()
 
     async def on_cleanup(app: web.Application) -> None:
+        app[METRICS].close()
         await app[SERVICE].stop()
 
     app.on_startup.append(on_startup)

@@ -6,11 +6,12 @@ wholly stored with everything it caused, or not at all.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic_core import to_json
 
@@ -172,22 +173,13 @@ class Ingestor:
             )
             for ev in events
         ]
-        start = 0
-        while start < len(rows):
-            size = _CHUNK
-            while size > len(rows) - start:
-                size //= 2
-            chunk = rows[start : start + size]
-            start += size
-            sql = _INSERT_SQL.get(size)
-            if sql is None:
-                sql = _INSERT_SQL[size] = (
-                    "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload,"
-                    " received_at) VALUES " + ",".join(["(?,?,?,?,?,?,?,?)"] * size)
-                )
-            cur = self.store.execute(sql, tuple(chain.from_iterable(chunk)))
+        for chunk in _chunks(rows):
+            cur = self.store.execute(
+                _values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk)),
+                tuple(chain.from_iterable(chunk)),
+            )
             inserted, last = cur.rowcount, cur.lastrowid
-            if inserted == size:
+            if inserted == len(chunk):
                 new.update(row[0] for row in chunk)
             elif inserted > 0 and last is not None:
                 new.update(
@@ -202,12 +194,13 @@ class Ingestor:
     # --- fleet and job state -----------------------------------------------------------------
 
     def _track_nodes(self, nodes: dict[str, str | None], now: float) -> None:
-        if nodes:
-            self.store.executemany(
-                "INSERT INTO nodes (name, last_seen, verdict, state) VALUES (?,?,?,'active')"
-                " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
-                " verdict=COALESCE(excluded.verdict, nodes.verdict)",
-                [(node, now, verdict) for node, verdict in nodes.items()],
+        # One statement per chunk, not one step per node: every statement the store thread runs
+        # hands the GIL back and forth with the event loop, which costs most under load.
+        rows = [(node, now, verdict) for node, verdict in nodes.items()]
+        for chunk in _chunks(rows):
+            self.store.execute(
+                _values_sql(_UPSERT_NODES, "(?,?,?,'active')", len(chunk), _UPSERT_NODES_TAIL),
+                tuple(chain.from_iterable(chunk)),
             )
 
     def _track_job(self, ev: Event, now: float) -> None:
@@ -452,8 +445,33 @@ def _eq_fields(clause: TriggerClause) -> set[str]:
     }
 
 
-_CHUNK = 256  # events per INSERT statement at most (8 parameters each)
-_INSERT_SQL: dict[int, str] = {}
+_CHUNK = 256  # rows per INSERT statement at most (8 parameters each for events)
+_INSERT_EVENTS = (
+    "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload, received_at) VALUES "
+)
+_UPSERT_NODES = "INSERT INTO nodes (name, last_seen, verdict, state) VALUES "
+_UPSERT_NODES_TAIL = (
+    " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
+    " verdict=COALESCE(excluded.verdict, nodes.verdict)"
+)
+_T = TypeVar("_T")
+
+
+def _chunks(rows: list[_T]) -> Iterator[list[_T]]:
+    """`rows` in chunks of fixed sizes (256, then powers of two): few statements, each of a
+    size seen before, so SQLite's statement cache keeps them prepared."""
+    start = 0
+    while start < len(rows):
+        size = _CHUNK
+        while size > len(rows) - start:
+            size //= 2
+        yield rows[start : start + size]
+        start += size
+
+
+@functools.cache
+def _values_sql(head: str, row: str, size: int, tail: str = "") -> str:
+    return head + ",".join([row] * size) + tail
 
 
 def _doc(ev: Event) -> dict[str, Any]:

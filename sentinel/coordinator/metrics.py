@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import gc
+import time
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -81,6 +83,59 @@ class IncidentHistory:
         )
 
 
+GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class GcPauses:
+    """How long Python's cyclic collector stopped the coordinator, by generation: a full pass
+    over a large heap stalls every acknowledgement behind it.
+
+    Counted from `gc.callbacks` into plain lists, exported at scrape time: a collection can start
+    inside any allocation, including one made while a prometheus_client metric holds its lock.
+    """
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._buckets = [[0] * len(GC_PAUSE_BUCKETS) for _ in range(3)]
+        self._count = [0, 0, 0]
+        self._sum = [0.0, 0.0, 0.0]
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause, gen = time.perf_counter() - self._started, info["generation"]
+        self._count[gen] += 1
+        self._sum[gen] += pause
+        buckets = self._buckets[gen]
+        for i, bound in enumerate(GC_PAUSE_BUCKETS):
+            if pause <= bound:
+                buckets[i] += 1
+
+    def close(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(
+            "sentinel_coordinator_gc_pause_seconds",
+            "pauses of Python's cyclic garbage collector in the coordinator, by generation",
+            labels=["generation"],
+        )
+        for gen in range(3):
+            cumulative = [
+                (str(b), float(n))
+                for b, n in zip(GC_PAUSE_BUCKETS, self._buckets[gen], strict=True)
+            ]
+            fam.add_metric(
+                [str(gen)],
+                [*cumulative, ("+Inf", float(self._count[gen]))],
+                sum_value=self._sum[gen],
+            )
+        yield fam
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -110,6 +165,11 @@ class Metrics:
         )
         self.history = IncidentHistory()
         r.register(self.history)
+        self.gc_pauses = GcPauses()
+        r.register(self.gc_pauses)
+
+    def close(self) -> None:
+        self.gc_pauses.close()
 
     def count_ingest(self, result: IngestResult) -> None:
         self._accepted.inc(result.accepted)

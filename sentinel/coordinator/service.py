@@ -2,8 +2,10 @@
 
 All store access runs in one thread (`Service.db`), so SQLite sees one writer and the event loop
 keeps parsing requests while a commit waits for the disk. Batches that arrive together share
-one commit (group commit); each is its own savepoint, so one bad batch fails alone. They are
-decoded together too, one after another just before their commit: decoded each in its own
+one commit (group commit); each is its own savepoint, so one bad batch fails alone. A batch
+waits up to `commit_window_s` for others to join its group: a commit costs about as much CPU as
+ten plain batches' rows, and a paced fleet's batches arrive one at a time. They are decoded
+together too, one after another just before their commit: decoded each in its own
 request, between the rest of that request's work, a batch took 2.5x the CPU (190 against
 75 µs), its validators evicted from the core's caches every time.
 """
@@ -60,6 +62,7 @@ class Service:
         self.engine = Engine(self.store, self.playbooks, cfg, make_backend(cfg), clock)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-store")
         self._pending: list[_Pending] = []
+        self._group_opened = 0.0  # loop time the oldest pending batch arrived
         self._flushing: asyncio.Task[None] | None = None
         self._kick = asyncio.Event()
         self.commands_changed = asyncio.Condition()
@@ -90,14 +93,23 @@ class Service:
         """Decode, check and store a batch; returns once it is committed (durable), which is
         when the API acknowledges. Raises `ProtocolError` for a malformed batch and `Refused`
         for one with an event `may_report` refuses; neither stores anything."""
-        fut: asyncio.Future[IngestResult] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[IngestResult] = loop.create_future()
+        if not self._pending:
+            self._group_opened = loop.time()
         self._pending.append(_Pending(body, may_report, fut))
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.create_task(self._flush())
         return await fut
 
     async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._pending:
+            # The window runs from the oldest batch's arrival: one that waited through the last
+            # commit goes into the next at once.
+            wait = self._group_opened + self.cfg.commit_window_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
             group, self._pending = self._pending, []
             batches, futs = _decode_group(group)
             if not batches:
