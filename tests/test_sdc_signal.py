@@ -21,9 +21,9 @@ class Gang:
     def gather(self, values: Sequence[float]) -> list[list[float]]:
         return [list(values)] * self.world
 
-    def gather_digests(self, digest: str) -> list[str]:
-        others = "0" * 30 if self.odd else digest
-        return [digest if r == self.rank else others for r in range(self.world)]
+    def gather_digests(self, digests: Sequence[str]) -> list[list[str]]:
+        others = ["0" * 30] * len(digests) if self.odd else list(digests)
+        return [list(digests) if r == self.rank else others for r in range(self.world)]
 
 
 def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path: Path) -> None:

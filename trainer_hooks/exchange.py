@@ -33,10 +33,12 @@ class GangExchange:
         dist.all_gather(out, t, group=self.group)
         return [o.tolist() for o in out]
 
-    def gather_digests(self, digest: str) -> list[str]:
+    def gather_digests(self, digests: Sequence[str]) -> list[list[str]]:
+        """Every rank's digests (the same number on every rank), in one `all_gather`: each
+        collective waits for the gang's slowest rank, so an SDC check makes only one."""
         if not self.active:
-            return [digest]
-        t = torch.tensor(digest_to_ints(digest), dtype=torch.int64)
+            return [list(digests)]
+        t = torch.tensor([digest_to_ints(d) for d in digests], dtype=torch.int64)
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t, group=self.group)
-        return [ints_to_digest(o.tolist()) for o in out]
+        return [[ints_to_digest(row) for row in o.tolist()] for o in out]

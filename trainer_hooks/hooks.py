@@ -340,8 +340,12 @@ class SentinelHooks:
         cfg = self.config
         requested, self._sdc_check_id = self._sdc_check_id, None
         check_id = requested or f"sdc-{step}"
-        local = sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)
-        digests = self.exchange.gather_digests(local)
+        local = [sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)]
+        model = self.model if cfg.sdc_params else None
+        if model is not None:
+            local.append(sdc.param_digest(model))
+        rows = self.exchange.gather_digests(local)
+        digests = [row[0] for row in rows]
         top, bad = sdc.majority(digests)
         me = self.exchange.rank
         # Corruption that struck after the last check every rank passed may have spread into
@@ -360,8 +364,8 @@ class SentinelHooks:
             ),
         )
         clean = top is not None and not bad
-        if self.model is not None and cfg.sdc_params:
-            clean = self._param_check(step, check_id, since) and clean
+        if model is not None:
+            clean = self._param_check(step, check_id, since, [row[1] for row in rows]) and clean
         if clean:
             self._sdc_clean_step = step
 
@@ -371,10 +375,9 @@ class SentinelHooks:
             return self._sdc_clean_step + 1
         return self._first_step
 
-    def _param_check(self, step: int, check_id: str, since: int | None) -> bool:
-        """Compare replicas' parameter digests; False when some replica disagrees."""
-        assert self.model is not None
-        digests = self.exchange.gather_digests(sdc.param_digest(self.model))
+    def _param_check(self, step: int, check_id: str, since: int | None, digests: list[str]) -> bool:
+        """Compare replicas' parameter digests (every rank's, by rank); False when some
+        replica disagrees."""
         groups = self.replica_groups or [list(range(len(digests)))]
         me = self.exchange.rank
         clean = True
