@@ -100,6 +100,9 @@ class CoordinatorConfig(StrictModel):
     # commit costs ~0.2 ms of CPU whatever it holds; batches spread over the second (a paced
     # fleet) would otherwise commit one or two at a time.
     commit_window_s: float = Field(default=0.005, ge=0, le=1.0)
+    # Events no incident holds are deleted this long after they arrived (a week). A replay
+    # older than this is stored again, and no trigger window may be longer.
+    event_retention_s: float = Field(default=7 * 86400.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
 
 

@@ -19,9 +19,12 @@ from sentinel.coordinator.incidents import (
 )
 from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
+from sentinel.coordinator.retention import IDLE_CHECK_S, EventPruner
+from sentinel.coordinator.service import Service
 from sentinel.coordinator.store import MIGRATIONS, Store
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
+    AgentHeartbeatPayload,
     Event,
     EventBatch,
     EventKind,
@@ -415,3 +418,39 @@ def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(tmp_path
     assert out[0].accepted == 1 and isinstance(out[1], Exception)  # type: ignore[union-attr]
     assert store.one("SELECT COUNT(*) n FROM events WHERE node IN ('node-8','node-9')")["n"] == 1
     assert store.one("SELECT 1 AS x FROM nodes WHERE name='node-9'") is None
+
+
+def heartbeat(node: str) -> Event:
+    payload = AgentHeartbeatPayload(gpus=8, verdict=Verdict.HEALTHY, agent_version="t")
+    return make_event(EventKind.AGENT_HEARTBEAT, Source(node=node), payload)
+
+
+def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
+    tmp_path: Path,
+) -> None:
+    store, ingest, _, clock = setup(tmp_path)
+    week = 7 * 86400.0
+    old_beats = [heartbeat(f"node-{i}") for i in range(5)]
+    ingest.ingest(EventBatch(events=[*old_beats, xid("node-1")]), clock())  # the xid: an incident
+    clock.t += 60
+    ingest.ingest(EventBatch(events=[heartbeat("node-0")]), clock())
+    pruned: list[int] = []
+    pruner = EventPruner(store, week, chunk=2, on_prune=pruned.append)
+    assert pruner.maybe_prune(clock.t) == 0  # nothing is a week old yet
+    assert pruner._next_at == clock.t + IDLE_CHECK_S  # no backlog: look again later
+    clock.t += week - 30  # the first batch is past the retention, the second is not
+    for _ in range(10):  # a backlog is worked off pass after pass, two rows at a time
+        pruner.maybe_prune(clock.t)
+        if pruner._next_at > clock.t:
+            break
+    assert sum(pruned) == 5 and max(pruned) <= 2
+    kinds = [r["kind"] for r in store.query("SELECT kind FROM events ORDER BY rowid")]
+    assert kinds == ["gpu.xid", "agent.heartbeat"]  # the incident's event and the newer one
+    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
+    # A replay of a pruned event is new again (why no trigger window may outlast retention).
+    assert ingest.ingest(EventBatch(events=old_beats[:1]), clock()).accepted == 1
+
+
+def test_a_trigger_window_longer_than_the_retention_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlaybookError, match=r"rank_crash_repeat: trigger window 3600 s"):
+        Service(cfg(tmp_path, event_retention_s=600))

@@ -296,6 +296,7 @@ def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.App
         app[SERVICE] = svc
         app[METRICS] = Metrics()
         svc.on_ingest = app[METRICS].count_ingest
+        svc.pruner.on_prune = app[METRICS].pruned.inc
         await svc.start()
 
     async def on_cleanup(app: web.Application) -> None:

@@ -148,6 +148,11 @@ class Metrics:
         self._duplicates = self.events.labels(result="duplicate")
         self.batches = Counter(f"{p}batches", "event batches acknowledged", registry=r)
         self.rejected = Counter(f"{p}rejected_batches", "batches refused", ["code"], registry=r)
+        self.pruned = Counter(
+            f"{p}events_pruned",
+            "events deleted past the retention (events an incident holds are kept)",
+            registry=r,
+        )
         self.ack_seconds = Histogram(
             f"{p}ack_seconds",
             "from a received batch to its durable ack (decoding, checks and commit)",

@@ -10,7 +10,7 @@ trigger:                       # any clause matching opens (or joins) the incide
     when:
       - {field: payload.xid, op: in, value: [48, 79]}
     min_count: 1               # this many matching events from the same node ...
-    window_s: 0                # ... within this window (0: no window)
+    window_s: 0                # ... within this window (0: within the event retention)
 steps:                         # run in order; each step's state is persisted
   - {action: evict_node, params: {reason: "GPU hardware fault"}}
   - {action: resume}

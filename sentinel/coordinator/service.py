@@ -26,7 +26,13 @@ from sentinel.coordinator.actions import make_backend
 from sentinel.coordinator.auth import TokenStore
 from sentinel.coordinator.engine import Engine
 from sentinel.coordinator.ingest import Ingestor, IngestResult
-from sentinel.coordinator.playbooks import Playbook, default_playbooks_dir, load_playbooks
+from sentinel.coordinator.playbooks import (
+    Playbook,
+    PlaybookError,
+    default_playbooks_dir,
+    load_playbooks,
+)
+from sentinel.coordinator.retention import EventPruner, windows_past_retention
 from sentinel.coordinator.store import Store
 from sentinel.protocol import Event, EventBatch, ProtocolError, decode_batch
 
@@ -55,11 +61,15 @@ class Service:
         self.playbooks: list[Playbook] = load_playbooks(
             cfg.playbooks_dir or default_playbooks_dir()
         )
+        too_long = windows_past_retention(self.playbooks, cfg.event_retention_s)
+        if too_long:
+            raise PlaybookError(too_long)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.state_dir / STORE_FILE)
         self.tokens = TokenStore(self.store)
         self.ingestor = Ingestor(self.store, self.playbooks, cfg)
         self.engine = Engine(self.store, self.playbooks, cfg, make_backend(cfg), clock)
+        self.pruner = EventPruner(self.store, cfg.event_retention_s)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-store")
         self._pending: list[_Pending] = []
         self._group_opened = 0.0  # loop time the oldest pending batch arrived
@@ -156,6 +166,7 @@ class Service:
 
     def _tick(self) -> int:
         self.tokens.drop_cache_if_changed()
+        self.pruner.maybe_prune(self.clock())
         return self.engine.tick()
 
     def _has_undelivered(self) -> bool:
