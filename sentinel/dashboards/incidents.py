@@ -172,6 +172,10 @@ def build() -> JSON:
                 f"sum by (code) (rate(sentinel_coordinator_rejected_batches_total{{{INST}}}[$__rate_interval]))",
                 "rejected {{code}}",
             ),
+            Query(
+                f"sum(rate(sentinel_coordinator_events_pruned_total{{{INST}}}[$__rate_interval]))",
+                "pruned (past retention)",
+            ),
         ],
         "ops",
         ((None, "green"),),
@@ -181,12 +185,17 @@ def build() -> JSON:
     d.add(
         "timeseries",
         "Ingest acknowledgement latency (p99)",
-        "From a parsed batch to its durable acknowledgement.",
+        "From a parsed batch to its durable acknowledgement; beside it the garbage collector's"
+        " pauses, which stall every request behind them.",
         [
             Query(
                 f"histogram_quantile(0.99, sum by (le) (rate(sentinel_coordinator_ack_seconds_bucket{{{INST}}}[$__rate_interval])))",
                 "p99",
-            )
+            ),
+            Query(
+                f"histogram_quantile(0.99, sum by (le) (rate(sentinel_coordinator_gc_pause_seconds_bucket{{{INST}}}[$__rate_interval])))",
+                "GC pause p99",
+            ),
         ],
         "s",
         ((None, "green"), (0.1, "orange"), (1, "red")),
