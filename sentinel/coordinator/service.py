@@ -166,7 +166,10 @@ class Service:
 
     def _tick(self) -> int:
         self.tokens.drop_cache_if_changed()
-        self.pruner.maybe_prune(self.clock())
+        try:
+            self.pruner.maybe_prune(self.clock())
+        except Exception:  # retention is housekeeping: incidents go on being handled
+            log.exception("pruning old events failed")
         return self.engine.tick()
 
     def _has_undelivered(self) -> bool:
