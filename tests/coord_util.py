@@ -10,9 +10,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
+from sentinel.coordinator.front import IngestSite
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     Event,
@@ -134,3 +141,30 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:  # t
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class FrontClient:
+    """What the API tests use of aiohttp's `TestClient` (`get`, `post`, `request`, `app`),
+    against the app served the way `sentinel coordinator` serves it: behind the ingest fast
+    path (`sentinel.coordinator.front`)."""
+
+    def __init__(self, app: web.Application, session: aiohttp.ClientSession) -> None:
+        self.app = app
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+@asynccontextmanager
+async def serve_front(app: web.Application) -> AsyncIterator[tuple[IngestSite, FrontClient]]:
+    """Serve `app` behind the ingest fast path on a free loopback port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = IngestSite(runner, "127.0.0.1", 0)
+    try:
+        await site.start()
+        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{site.port}") as session:
+            yield site, FrontClient(app, session)
+    finally:
+        await runner.cleanup()

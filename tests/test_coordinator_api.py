@@ -1,4 +1,6 @@
-"""The HTTP API in process (aiohttp test server): auth rules, precise errors, no partial writes."""
+"""The HTTP API in process: auth rules, precise errors, no partial writes. Each test runs twice:
+on aiohttp's test server (every request through aiohttp) and behind the ingest fast path, as
+`sentinel coordinator` serves it (event batches answered past aiohttp)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from coord_util import cfg, xid
+from coord_util import cfg, serve_front, xid
 from prometheus_client import generate_latest
 
 from sentinel.coordinator.app import SERVICE, build_app
@@ -21,11 +23,15 @@ from sentinel.coordinator.metrics import Metrics
 from sentinel.protocol import EventBatch, encode
 
 
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
+@pytest.fixture(params=["aiohttp", "fast path"])
+async def client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TestClient]:
     app = build_app(cfg(tmp_path, max_body_bytes=64 * 1024))
-    async with TestClient(TestServer(app)) as c:
-        yield c
+    if request.param == "aiohttp":
+        async with TestClient(TestServer(app)) as c:
+            yield c
+    else:
+        async with serve_front(app) as (_site, front):
+            yield front  # type: ignore[misc]
 
 
 def bearer(token: str) -> dict[str, str]:

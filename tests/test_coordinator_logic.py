@@ -10,6 +10,7 @@ import pytest
 from coord_util import ROOT, cfg, crash, job_status, xid
 
 from sentinel.coordinator.actions import make_backend
+from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.engine import RUN_TRANSITIONS, Engine, RunState, check_run_transition
 from sentinel.coordinator.incidents import (
     TRANSITIONS,
@@ -79,6 +80,19 @@ def test_schema_is_versioned(tmp_path: Path) -> None:
     assert store.one("PRAGMA journal_mode")["journal_mode"] == "wal"
     store.close()
     assert Store(tmp_path / "c.db").migrate() == len(MIGRATIONS)  # reopening is a no-op
+
+
+def test_a_token_id_already_taken_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = TokenStore(Store(tmp_path / "c.db"))
+    draws = iter(["0000beef", "0000beef", "0000beef", "0000cafe"])
+    monkeypatch.setattr("secrets.token_hex", lambda _n: next(draws))
+    first = tokens.create(Role.NODE, node="node-1")
+    second = tokens.create(Role.NODE, node="node-2")  # met the first's id twice, then a new one
+    assert (first[0], second[0]) == ("0000beef", "0000cafe")
+    assert tokens.authenticate(f"Bearer {first[1]}").node == "node-1"  # type: ignore[union-attr]
+    assert tokens.authenticate(f"Bearer {second[1]}").node == "node-2"  # type: ignore[union-attr]
 
 
 def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path: Path) -> None:

@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     import gc
 
     import uvloop
-    from aiohttp import web
 
     from sentinel.coordinator.app import build_app
+    from sentinel.coordinator.front import serve
     from sentinel.coordinator.playbooks import PlaybookError
     from sentinel.coordinator.service import Service
 
@@ -76,15 +76,8 @@ def run(args: argparse.Namespace) -> int:
     # found no cycle, and fed full passes over every connection's objects (~40 ms each on a
     # slow core, a stall of every acknowledgement). At 20,000 the bursts pass under it.
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-    web.run_app(
-        build_app(cfg, service),
-        # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
-        # scale the requests themselves are much of what the coordinator does.
-        loop=uvloop.new_event_loop(),
-        host=host,
-        port=port,
-        print=None,
-        handle_signals=True,
-        access_log=None,
-    )
+    # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
+    # scale the requests themselves are much of what the coordinator does, which is also why
+    # event batches take a fast path past aiohttp (sentinel.coordinator.front).
+    uvloop.run(serve(build_app(cfg, service), host, port))
     return ExitCode.OK

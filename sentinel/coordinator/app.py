@@ -39,6 +39,23 @@ def _principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
 
+UNAUTHENTICATED = "missing or invalid bearer token"
+CHALLENGE = 'Bearer realm="sentinel"'
+
+
+async def authenticate(service: Service, header: str | None) -> Principal | None:
+    """The principal a bearer token names; None when it names none. Cached tokens cost no trip
+    to the store thread."""
+    principal = service.tokens.cached(header)
+    if principal is None:
+        principal = await service.db(service.tokens.authenticate, header)
+    return principal
+
+
+def too_large(limit: int, detail: str) -> str:
+    return f"request body over the {limit} byte limit ({detail})"
+
+
 def _authenticated(handler: Handler) -> Handler:
     """Every route but `/healthz` is wrapped in this: the bearer token names the principal.
 
@@ -48,23 +65,16 @@ def _authenticated(handler: Handler) -> Handler:
 
     async def check(request: web.Request) -> web.StreamResponse:
         service = request.app[SERVICE]
-        header = request.headers.get("Authorization")
-        principal = service.tokens.cached(header)
-        if principal is None:
-            principal = await service.db(service.tokens.authenticate, header)
+        principal = await authenticate(service, request.headers.get("Authorization"))
         if principal is None:
             return web.json_response(
-                {"error": "missing or invalid bearer token"},
-                status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="sentinel"'},
+                {"error": UNAUTHENTICATED}, status=401, headers={"WWW-Authenticate": CHALLENGE}
             )
         request[PRINCIPAL] = principal
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as e:
-            return _error(
-                413, f"request body over the {service.cfg.max_body_bytes} byte limit ({e.text})"
-            )
+            return _error(413, too_large(service.cfg.max_body_bytes, e.text or "too large"))
 
     return check
 
@@ -82,27 +92,40 @@ def _reader(request: web.Request) -> Principal:
 # --- ingest ----------------------------------------------------------------------------------
 
 
-async def post_events(request: web.Request) -> web.Response:
-    service, metrics = request.app[SERVICE], request.app[METRICS]
-    body = await request.read()
+async def answer_batch(
+    service: Service, metrics: Metrics, principal: Principal, body: bytes
+) -> tuple[int, bytes]:
+    """(status, JSON body) for a batch posted by `principal`: what `POST /v1/events` answers,
+    through aiohttp or the ingest fast path (`sentinel.coordinator.front`) alike."""
     t0 = time.perf_counter()
     try:
-        result = await service.ingest(body, _principal(request).may_report_all)
+        result = await service.ingest(body, principal.may_report_all)
     except ProtocolError as e:
         msg = str(e)
         status = 400 if msg.startswith(("not valid JSON", "expected a JSON object")) else 422
         metrics.rejected.labels(code=str(status)).inc()
-        return _error(status, msg)
+        return status, error_body(msg)
     except Refused as e:
         metrics.rejected.labels(code="403").inc()
-        return _error(403, str(e))
+        return 403, error_body(str(e))
     metrics.observe_batch(result, time.perf_counter() - t0)
     opened = ",".join(map(str, result.opened))
-    return web.Response(
-        body=f'{{"accepted":{result.accepted},"duplicates":{result.duplicates},'
-        f'"incidents_opened":[{opened}]}}'.encode(),
-        content_type="application/json",
+    return 200, (
+        f'{{"accepted":{result.accepted},"duplicates":{result.duplicates},'
+        f'"incidents_opened":[{opened}]}}'.encode()
     )
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+async def post_events(request: web.Request) -> web.Response:
+    body = await request.read()
+    status, answer = await answer_batch(
+        request.app[SERVICE], request.app[METRICS], _principal(request), body
+    )
+    return web.Response(body=answer, status=status, content_type="application/json")
 
 
 # --- commands (long-poll) --------------------------------------------------------------------

@@ -19,6 +19,8 @@ from sentinel.protocol import Event
 
 ADMIN_TOKEN_FILE = "admin.token"
 
+ID_DRAWS = 8
+
 
 class Role(StrEnum):
     NODE = "node"
@@ -121,14 +123,20 @@ class TokenStore:
             raise ValueError("a job token needs --job ID")
         if role not in (Role.NODE, Role.JOB) and (node or job):
             raise ValueError(f"a {role} token is not scoped to a node or job")
-        token_id = secrets.token_hex(4)
-        secret = f"snt_{token_id}_{secrets.token_urlsafe(32)}"
-        with self.store.tx():
-            self.store.execute(
-                "INSERT INTO tokens (id, hash, role, node, job, created_at) VALUES (?,?,?,?,?,?)",
-                (token_id, hash_token(secret), role, node, job, now),
-            )
-        return token_id, secret
+        # Ids are 32 bits: among a large fleet's tokens two draws can meet (~0.2% at 4,096
+        # tokens), so a taken id is drawn again rather than failing the create.
+        for _ in range(ID_DRAWS):
+            token_id = secrets.token_hex(4)
+            secret = f"snt_{token_id}_{secrets.token_urlsafe(32)}"
+            with self.store.tx():
+                cur = self.store.execute(
+                    "INSERT INTO tokens (id, hash, role, node, job, created_at)"
+                    " VALUES (?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
+                    (token_id, hash_token(secret), role, node, job, now),
+                )
+            if cur.rowcount == 1:
+                return token_id, secret
+        raise RuntimeError(f"no free token id in {ID_DRAWS} draws")
 
     def revoke(self, token_id: str, now: float = 0.0) -> bool:
         with self.store.tx():

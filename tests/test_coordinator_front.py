@@ -1,0 +1,228 @@
+"""The ingest fast path over raw sockets: what HTTP clients send that aiohttp's own client
+never does (split reads, pipelining, chunked bodies, 100-continue, malformed requests), the
+hand-over of a connection to aiohttp, idle connections, and shutdown with a batch in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from coord_util import cfg, serve_front, xid
+
+from sentinel.coordinator import front as front_module
+from sentinel.coordinator.app import SERVICE, build_app
+from sentinel.coordinator.auth import Role
+from sentinel.coordinator.front import IngestSite
+from sentinel.protocol import EventBatch, encode
+
+LIMIT = 64 * 1024
+
+
+class Conn:
+    """One raw HTTP/1.1 connection to the coordinator."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        body = await asyncio.wait_for(self.reader.readexactly(length), 10)
+        return int(lines[0].split()[1]), headers, body
+
+    async def closed(self) -> bool:
+        """Whether the server closes the connection (EOF) without sending more."""
+        return await asyncio.wait_for(self.reader.read(), 10) == b""
+
+
+def post(token: str | None, body: bytes, extra: str = "", version: str = "1.1") -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (
+        f"POST /v1/events HTTP/{version}\r\nHost: c\r\n{auth}{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def batch(node: str, gpu: int = 0) -> bytes:
+    return encode(EventBatch(events=[xid(node, gpu=gpu)])).encode()
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[IngestSite, str, str]]:
+    """(the site, a node token for node-1, an admin token)."""
+    app = build_app(cfg(tmp_path, max_body_bytes=LIMIT, commit_window_s=0.0))
+    async with serve_front(app) as (site, _client):
+        service = app[SERVICE]
+        node = (await service.db(service.tokens.create, Role.NODE, "node-1"))[1]
+        admin = (await service.db(service.tokens.create, Role.ADMIN))[1]
+        yield site, node, admin
+
+
+async def connect(site: IngestSite) -> Conn:
+    return Conn(*await asyncio.open_connection("127.0.0.1", site.port))
+
+
+async def stored(site: IngestSite) -> int:
+    assert site.front is not None
+    service = site.front.service
+    return (await service.db(service.store.one, "SELECT COUNT(*) AS n FROM events"))["n"]
+
+
+async def test_keep_alive_batches_then_hand_over_to_aiohttp(
+    served: tuple[IngestSite, str, str],
+) -> None:
+    site, node, admin = served
+    assert site.front is not None
+    c = await connect(site)
+    for gpu in range(2):
+        await c.send(post(node, batch("node-1", gpu)))
+        status, headers, body = await c.response()
+        assert status == 200 and json.loads(body)["accepted"] == 1
+        assert headers["content-type"] == "application/json; charset=utf-8"
+    assert len(site.front.connections) == 1  # both answered on the fast path
+    # Another route on the same connection: aiohttp serves it, and the connection from then on.
+    await c.send(
+        f"GET /v1/nodes HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer {admin}\r\n\r\n".encode()
+    )
+    status, _, body = await c.response()
+    assert status == 200 and [n["name"] for n in json.loads(body)] == ["node-1"]
+    assert not site.front.connections
+    await c.send(post(node, batch("node-1", 2)))
+    status, _, body = await c.response()
+    assert status == 200 and json.loads(body)["accepted"] == 1
+    assert await stored(site) == 3
+
+
+async def test_split_reads_chunked_body_and_100_continue(
+    served: tuple[IngestSite, str, str],
+) -> None:
+    site, node, _ = served
+    c = await connect(site)
+    for byte in post(node, batch("node-1")):  # one byte a write: the route told from pieces
+        await c.send(bytes([byte]))
+    assert (await c.response())[0] == 200
+    body = batch("node-1", 1)
+    await c.send(
+        f"POST /v1/events HTTP/1.1\r\nAuthorization: Bearer {node}\r\n"
+        "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n".encode()
+    )
+    assert await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 10) == (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+    )
+    half = len(body) // 2
+    for part in (body[:half], body[half:]):
+        await c.send(b"%x\r\n%s\r\n" % (len(part), part))
+    await c.send(b"0\r\n\r\n")
+    status, _, answer = await c.response()
+    assert status == 200 and json.loads(answer)["accepted"] == 1
+    assert await stored(site) == 2
+
+
+async def test_pipelined_requests_answered_in_order_until_another_route(
+    served: tuple[IngestSite, str, str],
+) -> None:
+    site, node, admin = served
+    c = await connect(site)
+    other = f"GET /v1/nodes HTTP/1.1\r\nAuthorization: Bearer {admin}\r\n\r\n".encode()
+    await c.send(post(node, batch("node-1", 0)) + post(node, b"{nope") + other)
+    first, second = await c.response(), await c.response()
+    assert first[0] == 200 and "connection" not in first[1]
+    assert second[0] == 400 and "not valid JSON" in json.loads(second[2])["error"]
+    assert second[1]["connection"] == "close"  # the GET is left for the client to retry
+    assert await c.closed()
+    assert await stored(site) == 1
+
+
+async def test_refusals_match_the_aiohttp_route(served: tuple[IngestSite, str, str]) -> None:
+    site, node, _ = served
+    c = await connect(site)
+    await c.send(post(None, batch("node-1")))
+    status, headers, body = await c.response()
+    assert status == 401 and headers["www-authenticate"] == 'Bearer realm="sentinel"'
+    assert json.loads(body) == {"error": "missing or invalid bearer token"}
+    await c.send(post(node, batch("node-2")))  # a node speaks only for itself
+    status, _, body = await c.response()
+    assert status == 403 and "cannot report as node 'node-2'" in json.loads(body)["error"]
+    # Over the limit by Content-Length: refused unread, then the connection closes.
+    await c.send(post(node, b"x" * (LIMIT + 1)))
+    status, headers, body = await c.response()
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == (
+        f"request body over the {LIMIT} byte limit (Content-Length {LIMIT + 1})"
+    )
+    assert await c.closed()
+    # Without a token the caller learns nothing more than 401, whatever it sends.
+    c = await connect(site)
+    await c.send(post(None, b"x" * (LIMIT + 1)))
+    assert (await c.response())[0] == 401
+    # Over the limit in chunks, which announce no length.
+    c = await connect(site)
+    await c.send(
+        f"POST /v1/events HTTP/1.1\r\nAuthorization: Bearer {node}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    chunk = b"x" * 16384
+    for _ in range(5):
+        await c.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    assert (await c.response())[0] == 413
+    # Not HTTP at all past the request line.
+    c = await connect(site)
+    await c.send(b"POST /v1/events HTTP/1.1\r\nContent-Length: many\r\n\r\n")
+    status, headers, body = await c.response()
+    assert status == 400 and json.loads(body)["error"].startswith("malformed HTTP request")
+    assert await c.closed()
+    # HTTP/1.0 without keep-alive: answered, then closed.
+    c = await connect(site)
+    await c.send(post(node, batch("node-1"), version="1.0"))
+    status, headers, _ = await c.response()
+    assert status == 200 and headers["connection"] == "close"
+    assert await c.closed()
+    assert await stored(site) == 1  # only the last batch; nothing of the refused ones
+
+
+async def test_idle_connections_are_closed(
+    served: tuple[IngestSite, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site, node, _ = served
+    assert site.front is not None
+    monkeypatch.setattr(front_module, "SWEEP_S", 0.05)
+    site.front.idle_close_s = 0.3
+    site.front.start()  # a sweeper that reads the shortened period
+    busy, idle = await connect(site), await connect(site)
+    await idle.send(b"POST /v1/ev")  # a request begun and never finished is idle too
+    for _ in range(6):
+        await busy.send(post(node, batch("node-1")))
+        assert (await busy.response())[0] == 200
+        await asyncio.sleep(0.1)
+    assert await idle.closed()
+    assert not busy.reader.at_eof()
+
+
+async def test_shutdown_answers_a_batch_in_flight(tmp_path: Path) -> None:
+    app = build_app(cfg(tmp_path, commit_window_s=0.5))  # the batch waits in the commit window
+    async with serve_front(app) as (site, _client):
+        service = app[SERVICE]
+        node = (await service.db(service.tokens.create, Role.NODE, "node-1"))[1]
+        c = await connect(site)
+        await c.send(post(node, batch("node-1")))
+        await asyncio.sleep(0.1)
+        await site.stop()  # what `runner.cleanup()` does first when the coordinator stops
+        status, _, body = await c.response()
+        assert status == 200 and json.loads(body)["accepted"] == 1
+        assert await c.closed()
+    db = sqlite3.connect(tmp_path / "state" / "coordinator.db")
+    assert db.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 1
