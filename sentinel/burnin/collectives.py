@@ -138,8 +138,14 @@ def measure(comm: Comm, op: str, nbytes: int, warmup: int, iters: int) -> dict[s
         "op": op,
         "bytes": size,
         "time_us": round(seconds * 1e6, 1),
-        "algbw_gbps": round(algbw, 4),
-        "busbw_gbps": round(algbw * bus_factor(op, comm.world), 4),
+        "algbw_gbps": _significant(algbw),
+        "busbw_gbps": _significant(algbw * bus_factor(op, comm.world)),
         "correct": not bad,
         "incorrect_ranks": bad,
     }
+
+
+def _significant(gbps: float, digits: int = 4) -> float:
+    """Bandwidth to a few significant digits: a slow link (a small message on a loaded host
+    moves well under 0.0001 GB/s) is reported as slow, never rounded to 0."""
+    return float(f"{gbps:.{digits}g}")

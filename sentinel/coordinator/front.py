@@ -91,6 +91,7 @@ class IngestFront:
         self.limit = service.cfg.max_body_bytes
         self.idle_close_s = IDLE_CLOSE_S
         self.connections: set[IngestConnection] = set()
+        self.stopping = False  # shutting down: no new request is read
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -100,6 +101,7 @@ class IngestFront:
 
     async def close(self) -> None:
         """Let requests being answered finish (bounded), then close every connection."""
+        self.stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         busy = [c.serving for c in self.connections if c.serving is not None]
@@ -174,6 +176,9 @@ class IngestConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
         if self._closing:
+            return
+        if self.front.stopping:
+            self._closing = True  # what is being answered still is; nothing new is read
             return
         if self._between and not self._queue and self.serving is None:
             data, self._head = self._head + data, b""
