@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
-from sentinel.coordinator.front import IngestSite
+from sentinel.coordinator.front import IDLE_CLOSE_S, IngestSite
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     Event,
@@ -157,11 +157,13 @@ class FrontClient:
 
 
 @asynccontextmanager
-async def serve_front(app: web.Application) -> AsyncIterator[tuple[IngestSite, FrontClient]]:
+async def serve_front(
+    app: web.Application, idle_close_s: float = IDLE_CLOSE_S
+) -> AsyncIterator[tuple[IngestSite, FrontClient]]:
     """Serve `app` behind the ingest fast path on a free loopback port."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = IngestSite(runner, "127.0.0.1", 0)
+    site = IngestSite(runner, "127.0.0.1", 0, idle_close_s=idle_close_s)
     try:
         await site.start()
         async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{site.port}") as session:

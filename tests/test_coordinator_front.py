@@ -8,15 +8,15 @@ import asyncio
 import json
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from coord_util import cfg, serve_front, xid
 
-from sentinel.coordinator import front as front_module
 from sentinel.coordinator.app import SERVICE, build_app
 from sentinel.coordinator.auth import Role
-from sentinel.coordinator.front import IngestSite
+from sentinel.coordinator.front import IDLE_CLOSE_S, IngestSite
 from sentinel.protocol import EventBatch, encode
 
 LIMIT = 64 * 1024
@@ -61,15 +61,34 @@ def batch(node: str, gpu: int = 0) -> bytes:
     return encode(EventBatch(events=[xid(node, gpu=gpu)])).encode()
 
 
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[IngestSite, str, str]]:
+def chunked_head(token: str, extra: str = "") -> bytes:
+    return (
+        f"POST /v1/events HTTP/1.1\r\nAuthorization: Bearer {token}\r\n"
+        f"Transfer-Encoding: chunked\r\n{extra}\r\n"
+    ).encode()
+
+
+def chunk(part: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(part), part)
+
+
+@asynccontextmanager
+async def serving(
+    tmp_path: Path, idle_close_s: float = IDLE_CLOSE_S
+) -> AsyncIterator[tuple[IngestSite, str, str]]:
     """(the site, a node token for node-1, an admin token)."""
     app = build_app(cfg(tmp_path, max_body_bytes=LIMIT, commit_window_s=0.0))
-    async with serve_front(app) as (site, _client):
+    async with serve_front(app, idle_close_s) as (site, _client):
         service = app[SERVICE]
         node = (await service.db(service.tokens.create, Role.NODE, "node-1"))[1]
         admin = (await service.db(service.tokens.create, Role.ADMIN))[1]
         yield site, node, admin
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[IngestSite, str, str]]:
+    async with serving(tmp_path) as s:
+        yield s
 
 
 async def connect(site: IngestSite) -> Conn:
@@ -116,16 +135,13 @@ async def test_split_reads_chunked_body_and_100_continue(
         await c.send(bytes([byte]))
     assert (await c.response())[0] == 200
     body = batch("node-1", 1)
-    await c.send(
-        f"POST /v1/events HTTP/1.1\r\nAuthorization: Bearer {node}\r\n"
-        "Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n".encode()
-    )
+    await c.send(chunked_head(node, "Expect: 100-continue\r\n"))
     assert await asyncio.wait_for(c.reader.readuntil(b"\r\n\r\n"), 10) == (
         b"HTTP/1.1 100 Continue\r\n\r\n"
     )
     half = len(body) // 2
     for part in (body[:half], body[half:]):
-        await c.send(b"%x\r\n%s\r\n" % (len(part), part))
+        await c.send(chunk(part))
     await c.send(b"0\r\n\r\n")
     status, _, answer = await c.response()
     assert status == 200 and json.loads(answer)["accepted"] == 1
@@ -171,13 +187,9 @@ async def test_refusals_match_the_aiohttp_route(served: tuple[IngestSite, str, s
     assert (await c.response())[0] == 401
     # Over the limit in chunks, which announce no length.
     c = await connect(site)
-    await c.send(
-        f"POST /v1/events HTTP/1.1\r\nAuthorization: Bearer {node}\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n".encode()
-    )
-    chunk = b"x" * 16384
+    await c.send(chunked_head(node))
     for _ in range(5):
-        await c.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        await c.send(chunk(b"x" * 16384))
     assert (await c.response())[0] == 413
     # Not HTTP at all past the request line.
     c = await connect(site)
@@ -194,22 +206,16 @@ async def test_refusals_match_the_aiohttp_route(served: tuple[IngestSite, str, s
     assert await stored(site) == 1  # only the last batch; nothing of the refused ones
 
 
-async def test_idle_connections_are_closed(
-    served: tuple[IngestSite, str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    site, node, _ = served
-    assert site.front is not None
-    monkeypatch.setattr(front_module, "SWEEP_S", 0.05)
-    site.front.idle_close_s = 0.3
-    site.front.start()  # a sweeper that reads the shortened period
-    busy, idle = await connect(site), await connect(site)
-    await idle.send(b"POST /v1/ev")  # a request begun and never finished is idle too
-    for _ in range(6):
-        await busy.send(post(node, batch("node-1")))
-        assert (await busy.response())[0] == 200
-        await asyncio.sleep(0.1)
-    assert await idle.closed()
-    assert not busy.reader.at_eof()
+async def test_idle_connections_are_closed(tmp_path: Path) -> None:
+    async with serving(tmp_path, idle_close_s=0.3) as (site, node, _):
+        busy, idle = await connect(site), await connect(site)
+        await idle.send(b"POST /v1/ev")  # a request begun and never finished is idle too
+        for _ in range(6):
+            await busy.send(post(node, batch("node-1")))
+            assert (await busy.response())[0] == 200
+            await asyncio.sleep(0.1)
+        assert await idle.closed()
+        assert not busy.reader.at_eof()
 
 
 async def test_shutdown_answers_a_batch_in_flight(tmp_path: Path) -> None:

@@ -50,10 +50,10 @@ log = logging.getLogger("sentinel.coordinator")
 INGEST_LINE = b"POST /v1/events HTTP/1."
 INGEST_PATH = b"/v1/events"
 IDLE_CLOSE_S = 75.0  # aiohttp's keep-alive timeout: both paths close idle connections alike
-SWEEP_S = 5.0
+SWEEPS_PER_IDLE_CLOSE = 15  # how often idle connections are looked for, within that timeout
 MAX_QUEUED = 16  # pipelined requests a connection may have waiting before reading pauses
-STOP_GRACE_S = 10.0
-LINGER_S = 2.0  # after a refusal, how long the rest of its body is read and dropped  # at shutdown, how long requests being answered get to finish
+STOP_GRACE_S = 10.0  # at shutdown, how long requests being answered get to finish
+LINGER_S = 2.0  # after a refusal, how long the rest of its body is read and dropped
 _REASONS = {
     200: b"OK",
     400: b"Bad Request",
@@ -84,19 +84,19 @@ class IngestFront:
     """What every fast-path connection shares: the service, the aiohttp server to hand other
     requests to, and the open connections (closed when idle or at shutdown)."""
 
-    def __init__(self, server: web.Server, service: Service, metrics: Metrics) -> None:
+    def __init__(
+        self, server: web.Server, service: Service, metrics: Metrics, idle_close_s: float
+    ) -> None:
         self.server = server
         self.service = service
         self.metrics = metrics
         self.limit = service.cfg.max_body_bytes
-        self.idle_close_s = IDLE_CLOSE_S
+        self.idle_close_s = idle_close_s
         self.connections: set[IngestConnection] = set()
         self.stopping = False  # shutting down: no new request is read
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
         self._sweeper = asyncio.create_task(self._sweep(), name="sentinel-front-sweep")
 
     async def close(self) -> None:
@@ -132,7 +132,7 @@ class IngestFront:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_S)
+            await asyncio.sleep(self.idle_close_s / SWEEPS_PER_IDLE_CLOSE)
             cutoff = time.monotonic() - self.idle_close_s
             for conn in [c for c in self.connections if c.idle_since(cutoff)]:
                 conn.close()
@@ -334,12 +334,20 @@ def _response(status: int, body: bytes, extra: bytes, close: bool) -> bytes:
 class IngestSite(web.BaseSite):
     """A TCP site whose connections start on the ingest fast path."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, backlog: int = 1024) -> None:
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        backlog: int = 1024,
+        idle_close_s: float = IDLE_CLOSE_S,
+    ) -> None:
         # A fleet reconnects at once after a coordinator restart: a deep accept queue keeps
         # its connections from waiting out SYN retransmits (aiohttp's default is 128).
         super().__init__(runner, backlog=backlog)
         self.host = host
         self.port = port
+        self.idle_close_s = idle_close_s
         self.front: IngestFront | None = None
 
     @property
@@ -350,7 +358,8 @@ class IngestSite(web.BaseSite):
         await super().start()
         runner = self._runner
         assert isinstance(runner, web.AppRunner) and runner.server is not None
-        front = IngestFront(runner.server, runner.app[SERVICE], runner.app[METRICS])
+        app = runner.app
+        front = IngestFront(runner.server, app[SERVICE], app[METRICS], self.idle_close_s)
         self.front = front
         self._server = await asyncio.get_running_loop().create_server(
             lambda: IngestConnection(front), self.host, self.port, backlog=self._backlog
