@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,27 @@ def test_schema_is_versioned(tmp_path: Path) -> None:
     assert store.one("PRAGMA journal_mode")["journal_mode"] == "wal"
     store.close()
     assert Store(tmp_path / "c.db").migrate() == len(MIGRATIONS)  # reopening is a no-op
+
+
+def test_the_wal_restarts_under_a_steady_stream_of_commits(tmp_path: Path) -> None:
+    """A background checkpoint never catches up with commits made while it runs; unless the
+    writer copies that remainder itself, the WAL grows with everything ever written."""
+    store = Store(tmp_path / "c.db")
+    store.start_checkpointer(every_s=0.02)
+    wal = tmp_path / "c.db-wal"
+    row = "x" * 16_000  # four pages: a few frames per commit
+    written = largest = 0
+    try:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline or written < 2_000:
+            with store.tx():
+                store.audit(0.0, "test", "write", row)
+            written += 1
+            largest = max(largest, wal.stat().st_size)
+    finally:
+        store.close()  # the last connection to close removes the WAL
+    # four frames of 4 KiB or more a commit: a WAL that never restarts holds them all
+    assert largest < written * 16_000 / 4
 
 
 def test_a_token_id_already_taken_is_drawn_again(
