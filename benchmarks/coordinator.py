@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -31,6 +32,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -39,6 +41,7 @@ from typing import Any
 
 import psutil
 
+from sentinel.coordinator.service import STORE_FILE
 from sentinel.protocol import new_id
 
 TARGET_NODES = 2048
@@ -238,6 +241,29 @@ def _pct(values: list[float], p: float) -> float | None:
     return round(s[min(len(s) - 1, int(p * len(s)))] * 1000, 2) if s else None
 
 
+class _LargestFile(threading.Thread):
+    """The largest size a file reaches while the block runs (sampled 4 times a second)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.largest, self._done = path, 0, threading.Event()
+
+    def __enter__(self) -> _LargestFile:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        while True:
+            with contextlib.suppress(FileNotFoundError):
+                self.largest = max(self.largest, self.path.stat().st_size)
+            if self._done.wait(0.25):
+                return
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
@@ -292,9 +318,10 @@ def main() -> None:
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
             loader = mp.Process(target=_loader, args=(port, node_tokens, nodes, args.seconds, q))
-            loader.start()
-            lat, late, elapsed = q.get()
-            loader.join()
+            with _LargestFile(state / f"{STORE_FILE}-wal") as wal:
+                loader.start()
+                lat, late, elapsed = q.get()
+                loader.join()
             hist1 = _server_ack_buckets(url, token)
             wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
             cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
@@ -316,6 +343,8 @@ def main() -> None:
                 "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
                 "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
                 "loader_lag_ms_p99": _pct(late, 0.99),
+                # The store's write-ahead log stays bounded however long the load lasts.
+                "wal_mib_max": round(wal.largest / 2**20, 1),
                 "loadavg_1m": os.getloadavg()[0],
             }
             print(json.dumps(step), flush=True)

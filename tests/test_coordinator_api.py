@@ -198,6 +198,9 @@ async def test_openapi_metrics_and_operator_flow(client: TestClient) -> None:
     assert 'sentinel_coordinator_events_total{result="accepted"} 8.0' in text
     assert 'sentinel_coordinator_events_total{result="duplicate"} 8.0' in text
     assert "sentinel_coordinator_eviction_budget_remaining" in text
+    # The store's files, as on disk: the WAL holds the commits no checkpoint copied back yet.
+    sizes = dict(re.findall(r'sentinel_coordinator_store_bytes\{file="(\w+)"\} (\S+)', text))
+    assert sizes.keys() == {"database", "wal"} and float(sizes["database"]) > 0
     # One incident opened, by kind; detected (first event to opening) but not yet recovered.
     assert re.search(r'sentinel_coordinator_incidents_opened_total\{kind="[a-z_]+"\} 1\.0', text)
     assert "sentinel_coordinator_incident_detect_seconds_count 1.0" in text

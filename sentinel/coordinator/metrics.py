@@ -168,6 +168,12 @@ class Metrics:
             "evictions still allowed in the current window",
             registry=r,
         )
+        self.store_bytes = Gauge(
+            f"{p}store_bytes",
+            "size of the store's files: the SQLite database and its write-ahead log",
+            ["file"],
+            registry=r,
+        )
         self.history = IncidentHistory()
         r.register(self.history)
         self.gc_pauses = GcPauses()
@@ -206,4 +212,6 @@ class Metrics:
         )
         spent = int(evicted["n"]) if evicted else 0
         self.budget.set(max(0, budget.max_per_window - spent))
+        for file, size in store.file_sizes().items():
+            self.store_bytes.labels(file=file).set(size)
         return generate_latest(self.registry)

@@ -147,6 +147,16 @@ class Store:
             self._checkpointer.join()
         self.conn.close()
 
+    def file_sizes(self) -> dict[str, int]:
+        """Bytes on disk: the database, and the WAL (which checkpoints keep bounded)."""
+        sizes = {}
+        for name, path in (("database", self.path), ("wal", Path(f"{self.path}-wal"))):
+            try:
+                sizes[name] = path.stat().st_size
+            except FileNotFoundError:
+                sizes[name] = 0
+        return sizes
+
     # --- schema ------------------------------------------------------------------------------
 
     def schema_version(self) -> int:

@@ -202,4 +202,18 @@ def build() -> JSON:
         options=timeseries_options(),
         custom=TIMESERIES_CUSTOM,
     )
+    d.add(
+        "timeseries",
+        "Coordinator store on disk",
+        "The SQLite database and its write-ahead log. The log holds about a second of commits;"
+        " one that keeps growing means checkpoints are not keeping up"
+        " (alert SentinelCoordinatorWalGrowing).",
+        [
+            Query(f"max by (file) (sentinel_coordinator_store_bytes{{{INST}}})", "{{file}}"),
+        ],
+        "bytes",
+        ((None, "green"), (1e9, "red")),
+        options=timeseries_options(),
+        custom=TIMESERIES_CUSTOM,
+    )
     return d.to_json()
