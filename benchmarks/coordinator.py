@@ -8,8 +8,9 @@ first one whose p99 ack passes 50 ms.
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
 cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step. Each
 step also reports the coordinator's own receive-to-commit time (`server_ack_ms_p*_le`, the upper
-bound of its histogram bucket), how far the load generator fell behind its schedule
-(`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
+bound of its histogram bucket), the largest its write-ahead log grew (`wal_mib_max`: it should
+hold about a second of commits however long the step), how far the load generator fell behind
+its schedule (`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
 inflates every latency it measures.
 
 `--closed-loop N` measures cost instead of capacity: every node of the first fleet size sends N

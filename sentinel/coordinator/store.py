@@ -122,7 +122,7 @@ class Store:
         But the writer starts the WAL over from its first frame only when, as it begins a
         transaction, every frame has been copied back; under a steady stream of commits the
         background checkpoint never catches up with the frames committed while it ran, and
-        the WAL grows without end (at 2,048 nodes a second, ~12 MB/s). So after each
+        the WAL grows without end (~11 MB/s at 2,048 nodes a second). So after each
         background pass the writer copies that short remainder itself, before its next
         transaction (`_catch_up_wal`): a few milliseconds, once a pass, and the WAL restarts.
         """
