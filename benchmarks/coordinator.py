@@ -10,8 +10,8 @@ cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and eve
 step also reports the coordinator's own receive-to-commit time (`server_ack_ms_p*_le`, the upper
 bound of its histogram bucket), the largest its write-ahead log grew (`wal_mib_max`: it should
 hold about a second of commits however long the step), how far the load generator fell behind
-its schedule (`loader_lag_ms_p99`) and the machine's load average: on a shared machine a starved generator
-inflates every latency it measures.
+its schedule (`loader_lag_ms_p99`) and the machine's load average: on a shared machine a
+starved generator inflates every latency it measures.
 
 `--closed-loop N` measures cost instead of capacity: every node of the first fleet size sends N
 batches over 256 connections, each posting its next batch as soon as the last one is
@@ -42,7 +42,9 @@ from typing import Any
 
 import psutil
 
+from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.service import STORE_FILE
+from sentinel.coordinator.store import Store, wal_path
 from sentinel.protocol import new_id
 
 TARGET_NODES = 2048
@@ -143,10 +145,6 @@ def _loader(port: int, tokens: list[str], nodes: int, seconds: float, q: mp.Queu
 
 def _make_tokens(state: Path, nodes: int) -> tuple[str, list[str]]:
     """An admin token and one node token per node, as a real fleet is set up."""
-    from sentinel.coordinator.auth import Role, TokenStore
-    from sentinel.coordinator.service import STORE_FILE
-    from sentinel.coordinator.store import Store
-
     store = Store(state / STORE_FILE)
     tokens = TokenStore(store)
     with store.tx():
@@ -319,7 +317,7 @@ def main() -> None:
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
             loader = mp.Process(target=_loader, args=(port, node_tokens, nodes, args.seconds, q))
-            with _LargestFile(state / f"{STORE_FILE}-wal") as wal:
+            with _LargestFile(wal_path(state / STORE_FILE)) as wal:
                 loader.start()
                 lat, late, elapsed = q.get()
                 loader.join()

@@ -23,7 +23,7 @@ from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
 from sentinel.coordinator.retention import IDLE_CHECK_S, EventPruner
 from sentinel.coordinator.service import Service
-from sentinel.coordinator.store import MIGRATIONS, Store
+from sentinel.coordinator.store import MIGRATIONS, Store, wal_path
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     AgentHeartbeatPayload,
@@ -88,7 +88,7 @@ def test_the_wal_restarts_under_a_steady_stream_of_commits(tmp_path: Path) -> No
     writer copies that remainder itself, the WAL grows with everything ever written."""
     store = Store(tmp_path / "c.db")
     store.start_checkpointer(every_s=0.02)
-    wal = tmp_path / "c.db-wal"
+    wal = wal_path(store.path)
     row = "x" * 16_000  # four pages: a few frames per commit
     written = largest = 0
     try:

@@ -86,6 +86,12 @@ MIGRATIONS: list[str] = [
 # A WAL file that grew past this (a burst of writes) is cut back to it when the WAL restarts.
 WAL_SIZE_LIMIT = 64 << 20
 
+
+def wal_path(db: Path) -> Path:
+    """Where SQLite keeps the write-ahead log of the database at `db`."""
+    return db.with_name(db.name + "-wal")
+
+
 # Built once: json.dumps with any argument builds a new encoder per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 
@@ -150,7 +156,7 @@ class Store:
     def file_sizes(self) -> dict[str, int]:
         """Bytes on disk: the database, and the WAL (which checkpoints keep bounded)."""
         sizes = {}
-        for name, path in (("database", self.path), ("wal", Path(f"{self.path}-wal"))):
+        for name, path in (("database", self.path), ("wal", wal_path(self.path))):
             try:
                 sizes[name] = path.stat().st_size
             except FileNotFoundError:
