@@ -39,7 +39,7 @@ def test_faults_are_found_from_their_signals(tmp_path: Path) -> None:
     # hosts the rendezvous store) ran ~1 ms a step slower than its peers, which outranked a 5%
     # slowdown of a 20 ms step; 5% of 50 ms stands clear of it.
     args = ["--steps", "100", "--compute-s", "0.05", "--slow-rank", "2", "--slowdown", "1.05"]
-    args += ["--spike-step", "50", "--nan-step", "70", "--sdc-rank", "3", "--sdc-every", "50"]
+    args += ["--spike-step", "50", "--nan-step", "70", "--sdc-rank", "3", "--sdc-every", "40"]
     with fake_agent(tmp_path) as agent:
         outs = wait_all(launch(4, args, _env(agent.path, tmp_path / "fr")))
         assert all("errors=0" in o for o in outs), outs

@@ -66,14 +66,20 @@ def test_interleaved_run_both_arms_same_schedule(tmp_path: Path) -> None:
         # Periodic work only in on-steps, at the hooks' own count of hooked steps.
         hooked = [i for i, on in enumerate(rec["on"]) if on]
         marks = [rec["periodic"][i] for i in hooked]
-        assert marks == [
-            ("sdc" if n % 4 == 0 else "exchange") if n % 2 == 0 else None
-            for n in range(1, len(hooked) + 1)
-        ]
+        assert marks == [_periodic_work(n) for n in range(1, len(hooked) + 1)]
         assert all(rec["periodic"][i] is None for i in range(STEPS) if not rec["on"][i])
     # The loss curve is the trainer's: every step reported once, by rank 0.
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines if '"step"' in x] == list(range(1, STEPS + 1))
+
+
+def _periodic_work(n: int) -> str | None:
+    """What the n-th hooked step does with an exchange every 2 and an SDC check every 4: an
+    exchange is posted at every even step and taken at the next; the one posted at a multiple of
+    4 starts an SDC check there (digests computed and posted), judged one step later."""
+    if n >= 5 and n % 4 in (1, 2):
+        return "sdc"
+    return "exchange" if n >= 2 else None
 
 
 def _seed_per_rank(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
-"""The SDC signal in one process: what a rank reports when its spot-check digest disagrees
-(with a stand-in for the gang exchange), and the faulty-GEMM fault seen by that check."""
+"""The gang exchange's decisions in one process, with a stand-in for the exchange: what a rank
+reports when its SDC spot-check digest disagrees, and when the exchange's results are acted on."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sentinel.protocol import Command, CommandKind, Source
 from trainer_hooks import HooksConfig, SentinelHooks
+from trainer_hooks.exchange import Gathered
 
 
 class Gang:
@@ -17,13 +18,17 @@ class Gang:
 
     def __init__(self) -> None:
         self.odd = False
+        self.digest_posts = 0
 
-    def gather(self, values: Sequence[float]) -> list[list[float]]:
-        return [list(values)] * self.world
+    def gather(self, values: Sequence[float]) -> Gathered[list[float]]:
+        return Gathered.ready([list(values)] * self.world)
 
-    def gather_digests(self, digests: Sequence[str]) -> list[list[str]]:
+    def gather_digests(self, digests: Sequence[str]) -> Gathered[list[str]]:
+        self.digest_posts += 1
         others = ["0" * 30] * len(digests) if self.odd else list(digests)
-        return [list(digests) if r == self.rank else others for r in range(self.world)]
+        return Gathered.ready(
+            [list(digests) if r == self.rank else others for r in range(self.world)]
+        )
 
 
 def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path: Path) -> None:
@@ -32,7 +37,7 @@ def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path:
     gang = Gang()
     hooks.exchange = gang  # type: ignore[assignment]
     try:
-        for step in range(100, 120):  # resumed at step 100
+        for step in range(100, 122):  # resumed at step 100
             gang.odd = step >= 112
             if step == 116:  # the coordinator's recompute-diff
                 args = {"step": 114, "check_id": "recompute-1"}
@@ -45,11 +50,13 @@ def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path:
         hooks.close()
     sdc = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
     got = [(p["step"], p["mismatch"], p["suspect_since"], p["check_id"]) for p in sdc]
+    # An exchange every 5 steps (104, 109, ...) is acted on at the next step, where the check
+    # computes its digests (its step), and judged one step later.
     assert got == [
-        (104, False, None, "sdc-104"),
-        (109, False, None, "sdc-109"),
-        (114, True, 110, "sdc-114"),  # the last check all ranks passed was after step 109
-        (119, True, 110, "recompute-1"),  # the recompute quotes the command's id
+        (105, False, None, "sdc-105"),
+        (110, False, None, "sdc-110"),
+        (115, True, 111, "sdc-115"),  # the last check all ranks passed was after step 110
+        (120, True, 111, "recompute-1"),  # the recompute quotes the command's id
     ]
     assert all(p["mismatched_ranks"] == ([2] if p["mismatch"] else []) for p in sdc)
 
@@ -61,10 +68,38 @@ def test_with_no_clean_check_yet_everything_since_the_start_is_suspect(tmp_path:
     gang.odd = True
     hooks.exchange = gang  # type: ignore[assignment]
     try:
-        for step in range(30, 35):
+        for step in range(30, 37):
             with hooks.step(step):
                 pass
     finally:
         hooks.close()
     (p,) = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
-    assert (p["step"], p["mismatch"], p["suspect_since"]) == (34, True, 30)
+    assert (p["step"], p["mismatch"], p["suspect_since"]) == (35, True, 30)
+
+
+def test_the_exchange_is_acted_on_a_step_later_and_close_starts_no_collective(
+    tmp_path: Path,
+) -> None:
+    cfg = HooksConfig(agent_socket=str(tmp_path / "none.sock"), exchange_every=5, sdc_every=5)
+    hooks = SentinelHooks(cfg)
+    gang = Gang()
+    hooks.exchange = gang  # type: ignore[assignment]
+    hooks._on_command(Command(kind=CommandKind.CHECKPOINT_NOW, target=Source(job="j")))
+    due, work = [], []
+    try:
+        for step in range(10):
+            with hooks.step(step):
+                pass
+            due.append(hooks.should_checkpoint())
+            work.append(hooks.periodic_work)
+    finally:
+        hooks.close()
+    # posted after step 4, taken after step 5 (the checkpoint, on every rank at once, and the
+    # SDC check's digests), the check judged after step 6; step 9's exchange is taken by close
+    assert [s for s, d in enumerate(due) if d] == [5]
+    assert work == [None] * 4 + ["exchange", "sdc", "sdc", None, None, "exchange"]
+    # close took step 9's exchange, whose periodic check falls due, but posted no digests: a
+    # rank closing on an error path may have peers that never will
+    assert gang.digest_posts == 1
+    sdc = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
+    assert [p["step"] for p in sdc] == [5]

@@ -46,7 +46,7 @@ from sentinel.protocol import (
 from trainer_hooks import mfu, sdc, timing
 from trainer_hooks.anomaly import AnomalyMonitor
 from trainer_hooks.config import HooksConfig
-from trainer_hooks.exchange import GangExchange
+from trainer_hooks.exchange import GangExchange, Gathered
 from trainer_hooks.flight import FlightRecorder, SignalDumper, recorder_enabled
 from trainer_hooks.scalars import ScalarReader
 from trainer_hooks.straggler import StragglerScorer, WindowStats
@@ -56,6 +56,8 @@ from trainer_hooks.watchdog import HangWatchdog
 log = logging.getLogger("trainer_hooks")
 P = ParamSpec("P")
 R = TypeVar("R")
+# What to do with a gather's rows once they are in, given the hooked step it is taken at.
+Finish = Callable[[list[Any], int | None], None]
 
 
 def _guarded(fn: Callable[P, R]) -> Callable[P, R | None]:
@@ -138,6 +140,11 @@ class SentinelHooks:
         self._tokens: int | None = None
         self._step_wall0 = 0.0
         self._last_scalars: dict[str, float | None] = {}
+        # Gathers posted at one hooked step and finished at the next (`trainer_hooks.exchange`),
+        # in the order they were posted: the same order on every rank.
+        self._inflight: list[tuple[Gathered[Any], Finish]] = []
+        self._closing = False
+        self.periodic_work: str | None = None  # what the last end_step did beyond the step's own
         self.signals = SignalDumper(self._dump_before_exit)
         if cfg.enabled:
             self.transport.start()
@@ -195,6 +202,7 @@ class SentinelHooks:
         if not self.config.enabled or self._step is None:
             return
         step, self._step = self._step, None
+        self.periodic_work = None
         self.timer.end()
         self.scalars.end_step(step)
         self.watchdog.progress(step, self._clock() - self._step_wall0)
@@ -205,6 +213,7 @@ class SentinelHooks:
                 self._report_step(t)
         for s in self.scalars.poll():
             self._check_scalars(s.step, s.loss, s.grad_norm)
+        self._finish_inflight(step)
         if self._steps_done % self.config.exchange_every == 0:
             self._exchange(step)
 
@@ -259,6 +268,11 @@ class SentinelHooks:
         return path
 
     def close(self) -> None:
+        """Stop the threads; take the results of gathers still in flight (no new collective:
+        a rank closing on an error path may have peers that never will)."""
+        self._closing = True
+        with contextlib.suppress(Exception):
+            self._finish_inflight(self._last_step(), timeout_s=5.0)
         with contextlib.suppress(Exception):
             self.watchdog.stop()
             timing.uninstrument_collectives()
@@ -311,15 +325,36 @@ class SentinelHooks:
             )
             self._send(EventKind.RANK_ANOMALY, payload)
 
+    def _finish_inflight(self, now: int | None, timeout_s: float | None = None) -> None:
+        """Act on the gathers posted at the previous hooked step; `now`: this step."""
+        inflight, self._inflight = self._inflight, []
+        for gathered, finish in inflight:
+            finish(gathered.rows(timeout_s), now)
+
+    def _post(self, gathered: Gathered[Any], finish: Finish) -> None:
+        self._inflight.append((gathered, finish))
+
     def _exchange(self, step: int) -> None:
-        cfg = self.config
+        """Post this rank's window and requests; every rank acts on them at its next step."""
         sdc_req = self._requests["sdc"].is_set()
         ckpt_req = self._requests["checkpoint"].is_set()
-        rows = self.exchange.gather([self.window.take_median(), float(sdc_req), float(ckpt_req)])
         if sdc_req:
             self._requests["sdc"].clear()
         if ckpt_req:
             self._requests["checkpoint"].clear()
+        sdc_every = self.config.sdc_every
+        periodic = bool(sdc_every) and self._steps_done % sdc_every == 0
+        gathered = self.exchange.gather(
+            [self.window.take_median(), float(sdc_req), float(ckpt_req)]
+        )
+        self._post(gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
+        self.periodic_work = self.periodic_work or "exchange"
+
+    def _exchanged(
+        self, step: int, periodic_sdc: bool, rows: list[list[float]], now: int | None
+    ) -> None:
+        cfg = self.config
+        self.periodic_work = self.periodic_work or "exchange"
         for found in self.stragglers.update([r[0] for r in rows], self.replica_groups):
             if found.rank == self.exchange.rank:
                 payload = RankStragglerPayload(
@@ -332,19 +367,28 @@ class SentinelHooks:
                 self._send(EventKind.RANK_STRAGGLER, payload)
         if any(r[2] for r in rows):
             self._checkpoint_due = True
-        periodic = cfg.sdc_every and self._steps_done % cfg.sdc_every == 0
-        if periodic or any(r[1] for r in rows):
-            self._sdc_check(step)
+        if periodic_sdc or any(r[1] for r in rows):
+            if self._closing:
+                log.info("sentinel hooks: an SDC check fell due at close; not started")
+            elif now is not None:
+                self._sdc_check(now)
 
     def _sdc_check(self, step: int) -> None:
+        """Compute this rank's digests after `step` and post them; judged at the next step."""
         cfg = self.config
+        self.periodic_work = "sdc"
         requested, self._sdc_check_id = self._sdc_check_id, None
         check_id = requested or f"sdc-{step}"
         local = [sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)]
         model = self.model if cfg.sdc_params else None
         if model is not None:
             local.append(sdc.param_digest(model))
-        rows = self.exchange.gather_digests(local)
+        gathered = self.exchange.gather_digests(local)
+        params = model is not None
+        self._post(gathered, lambda rows, _: self._judge_sdc(step, check_id, params, rows))
+
+    def _judge_sdc(self, step: int, check_id: str, params: bool, rows: list[list[str]]) -> None:
+        self.periodic_work = "sdc"
         digests = [row[0] for row in rows]
         top, bad = sdc.majority(digests)
         me = self.exchange.rank
@@ -364,7 +408,7 @@ class SentinelHooks:
             ),
         )
         clean = top is not None and not bad
-        if model is not None:
+        if params:
             clean = self._param_check(step, check_id, since, [row[1] for row in rows]) and clean
         if clean:
             self._sdc_clean_step = step

@@ -103,6 +103,9 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     land in an on-block: the same rate on average, but lumpy and seed-dependent.) The step
     reports (`report_every`) key on the trainer's step number; each step is on or off with
     equal chance whatever its number, so the on-arm gets its share of them on average.
+    Each on-step records the periodic work the hooks did in it (`hooks.periodic_work`): an
+    exchange is posted at one hooked step and acted on at the next, and an SDC check computes
+    its digests at the step after the exchange that called it and judges them at the next.
     Off-steps run inside `hooks.bypassed()`, entered and left between steps, outside the timed
     window, as is a barrier before every step (see below). Process-wide state stays as set up
     for the run in both arms: PyTorch's flight recorder buffer (TORCH_FR_BUFFER_SIZE), the
@@ -125,7 +128,7 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
         "on": [],
         "wall_s": [],
         "cpu_s": [],
-        "periodic": [],  # on-steps: "sdc" (exchange + SDC check), "exchange", or None
+        "periodic": [],  # on-steps: "sdc" (an SDC check's work), "exchange", or None
     }
     bypassed = False
     with contextlib.ExitStack() as bypass:
@@ -145,10 +148,7 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
             wall0, cpu0 = time.perf_counter(), time.process_time()
             run_step(job, out, hooks if on else None, step)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-            periodic = None
-            if on and hcfg.enabled and hooks.steps_done % hcfg.exchange_every == 0:
-                sdc = hcfg.sdc_every and hooks.steps_done % hcfg.sdc_every == 0
-                periodic = "sdc" if sdc else "exchange"
+            periodic = hooks.periodic_work if on else None
             for key, value in zip(
                 ("steps", "on", "wall_s", "cpu_s", "periodic"),
                 (step, on, wall, cpu, periodic),
