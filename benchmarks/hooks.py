@@ -13,10 +13,14 @@ before every step; a step's gang time is its slowest rank's wall time. After
 `--reference-warmup` steps, `hook_overhead_ratio` = the 2%-trimmed mean of the gang step time
 over on-steps / the same over off-steps, where the trimming drops the top and bottom 2% of
 each arm's steps *without periodic work* and keeps every step with an exchange or SDC check,
-so their cost is amortised in full. Also reported: the plain means' ratio
+so their cost is amortised in full, and keeps their twins in the off-arm too (the off-step at
+the same place in the other block of the pair), so that preempted steps survive the trimming
+at the same rate in both arms. Also reported: the plain means' ratio
 (`interleaved_mean_ratio`), the medians' (`interleaved_median_ratio`, which hides the periodic
 work), the gang CPU time's (all ranks, all threads; `interleaved_cpu_ratio`, trimmed the same
-way), the mean cost of plain / exchange / SDC steps, and `hook_overhead_ratio_ci95`, a 95%
+way), the mean cost of plain / exchange / SDC steps (steps where the hooks posted or took an
+exchange, or computed or judged an SDC check's digests, as `hooks.periodic_work` names them),
+the gang CPU of plain on-steps, and `hook_overhead_ratio_ci95`, a 95%
 bootstrap interval of the primary ratio resampling whole pairs of blocks (how much the
 machine's noise leaves of the figure).
 
@@ -288,17 +292,17 @@ def whole_run_overhead(
     }
 
 
-def _arm_trimmed_mean(values: list[float], periodic: list[bool], cut: float = 0.02) -> float:
-    """Mean of an arm's steps, the top and bottom `cut` of its steps without periodic work
-    dropped (preempted steps) and every step with periodic work kept (their cost counts)."""
-    plain = sorted(v for v, p in zip(values, periodic, strict=True) if not p)
+def _arm_trimmed_mean(values: list[float], whole: list[bool], cut: float = 0.02) -> float:
+    """Mean of an arm's steps, the top and bottom `cut` of the steps not kept `whole` dropped
+    (preempted steps) and every step kept whole (periodic work and its twins: its cost counts)."""
+    plain = sorted(v for v, w in zip(values, whole, strict=True) if not w)
     k = int(len(plain) * cut)
-    kept = plain[k : len(plain) - k] + [v for v, p in zip(values, periodic, strict=True) if p]
+    kept = plain[k : len(plain) - k] + [v for v, w in zip(values, whole, strict=True) if w]
     return statistics.fmean(kept)
 
 
 def _trimmed_ratio(steps: list[tuple[float, bool, bool]]) -> float:
-    """On/off ratio of the arms' trimmed means; steps are (value, on, periodic)."""
+    """On/off ratio of the arms' trimmed means; steps are (value, on, kept whole)."""
     means = []
     for on in (True, False):
         arm = [(v, p) for v, a, p in steps if a == on]
@@ -322,7 +326,14 @@ def _bootstrap_ci(
 
 
 def interleaved_overhead(
-    layout: Layout, tmp: Path, sock: str, steps: int, warmup: int, block: int, seed: int = 0
+    layout: Layout,
+    tmp: Path,
+    sock: str,
+    steps: int,
+    warmup: int,
+    block: int,
+    seed: int = 0,
+    save_records: Path | None = None,
 ) -> dict[str, Any]:
     """One run with `--hooks-interleave block`: the on/off ratios of the gang's time per
     step (the slowest rank's wall time; the gang's CPU time), over the steps after `warmup`."""
@@ -336,6 +347,19 @@ def interleaved_overhead(
     world = layout.world
     run_gang(world, args, log_dir=out / "logs", timeout=1800, env=env, fork=True)
     recs = [json.loads((out / f"hooks-interleave-{r}.json").read_text()) for r in range(world)]
+    if save_records is not None:
+        save_records.write_text(json.dumps(recs))
+    return analyze_interleaved(recs, warmup, block)
+
+
+def analyze_interleaved(recs: list[dict[str, Any]], warmup: int, block: int) -> dict[str, Any]:
+    """The figures of an interleaved run from its ranks' records (`hooks-interleave-R.json`).
+
+    Trimming (see the module docstring) is paired: the steps kept whole are the on-steps with
+    periodic work *and* their twins, the off-steps at the same place in the other block of the
+    same pair. Preempted steps then survive at the same rate in both arms; keeping only the
+    on-arm's periodic steps kept their outliers in one arm alone, a bias against the hooks that
+    grows with the share of steps holding periodic work."""
     if any(r["on"] != recs[0]["on"] or r["periodic"] != recs[0]["periodic"] for r in recs):
         raise RuntimeError("interleaved run: ranks recorded different schedules")
     idx = [i for i, s in enumerate(recs[0]["steps"]) if s >= warmup]
@@ -343,6 +367,15 @@ def interleaved_overhead(
     cpu = [sum(r["cpu_s"][i] for r in recs) for i in idx]  # the gang's CPU, all threads
     arm = [recs[0]["on"][i] for i in idx]
     kind = [recs[0]["periodic"][i] for i in idx]
+    kind_at = dict(zip(recs[0]["steps"], recs[0]["periodic"], strict=True))
+
+    def twin(step: int) -> int:  # the same place in the other block of the step's pair
+        return step + block if step % (2 * block) < block else step - block
+
+    kept_whole = [
+        (k if a else kind_at.get(twin(recs[0]["steps"][i]))) is not None
+        for i, a, k in zip(idx, arm, kind, strict=True)
+    ]
 
     def pick(values: list[float], on: bool, kinds: tuple[str | None, ...] | None = None) -> list:
         return [
@@ -352,21 +385,22 @@ def interleaved_overhead(
         ]
 
     def trimmed(values: list[float], on: bool) -> float:
-        periodic = [k is not None for a, k in zip(arm, kind, strict=True) if a == on]
-        return _arm_trimmed_mean(pick(values, on), periodic)
+        whole = [w for a, w in zip(arm, kept_whole, strict=True) if a == on]
+        return _arm_trimmed_mean(pick(values, on), whole)
 
     def ms(values: list[float]) -> float | None:
         return round(statistics.fmean(values) * 1e3, 2) if values else None
 
     on_wall, off_wall = pick(wall, True), pick(wall, False)
     pairs: dict[int, list[tuple[float, bool, bool]]] = {}
-    for i, w, a, k in zip(idx, wall, arm, kind, strict=True):  # a pair: 2 x block steps
-        pairs.setdefault(recs[0]["steps"][i] // (2 * block), []).append((w, a, k is not None))
+    for i, w, a, whole in zip(idx, wall, arm, kept_whole, strict=True):  # 2 x block steps
+        pairs.setdefault(recs[0]["steps"][i] // (2 * block), []).append((w, a, whole))
     return {
         "hook_overhead_ratio": round(trimmed(wall, True) / trimmed(wall, False), 4),
         "hook_overhead_ratio_ci95": _bootstrap_ci(list(pairs.values())),
         "hook_overhead_statistic": "interleaved run, gang step time (slowest rank's wall): "
-        "on/off of each arm's mean, top/bottom 2% of steps without periodic work trimmed",
+        "on/off of each arm's mean, top/bottom 2% trimmed of the steps without periodic work "
+        "in either block of their pair",
         "interleaved_mean_ratio": round(statistics.fmean(on_wall) / statistics.fmean(off_wall), 4),
         "interleaved_median_ratio": round(
             statistics.median(on_wall) / statistics.median(off_wall), 4
@@ -381,6 +415,7 @@ def interleaved_overhead(
         "interleaved_step_ms_on_exchange": ms(pick(wall, True, ("exchange",))),
         "interleaved_step_ms_on_sdc": ms(pick(wall, True, ("sdc",))),
         "interleaved_gang_cpu_ms_on": ms(pick(cpu, True)),
+        "interleaved_gang_cpu_ms_on_plain": ms(pick(cpu, True, (None,))),
         "interleaved_gang_cpu_ms_off": ms(pick(cpu, False)),
         "interleaved_steps_on": len(on_wall),
         "interleaved_steps_off": len(off_wall),
@@ -413,6 +448,7 @@ def reference_overhead(args: argparse.Namespace) -> dict[str, Any]:
                 args.interleaved_steps,
                 args.reference_warmup,
                 args.reference_block,
+                save_records=args.save_records,
             )
             print(
                 f"interleaved: on {inter['interleaved_step_ms_on']} ms/step, off "
@@ -457,6 +493,13 @@ def main() -> None:
         "--interleaved-steps", type=int, default=None, help="timed interleaved steps (400)"
     )
     p.add_argument("--reference-block", type=int, default=2, help="--hooks-interleave BLOCK")
+    p.add_argument(
+        "--save-records",
+        type=Path,
+        default=None,
+        help="write the interleaved run's per-rank step records here (JSON), for re-analysis "
+        "with analyze_interleaved",
+    )
     p.add_argument(
         "--whole-run-pairs", type=int, default=None, help="on/off whole-run pairs (3; 0: none)"
     )
