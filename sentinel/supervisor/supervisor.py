@@ -36,7 +36,7 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, free_master_port
+from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit, free_master_port
 
 log = logging.getLogger("sentinel.supervisor")
 _CKPT = re.compile(r"step[-_]?(\d+)")
@@ -231,10 +231,10 @@ class Supervisor:
 
     async def _execute(self, kind: str, args: dict[str, Any]) -> None:
         if kind == CommandKind.JOB_STOP:
-            self._stop_gang()
+            await self._report_crashes(self._stop_gang())
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
-            self._stop_gang()
+            await self._report_crashes(self._stop_gang())
             try:
                 self.job.apply_restart(
                     args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
@@ -318,10 +318,34 @@ class Supervisor:
         self.gang = self.launcher.launch(self.plan)
         self.job.state = "running"
 
-    def _stop_gang(self) -> None:
-        if self.gang is not None:
-            self.gang.stop()
-            self.gang = None
+    def _stop_gang(self) -> list[RankExit]:
+        """Stop the gang; return the ranks that had already died on their own (since the last
+        poll): a rank that crashed just as a stop or restart arrived is still a crash, and
+        losing it would hide a flaky node from `rank_crash_repeat`."""
+        if self.gang is None:
+            return []
+        died = [e for e in self.gang.poll() if e.returncode != 0]
+        self.gang.stop()
+        self.gang = None
+        return died
+
+    async def _report_crashes(self, failed: list[RankExit]) -> None:
+        if not failed:
+            return
+        log.warning("ranks %s exited abnormally", [e.rank for e in failed])
+        events = [
+            make_event(
+                EventKind.RANK_CRASH,
+                Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
+                RankCrashPayload(
+                    exit_code=e.returncode if e.returncode >= 0 else None,
+                    signal=e.signal,
+                    generation=self.job.generation,
+                ),
+            )
+            for e in failed
+        ]
+        await self._post(events)
 
     async def _watch(self) -> None:
         while not self.done.is_set():
@@ -331,22 +355,9 @@ class Supervisor:
             exits = self.gang.poll()
             failed = [e for e in exits if e.returncode != 0]
             if failed:
-                events = [
-                    make_event(
-                        EventKind.RANK_CRASH,
-                        Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
-                        RankCrashPayload(
-                            exit_code=e.returncode if e.returncode >= 0 else None,
-                            signal=e.signal,
-                            generation=self.job.generation,
-                        ),
-                    )
-                    for e in failed
-                ]
-                self._stop_gang()  # a gang with a dead rank cannot make progress
+                failed += self._stop_gang()  # a gang with a dead rank cannot make progress
                 self.job.state = "crashed"
-                log.warning("ranks %s exited abnormally", [e.rank for e in failed])
-                await self._post(events)
+                await self._report_crashes(failed)
                 await self.report_status()
             elif self.gang.running() == 0:
                 self.job.state = "finished"
