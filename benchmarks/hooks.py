@@ -19,7 +19,8 @@ at the same rate in both arms. Also reported: the plain means' ratio
 (`interleaved_mean_ratio`), the medians' (`interleaved_median_ratio`, which hides the periodic
 work), the gang CPU time's (all ranks, all threads; `interleaved_cpu_ratio`, trimmed the same
 way), the mean cost of plain / exchange / SDC steps (steps where the hooks posted or took an
-exchange, or computed or judged an SDC check's digests, as `hooks.periodic_work` names them),
+exchange or an SDC check's digests, and steps that computed those digests, as
+`hooks.periodic_work` names them; `interleaved_periodic_steps` counts both kinds),
 the gang CPU of plain on-steps, and `hook_overhead_ratio_ci95`, a 95%
 bootstrap interval of the primary ratio resampling whole pairs of blocks (how much the
 machine's noise leaves of the figure).
@@ -419,7 +420,7 @@ def analyze_interleaved(recs: list[dict[str, Any]], warmup: int, block: int) -> 
         "interleaved_gang_cpu_ms_off": ms(pick(cpu, False)),
         "interleaved_steps_on": len(on_wall),
         "interleaved_steps_off": len(off_wall),
-        "interleaved_exchanges": sum(k is not None for k in kind),
+        "interleaved_periodic_steps": sum(k is not None for k in kind),
         "interleaved_sdc_checks": sum(k == "sdc" for k in kind),
         "interleaved_block": block,
         "interleaved_warmup_steps": warmup,

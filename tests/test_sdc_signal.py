@@ -97,7 +97,7 @@ def test_the_exchange_is_acted_on_a_step_later_and_close_starts_no_collective(
     # posted after step 4, taken after step 5 (the checkpoint, on every rank at once, and the
     # SDC check's digests), the check judged after step 6; step 9's exchange is taken by close
     assert [s for s, d in enumerate(due) if d] == [5]
-    assert work == [None] * 4 + ["exchange", "sdc", "sdc", None, None, "exchange"]
+    assert work == [None] * 4 + ["exchange", "sdc", "exchange", None, None, "exchange"]
     # close took step 9's exchange, whose periodic check falls due, but posted no digests: a
     # rank closing on an error path may have peers that never will
     assert gang.digest_posts == 1

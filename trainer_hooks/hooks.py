@@ -144,7 +144,9 @@ class SentinelHooks:
         # in the order they were posted: the same order on every rank.
         self._inflight: list[tuple[Gathered[Any], Finish]] = []
         self._closing = False
-        self.periodic_work: str | None = None  # what the last end_step did beyond the step's own
+        # What the last end_step did beyond the step's own work: "sdc" (computed an SDC check's
+        # digests), "exchange" (posted or took a gather), or None.
+        self.periodic_work: str | None = None
         self.signals = SignalDumper(self._dump_before_exit)
         if cfg.enabled:
             self.transport.start()
@@ -388,7 +390,7 @@ class SentinelHooks:
         self._post(gathered, lambda rows, _: self._judge_sdc(step, check_id, params, rows))
 
     def _judge_sdc(self, step: int, check_id: str, params: bool, rows: list[list[str]]) -> None:
-        self.periodic_work = "sdc"
+        self.periodic_work = self.periodic_work or "exchange"  # a gather taken; no compute
         digests = [row[0] for row in rows]
         top, bad = sdc.majority(digests)
         me = self.exchange.rank

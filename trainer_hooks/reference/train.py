@@ -105,7 +105,8 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     equal chance whatever its number, so the on-arm gets its share of them on average.
     Each on-step records the periodic work the hooks did in it (`hooks.periodic_work`): an
     exchange is posted at one hooked step and acted on at the next, and an SDC check computes
-    its digests at the step after the exchange that called it and judges them at the next.
+    its digests ("sdc") at the step after the exchange that called it and judges them at the
+    next ("exchange", as is every step that only posts or takes a gather).
     Off-steps run inside `hooks.bypassed()`, entered and left between steps, outside the timed
     window, as is a barrier before every step (see below). Process-wide state stays as set up
     for the run in both arms: PyTorch's flight recorder buffer (TORCH_FR_BUFFER_SIZE), the
@@ -128,7 +129,7 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
         "on": [],
         "wall_s": [],
         "cpu_s": [],
-        "periodic": [],  # on-steps: "sdc" (an SDC check's work), "exchange", or None
+        "periodic": [],  # on-steps: "sdc" (an SDC check's digests computed), "exchange", None
     }
     bypassed = False
     with contextlib.ExitStack() as bypass:
