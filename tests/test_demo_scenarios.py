@@ -82,12 +82,13 @@ def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
     assert_repaired(res, "sdc", "sdc", ["node-1"])
     (fault,) = res["faults"]
     assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
-    assert fault["injected_step"] == 12 and fault["detected_step"] == 14
+    assert fault["injected_step"] == 12 and fault["detected_step"] == 15
     assert fault["actions"][0] == "sdc_recompute" and res["incidents"][0]["target"] == "node-1"
     log = (tmp_path / "out" / "supervisor.log").read_text()
     assert "launching generation 1 on ['node-0', 'spare-0']" in log
-    # Back to checkpoint 10, before the corruption began; checkpoint 20 would hold it.
-    assert '"resume_before_step": 10' in log and "step-00000010" in log
+    # Back to checkpoint 10, before the corruption began; checkpoint 20 would hold it. The last
+    # check every rank passed ran at step 10 (after the exchange posted at step 9).
+    assert '"resume_before_step": 11' in log and "step-00000010" in log
     assert "step   11  loss" in stdout and "replayed after rollback" in stdout
 
 
