@@ -66,7 +66,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer_hooks import HooksConfig, SentinelHooks
-from trainer_hooks.interleave import schedule
+from trainer_hooks.interleave import schedule, twin
 
 
 def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -369,12 +369,8 @@ def analyze_interleaved(recs: list[dict[str, Any]], warmup: int, block: int) -> 
     arm = [recs[0]["on"][i] for i in idx]
     kind = [recs[0]["periodic"][i] for i in idx]
     kind_at = dict(zip(recs[0]["steps"], recs[0]["periodic"], strict=True))
-
-    def twin(step: int) -> int:  # the same place in the other block of the step's pair
-        return step + block if step % (2 * block) < block else step - block
-
-    kept_whole = [
-        (k if a else kind_at.get(twin(recs[0]["steps"][i]))) is not None
+    kept_whole = [  # periodic on-steps and their off-arm twins
+        (k if a else kind_at.get(twin(recs[0]["steps"][i], block))) is not None
         for i, a, k in zip(idx, arm, kind, strict=True)
     ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,32 @@ def test_schedule_pairs_blocks_and_is_seeded() -> None:
     assert interleave.fingerprint(arms) != interleave.fingerprint(interleave.schedule(40, 2, 6))
     with pytest.raises(ValueError, match="block >= 1"):
         interleave.schedule(10, 0)
+    for step in range(40):  # a step's twin: same pair, same place, the other arm
+        other = interleave.twin(step, 2)
+        assert other // 4 == step // 4 and other % 2 == step % 2 and arms[other] != arms[step]
+        assert interleave.twin(other, 2) == step
+
+
+def test_the_overhead_statistic_trims_both_arms_alike() -> None:
+    """Every 4th pair holds periodic work; the only outliers are one preempted step per such
+    pair in each arm (2x the step time). The arms cost the same: the ratio must be 1. Keeping
+    the on-arm's periodic steps whole while trimming every off-step read the same steps 1.018."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import hooks as bench  # benchmarks/hooks.py
+
+    arms = interleave.schedule(400, 2, seed=1)
+    periodic: list[str | None] = [None] * 400
+    wall = [0.4] * 400
+    for pair in range(0, 100, 4):
+        on_first = arms[4 * pair]
+        on_step, off_step = (4 * pair, 4 * pair + 2) if on_first else (4 * pair + 2, 4 * pair)
+        periodic[on_step] = "exchange"
+        wall[on_step] = wall[off_step] = 0.8  # preempted, in both arms alike
+    rec = {"steps": list(range(400)), "on": arms, "periodic": periodic, "wall_s": wall}
+    rec |= {"cpu_s": wall, "hook_errors": 0}
+    figures = bench.analyze_interleaved([rec], warmup=0, block=2)
+    assert figures["hook_overhead_ratio"] == 1.0
+    assert figures["interleaved_periodic_steps"] == 25
 
 
 def test_bad_block_is_a_config_error(tmp_path: Path) -> None:

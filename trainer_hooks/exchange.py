@@ -29,30 +29,22 @@ Row = TypeVar("Row")
 class Gathered(Generic[Row]):
     """One all_gather in flight: `rows()` waits for it (normally long done) and decodes it."""
 
-    def __init__(
-        self,
-        work: Any,
-        out: list[torch.Tensor],
-        decode: Callable[[torch.Tensor], Row],
-        rows: list[Row] | None = None,
-    ) -> None:
-        self._work, self._out, self._decode = work, out, decode
-        self._rows = rows
+    def __init__(self, work: Any, decode: Callable[[], list[Row]]) -> None:
+        self._work, self._decode = work, decode
 
     @classmethod
     def ready(cls, rows: list[Row]) -> Gathered[Row]:
         """Rows already known (one rank, hooks off, or a stand-in gang in tests)."""
-        return cls(None, [], _never, rows)
+        return cls(None, lambda: rows)
 
     def rows(self, timeout_s: float | None = None) -> list[Row]:
         """Every rank's row, by rank. With `timeout_s`, raises RuntimeError if not done by then."""
-        if self._rows is None:
+        if self._work is not None:
             if timeout_s is None:
                 self._work.wait()
             else:
                 self._work.wait(timeout=datetime.timedelta(seconds=timeout_s))
-            self._rows = [self._decode(o) for o in self._out]
-        return self._rows
+        return self._decode()
 
 
 class GangExchange:
@@ -68,7 +60,7 @@ class GangExchange:
         """Post every rank's `values` (the same length on every rank)."""
         if not self.active:
             return Gathered.ready([list(values)])
-        return self._post(torch.tensor(list(values), dtype=torch.float64), _floats)
+        return self._post(torch.tensor(list(values), dtype=torch.float64), torch.Tensor.tolist)
 
     def gather_digests(self, digests: Sequence[str]) -> Gathered[list[str]]:
         """Post every rank's digests (the same number on every rank), in one `all_gather`."""
@@ -80,15 +72,7 @@ class GangExchange:
     def _post(self, t: torch.Tensor, decode: Callable[[torch.Tensor], Row]) -> Gathered[Row]:
         out = [torch.empty_like(t) for _ in range(self.world)]
         work = dist.all_gather(out, t, group=self.group, async_op=True)
-        return Gathered(work, out, decode)
-
-
-def _never(t: torch.Tensor) -> Any:
-    raise AssertionError("a ready Gathered has nothing to decode")
-
-
-def _floats(t: torch.Tensor) -> list[float]:
-    return [float(v) for v in t.tolist()]
+        return Gathered(work, lambda: [decode(o) for o in out])
 
 
 def _digests(t: torch.Tensor) -> list[str]:

@@ -143,7 +143,6 @@ class SentinelHooks:
         # Gathers posted at one hooked step and finished at the next (`trainer_hooks.exchange`),
         # in the order they were posted: the same order on every rank.
         self._inflight: list[tuple[Gathered[Any], Finish]] = []
-        self._closing = False
         # What the last end_step did beyond the step's own work: "sdc" (computed an SDC check's
         # digests), "exchange" (posted or took a gather), or None.
         self.periodic_work: str | None = None
@@ -272,9 +271,8 @@ class SentinelHooks:
     def close(self) -> None:
         """Stop the threads; take the results of gathers still in flight (no new collective:
         a rank closing on an error path may have peers that never will)."""
-        self._closing = True
         with contextlib.suppress(Exception):
-            self._finish_inflight(self._last_step(), timeout_s=5.0)
+            self._finish_inflight(None, timeout_s=5.0)
         with contextlib.suppress(Exception):
             self.watchdog.stop()
             timing.uninstrument_collectives()
@@ -328,13 +326,13 @@ class SentinelHooks:
             self._send(EventKind.RANK_ANOMALY, payload)
 
     def _finish_inflight(self, now: int | None, timeout_s: float | None = None) -> None:
-        """Act on the gathers posted at the previous hooked step; `now`: this step."""
+        """Act on the gathers posted at the previous hooked step; `now`: this step, or None
+        when the hooks close (then nothing that needs a new collective is started)."""
         inflight, self._inflight = self._inflight, []
+        if inflight:
+            self.periodic_work = "exchange"
         for gathered, finish in inflight:
             finish(gathered.rows(timeout_s), now)
-
-    def _post(self, gathered: Gathered[Any], finish: Finish) -> None:
-        self._inflight.append((gathered, finish))
 
     def _exchange(self, step: int) -> None:
         """Post this rank's window and requests; every rank acts on them at its next step."""
@@ -349,14 +347,15 @@ class SentinelHooks:
         gathered = self.exchange.gather(
             [self.window.take_median(), float(sdc_req), float(ckpt_req)]
         )
-        self._post(gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
+        self._inflight.append(
+            (gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
+        )
         self.periodic_work = self.periodic_work or "exchange"
 
     def _exchanged(
         self, step: int, periodic_sdc: bool, rows: list[list[float]], now: int | None
     ) -> None:
         cfg = self.config
-        self.periodic_work = self.periodic_work or "exchange"
         for found in self.stragglers.update([r[0] for r in rows], self.replica_groups):
             if found.rank == self.exchange.rank:
                 payload = RankStragglerPayload(
@@ -370,9 +369,9 @@ class SentinelHooks:
         if any(r[2] for r in rows):
             self._checkpoint_due = True
         if periodic_sdc or any(r[1] for r in rows):
-            if self._closing:
+            if now is None:
                 log.info("sentinel hooks: an SDC check fell due at close; not started")
-            elif now is not None:
+            else:
                 self._sdc_check(now)
 
     def _sdc_check(self, step: int) -> None:
@@ -387,10 +386,11 @@ class SentinelHooks:
             local.append(sdc.param_digest(model))
         gathered = self.exchange.gather_digests(local)
         params = model is not None
-        self._post(gathered, lambda rows, _: self._judge_sdc(step, check_id, params, rows))
+        self._inflight.append(
+            (gathered, lambda rows, _: self._judge_sdc(step, check_id, params, rows))
+        )
 
     def _judge_sdc(self, step: int, check_id: str, params: bool, rows: list[list[str]]) -> None:
-        self.periodic_work = self.periodic_work or "exchange"  # a gather taken; no compute
         digests = [row[0] for row in rows]
         top, bad = sdc.majority(digests)
         me = self.exchange.rank

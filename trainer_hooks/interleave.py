@@ -34,6 +34,11 @@ def schedule(steps: int, block: int, seed: int = 0) -> list[bool]:
     return out[:steps]
 
 
+def twin(step: int, block: int) -> int:
+    """The step at the same place in the other block of `step`'s pair (the other arm)."""
+    return step + block if step % (2 * block) < block else step - block
+
+
 def fingerprint(arms: list[bool]) -> int:
     """A 62-bit digest of a schedule, to compare across ranks in an int64 tensor."""
     digest = hashlib.sha256(bytes(arms)).digest()

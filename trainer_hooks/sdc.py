@@ -50,7 +50,7 @@ def param_digest(model: nn.Module) -> str:
         local = p.detach()
         if hasattr(local, "to_local"):  # DTensor: this rank's shard
             local = local.to_local()
-        h.update(local.cpu().contiguous().view(torch.uint8).numpy())  # hashed in place, no copy
+        h.update(local.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:32]
 
 
