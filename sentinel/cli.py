@@ -10,6 +10,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from sentinel import __version__
 from sentinel.exitcodes import ExitCode, InputError
@@ -36,7 +37,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default already exits 2; keep the text
+    def error(self, message: str) -> NoReturn:  # argparse's default already exits 2; keep the text
         self.print_usage(sys.stderr)
         self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -33,6 +32,7 @@ import pytest
 import yaml
 from burnin_sample import SAMPLE_REPORT
 from coord_util import Coordinator
+from system_deps import require_command
 
 from sentinel.dashboards import build_all
 from sentinel.dashboards.burnin_metrics import exposition
@@ -42,14 +42,8 @@ from trainer_hooks.reference.launch import Gang, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "deploy" / "prometheus"
-PROMETHEUS = shutil.which("prometheus")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        PROMETHEUS is None, reason="prometheus not installed (.ci/run installs Debian's package)"
-    ),
-]
+pytestmark = pytest.mark.slow
 
 # (dashboard, panel) whose series no process in this test's fleet exports: none.
 NOT_IN_THIS_FLEET: set[tuple[str, str]] = set()
@@ -259,7 +253,7 @@ def prom(
     textfile_exporter: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PromAPI]:
-    assert PROMETHEUS is not None
+    prometheus = require_command("prometheus", "prometheus")
     work = tmp_path_factory.mktemp("prometheus")
     token = write_token(work / "coordinator.token", coordinator.token("--role", "operator"))
     config = prometheus_config(fleet, coordinator, token, textfile_exporter)
@@ -268,7 +262,7 @@ def prom(
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [
-            PROMETHEUS,
+            prometheus,
             f"--config.file={work / 'prometheus.yml'}",
             f"--storage.tsdb.path={work / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
