@@ -198,9 +198,14 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def config_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
-        lines.append(f"{path}: {e['msg']}{got}")
+        if not e["loc"] and e["type"] == "value_error":
+            # A check across fields: its message names each field's path, one problem a line.
+            lines += str(e["ctx"]["error"]).splitlines()
+            continue
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        # A whole section as the input says nothing the path does not; a value says what is wrong.
+        shown = e["type"] != "missing" and not isinstance(e["input"], dict | list)
+        lines.append(f"{path}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return lines
 
 
