@@ -77,3 +77,11 @@ def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
         + ", ".join(shipped_scenarios())
     )
     assert "link_degraded" in shipped_scenarios() and "default" in shipped_scenarios()
+
+
+def test_quick_shortens_the_default_drill_too() -> None:
+    from sentinel.demo.run import quick
+
+    steps = {n: quick(load_scenario(n)).trainer.steps for n in ("default", "crash", "xid")}
+    # Default: its last fault is at step 86 of 100, one checkpoint interval (10) after it.
+    assert steps == {"default": 96, "crash": 35, "xid": 35}

@@ -28,7 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="run directory")
     add_json_option(p, "the result")
-    p.add_argument("--quick", action="store_true", help="fewer steps after the last fault")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="end two checkpoint intervals after the last fault, or one where two cut nothing",
+    )
     p.set_defaults(handler=run)
 
 

@@ -30,6 +30,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         dumps = load_dir(args.dump_dir, prefix=args.prefix, workers=args.workers)
     except DumpError as e:
         raise InputError(str(e)) from None
+    if not dumps.summaries and not dumps.sidecars:
+        # Nothing here is a dump: bad input, not a verdict about the job's ranks.
+        why = "; ".join(f"{dumps.prefix}{r}: {e}" for r, e in sorted(dumps.unreadable.items())[:3])
+        raise InputError(f"{args.dump_dir}: no readable flight-recorder dump ({why})")
     report = analyze(dumps)
     emit_json(args, report.to_json())
     if not json_to_stdout(args):

@@ -33,7 +33,7 @@ def check_json_target(args: argparse.Namespace) -> None:
     """Refuse a FILE whose directory does not exist before any work starts."""
     target = getattr(args, "json", None)
     if target not in (None, STDOUT) and not Path(target).resolve().parent.is_dir():
-        raise InputError(f"--json {target}: directory {Path(target).parent} does not exist")
+        raise InputError(f"--json {target}: directory does not exist: {Path(target).parent}")
 
 
 def emit_json(args: argparse.Namespace, doc: Any) -> None:
