@@ -34,6 +34,11 @@ def demo(
     )  # fmt: skip
     assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "report.html").exists() and (out / "goodput.json").exists()
+    # The live timeline, saved line by line in the run directory as it was printed.
+    timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    assert (
+        any(e["kind"] == "fault" for e in timeline) or not json.loads(result.read_text())["faults"]
+    )
     return done.returncode, json.loads(result.read_text()), done.stdout
 
 

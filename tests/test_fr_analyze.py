@@ -157,3 +157,14 @@ def test_cli_json_exit_codes_and_bad_input(tmp_path: Path, capsys: pytest.Captur
     (tmp_path / "empty").mkdir()
     assert main(["fr", "analyze", str(tmp_path / "empty")]) == 2
     assert "no flight-recorder dumps" in capsys.readouterr().err
+
+
+def test_files_that_are_not_dumps_are_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "nccl_trace_rank_0").write_bytes(b"not a pickle")
+    (tmp_path / "nccl_trace_rank_1").write_text("{}")
+    assert main(["fr", "analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sentinel: {tmp_path}: no readable flight-recorder dump (")
+    assert err.count("\n") == 1 and "Traceback" not in err

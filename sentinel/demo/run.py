@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +84,13 @@ def trainer_args(scenario: Scenario) -> list[str]:
 
 
 def quick(scenario: Scenario) -> Scenario:
-    """Fewer steps: stop two checkpoint intervals after the last timed fault."""
+    """Fewer steps: stop two checkpoint intervals after the last timed fault, or one where two
+    would cut nothing (the default scenario's faults run to its last steps). A repair resumes
+    from the checkpoint before its fault, so the run crosses that step again within one
+    interval and still proves the repair."""
     last = max((getattr(f, "at_step", getattr(f, "batch", 0)) for f in scenario.faults), default=0)
-    steps = min(scenario.trainer.steps, last + 2 * scenario.trainer.checkpoint_every)
+    every, steps = scenario.trainer.checkpoint_every, scenario.trainer.steps
+    steps = min(steps, last + 2 * every) if last + 2 * every < steps else min(steps, last + every)
     trainer = scenario.trainer.model_copy(update={"steps": max(steps, 1)})
     return scenario.model_copy(update={"trainer": trainer})
 
@@ -130,6 +134,9 @@ class Demo:
             step = self.rec.lines[-1][0].step + 1
         entry = TimelineEntry(t=t, step=step, kind=kind, target=target, text=text, ref=ref)
         self.rec.timeline.append(entry)
+        # Saved as it happens: `tail -f timeline.jsonl` follows a run, and it stays after one.
+        with (self.out / "timeline.jsonl").open("a") as f:
+            f.write(json.dumps(asdict(entry)) + "\n")
         mark = {"fault": "!!", "detect": "??", "action": "->", "resume": ">>"}.get(kind, "  ")
         self.echo(f"[{t:7.1f}s] {mark} {text}")
 
