@@ -33,8 +33,11 @@ class HooksConfig:
     anomaly_policy: str = "robust"
     # Gang exchange (stragglers, SDC and checkpoint consensus) every N steps on a gloo side group.
     exchange_every: int = 20
+    # Stragglers (trainer_hooks.straggler): a rank whose own compute runs `threshold` times its
+    # peers' in `persist` consecutive windows of `window` steps.
     straggler_threshold: float = 1.03
-    straggler_persist: int = 3
+    straggler_persist: int = 4
+    straggler_window: int = 20
     sdc_every: int = 0  # steps between SDC spot checks; 0 = on command only
     sdc_size: int = 256
     sdc_chain: int = 8
@@ -54,6 +57,7 @@ class HooksConfig:
             "report_every",
             "exchange_every",
             "straggler_persist",
+            "straggler_window",
             "sdc_size",
             "sdc_chain",
         ):
