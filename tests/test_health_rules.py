@@ -8,8 +8,8 @@ import pytest
 
 from sentinel.agent.health import RULES, HealthEvaluator, judge
 from sentinel.agent.readings import GpuReading, XidEvent
-from sentinel.agent.xid_catalog import CATALOG, describe
 from sentinel.config import HealthThresholds
+from sentinel.faults.catalog import CATALOG, describe
 from sentinel.protocol import Action, Verdict
 
 H, D, U = Verdict.HEALTHY, Verdict.DEGRADED, Verdict.UNHEALTHY

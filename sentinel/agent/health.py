@@ -2,7 +2,7 @@
 
 The rules are a table (`RULES`): each row names a condition on one `GpuReading`, the verdict and
 action it implies, and how to describe what it saw. A field a GPU does not report (`None`) never
-fires a rule. XIDs are judged by NVIDIA's catalog (`xid_catalog`) and are stateful: the evaluator
+fires a rule. XIDs are judged by the fault catalog (`sentinel.faults.catalog`) and are stateful: the evaluator
 remembers each (gpu, xid) for `xid_window_s`, keeps the GPU's verdict for that long after the last
 occurrence, and escalates to drain_and_inspect when the same fault repeats `xid_escalate_after`
 times within the window. Pure logic: no I/O, and the clock is injected.
@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sentinel.agent.readings import GpuReading, XidEvent
-from sentinel.agent.xid_catalog import describe
 from sentinel.config import HealthThresholds
+from sentinel.faults.catalog import describe
 from sentinel.protocol import ACTION_SEVERITY, VERDICT_SEVERITY, Action, Finding, Verdict
 
 # NVML clocks-event (throttle) reason bits.
