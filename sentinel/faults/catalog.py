@@ -254,3 +254,7 @@ def escalated_action(xid: int) -> Action:
     escalate, the row's own action for the rest."""
     info = describe(xid)
     return _DRAIN if info.escalates else info.action
+
+
+def is_known_xid(xid: int) -> bool:
+    return xid in _BY_CODE
