@@ -76,6 +76,7 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
         tmp_path, lib, [FakeGpu(index=0), FakeGpu(index=1)], env=env,
         args=["--coordinator", f"http://127.0.0.1:{coord.port}", "--kmsg", "off",
               "--expected-gpus", "2"],
+        config="agent:\n  thresholds:\n    hold_s: {nvml_unresponsive: 3}\n",  # catalog: 60 s
     )  # fmt: skip
     scrapes: list[float] = []
     try:
@@ -108,6 +109,13 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
         assert agent.proc.poll() is None
 
         agent.serve()  # the driver answers again
+        wait_until(
+            lambda: (
+                agent.node_rules() == {"nvml_unresponsive"}
+                and not agent.scrape().get("sentinel_agent_nvml_call_stalled_seconds")
+            ),
+            10,
+        )
         wait_until(lambda: _timed_scrape(agent, scrapes) == "healthy", 10, "recovered")
         assert agent.node_rules() == set()
         wait_until(lambda: verdict_events()[-1]["verdict"] == "healthy", 10)

@@ -28,7 +28,8 @@ def test_recovery_action_and_reset_required_are_exported_and_judged(
     tmp_path: Path, lib: Path
 ) -> None:
     gpus = [FakeGpu(index=0), FakeGpu(index=1)]
-    agent = FakeNvmlAgent(tmp_path, lib, gpus, args=["--kmsg", "off"])
+    holds = "agent:\n  thresholds:\n    hold_s: {recovery_gpu_reset: 2, recovery_node_reboot: 2}\n"
+    agent = FakeNvmlAgent(tmp_path, lib, gpus, args=["--kmsg", "off"], config=holds)
     try:
         assert agent.verdict() == "healthy"
         assert _value(agent, "sentinel_gpu_recovery_action", gpu="1") == 0.0
@@ -43,7 +44,9 @@ def test_recovery_action_and_reset_required_are_exported_and_judged(
         assert _value(agent, "sentinel_node_recommended_action", action="reboot_node") == 1.0
         gpus[1].recovery_action = 0
         agent.serve()
-        wait_until(lambda: agent.verdict() == "healthy", what="cleared")
+        wait_until(lambda: _value(agent, "sentinel_gpu_recovery_action", gpu="1") == 0, what="0")
+        assert agent.verdict() == "unhealthy"  # held down for a while after the driver relents
+        wait_until(lambda: agent.verdict() == "healthy", what="cleared after the hold")
         gpus[0].errors["temp_gpu"] = RESET_REQUIRED  # a call refuses until the GPU is reset
         agent.serve()
         wait_until(lambda: "recovery_gpu_reset" in agent.gpu_rules(0), what="reset required")
@@ -52,7 +55,9 @@ def test_recovery_action_and_reset_required_are_exported_and_judged(
         gpus[0].recovery_action = 99  # a value this catalog does not know
         agent.serve()
         wait_until(lambda: "unknown_signal" in agent.node_rules(), what="unknown")
-        assert agent.verdict() == "degraded"  # never healthy
+        # Once GPU 0's reset hold has passed: degraded, never healthy.
+        wait_until(lambda: agent.verdict() == "degraded", what="degraded, not healthy")
+        assert "unknown_signal" in agent.node_rules()
         assert _value(agent, "sentinel_agent_unknown_inputs_total", kind="recovery_action") == 1
     finally:
         assert agent.stop() == 0, agent.log()

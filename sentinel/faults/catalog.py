@@ -128,23 +128,24 @@ _N = "node"
 # fmt: off
 RULES: tuple[RuleInfo, ...] = (
     # -- GPU identity and presence
-    RuleInfo("gpu_lost", _U, _REBOOT, "NVML answers GPU_IS_LOST", "the GPU answers again", 0),
+    RuleInfo("gpu_lost", _U, _REBOOT, "NVML answers GPU_IS_LOST", "the GPU answers again",
+             10 * MINUTE),
     RuleInfo("gpu_missing", _U, _REBOOT,
              "fewer GPUs answer NVML than the node should have (config or PCI devices)",
-             "every expected GPU answers", 0, _N),
+             "every expected GPU answers", 5 * MINUTE, _N),
     RuleInfo("nvml_unresponsive", _U, _REBOOT,
              "an NVML call has not returned within its deadline",
-             "the hung call returned and a full sweep completed", 0, _N),
+             "the hung call returned and a full sweep completed", MINUTE, _N),
     # -- recovery action and reset state the driver requests
     RuleInfo("recovery_gpu_reset", _U, _RESET,
              "the driver requests a GPU reset (GPU_RESET, DRAIN_AND_RESET, BUS_RESET) "
-             "or a call answers RESET_REQUIRED", "the driver requests nothing", 0),
+             "or a call answers RESET_REQUIRED", "the driver requests nothing", 5 * MINUTE),
     RuleInfo("recovery_node_reboot", _U, _REBOOT,
              "the driver requests a node reboot (NODE_REBOOT, SYSTEM_REBOOT)",
-             "the driver requests nothing", 0),
+             "the driver requests nothing", 5 * MINUTE),
     RuleInfo("recovery_drain", _U, _DRAIN,
              "the driver requests draining P2P traffic or an IMEX domain recovery",
-             "the driver requests nothing", 0),
+             "the driver requests nothing", 5 * MINUTE),
     # -- memory
     RuleInfo("ecc_dbe_volatile", _U, _RESET, "volatile DBE count >= 1",
              "the count is back to 0 (after a GPU reset)", 0),
