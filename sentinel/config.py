@@ -52,7 +52,7 @@ class HealthThresholds(StrictModel):
     nvlink_error_rate_degraded: float = Field(default=60.0, gt=0)
     sbe_rate_degraded: float = Field(default=100.0, gt=0)
     # Peer outliers: robust z-score against the node's GPUs, this many polls in a row.
-    outlier_z: float = Field(default=6.0, gt=0)
+    outlier_z: float = Field(default=4.0, gt=0)
     outlier_polls: int = Field(default=2, ge=1)
     xid_window_s: float = 3600.0
     xid_escalate_after: int = Field(default=3, ge=2)

@@ -7,6 +7,8 @@ cannot drag the reference), at like load:
 
 - temperature at power: the temperature left after the node's own temperature-per-watt slope
   (Theil-Sen over the GPU pairs, so one GPU cannot bend it) takes out the power difference;
+  power is smoothed per GPU first (`POWER_EMA`), because a heat sink follows power over tens
+  of seconds, not sample by sample;
 - SM clock and power draw, among the GPUs busy at >= `busy_util_pct` only;
 - error rates (corrected ECC, PCIe replay, NVLink), per minute.
 
@@ -19,40 +21,30 @@ under half the limit. Pure Python: eight numbers per metric cost less than numpy
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from statistics import median
 
 from sentinel.agent.readings import GpuReading
 
 # The least spread a metric is judged against, in its unit (C, MHz, W, errors per minute).
-FLOORS = {"temp_at_power": 2.0, "sm_clock": 30.0, "power": 30.0, "error_rate": 20.0}
+FLOORS = {"temperature at power": 2.0, "SM clock": 30.0, "power": 30.0, "error rate": 20.0}
 MAD_TO_SIGMA = 1.4826
 MIN_PEERS = 4  # fewer GPUs than this in a comparison: no reference to be odd against
 SLOPE_RANGE = (0.0, 0.15)  # C per W: what a GPU's cooling can plausibly be
+POWER_EMA = 0.1  # weight of the newest power sample in the smoothed power (~10 polls)
+
+Score = tuple[float, str, float, float]  # (z, metric, value, peers' median)
 
 
-@dataclass(frozen=True, slots=True)
-class PeerScore:
-    gpu: int
-    metric: str
-    value: float
-    reference: float
-    z: float
-
-    def describe(self) -> str:
-        return (
-            f"{self.metric.replace('_', ' ')} {self.value:.1f} vs peers' {self.reference:.1f} "
-            f"(robust z {self.z:+.1f})"
-        )
-
-
-def robust_scores(metric: str, values: dict[int, float]) -> list[PeerScore]:
+def _scores(metric: str, values: dict[int, float], worst: dict[int, Score]) -> None:
+    """Score every GPU on one metric, keeping each GPU's largest |z| in `worst`."""
     if len(values) < MIN_PEERS:
-        return []
+        return
     mid = median(values.values())
-    mad = median(abs(x - mid) for x in values.values())
-    scale = max(MAD_TO_SIGMA * mad, FLOORS[metric])
-    return [PeerScore(g, metric, x, mid, (x - mid) / scale) for g, x in values.items()]
+    scale = max(MAD_TO_SIGMA * median([abs(x - mid) for x in values.values()]), FLOORS[metric])
+    for gpu, x in values.items():
+        z = (x - mid) / scale
+        if gpu not in worst or abs(z) > abs(worst[gpu][0]):
+            worst[gpu] = (z, metric, x, mid)
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float:
@@ -67,33 +59,13 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
     return min(high, max(low, median(slopes))) if slopes else 0.0
 
 
-def _temp_at_power(readings: Sequence[GpuReading]) -> dict[int, float]:
-    pts = {
-        r.index: (r.power_w, r.temp_gpu_c)
-        for r in readings
-        if r.power_w is not None and r.temp_gpu_c is not None
-    }
-    if len(pts) < MIN_PEERS:
+def temp_at_power(points: dict[int, tuple[float, float]]) -> dict[int, float]:
+    """GPU -> temperature with the node's temperature-per-watt taken out, from (power, temp)."""
+    if len(points) < MIN_PEERS:
         return {}
-    slope = _slope(list(pts.values()))
-    mid_power = median(p for p, _ in pts.values())
-    return {g: t - slope * (p - mid_power) for g, (p, t) in pts.items()}
-
-
-def peer_scores(
-    readings: Sequence[GpuReading], rates: dict[int, float], busy_util_pct: float
-) -> list[PeerScore]:
-    """Every GPU's score on every metric it can be compared on, this sweep."""
-    live = [r for r in readings if not r.lost]
-    busy = [r for r in live if r.util_gpu_pct is not None and r.util_gpu_pct >= busy_util_pct]
-    clocks = {r.index: float(r.sm_clock_mhz) for r in busy if r.sm_clock_mhz is not None}
-    power = {r.index: r.power_w for r in busy if r.power_w is not None}
-    return [
-        *robust_scores("temp_at_power", _temp_at_power(live)),
-        *robust_scores("sm_clock", clocks),
-        *robust_scores("power", power),
-        *robust_scores("error_rate", rates),
-    ]
+    slope = _slope(list(points.values()))
+    mid_power = median(p for p, _ in points.values())
+    return {g: t - slope * (p - mid_power) for g, (p, t) in points.items()}
 
 
 class PeerOutliers:
@@ -104,20 +76,53 @@ class PeerOutliers:
         self.polls = polls
         self.busy_util_pct = busy_util_pct
         self._streak: dict[int, int] = {}
+        self._power: dict[int, float] = {}  # smoothed power per GPU
+
+    def _smoothed(self, gpu: int, watts: float) -> float:
+        last = self._power.get(gpu)
+        value = watts if last is None else last + POWER_EMA * (watts - last)
+        self._power[gpu] = value
+        return value
+
+    def scores(self, readings: Sequence[GpuReading], rates: dict[int, float]) -> dict[int, Score]:
+        """Each GPU's worst score over every metric it can be compared on, this sweep."""
+        worst: dict[int, Score] = {}
+        heat: dict[int, tuple[float, float]] = {}
+        clocks: dict[int, float] = {}
+        power: dict[int, float] = {}
+        busy = self.busy_util_pct
+        for r in readings:
+            if r.lost:
+                self._power.pop(r.index, None)
+                continue
+            if r.power_w is not None:
+                smooth = self._smoothed(r.index, r.power_w)
+                if r.temp_gpu_c is not None:
+                    heat[r.index] = (smooth, r.temp_gpu_c)
+            if r.util_gpu_pct is not None and r.util_gpu_pct >= busy:
+                if r.sm_clock_mhz is not None:
+                    clocks[r.index] = float(r.sm_clock_mhz)
+                if r.power_w is not None:
+                    power[r.index] = r.power_w
+        _scores("temperature at power", temp_at_power(heat), worst)
+        _scores("SM clock", clocks, worst)
+        _scores("power", power, worst)
+        _scores("error rate", rates, worst)
+        return worst
 
     def update(
         self, readings: Sequence[GpuReading], rates: dict[int, float]
     ) -> dict[int, tuple[str | None, bool]]:
         """Per GPU: (why it is an outlier now or None, whether all its scores are quiet)."""
-        worst: dict[int, PeerScore] = {}
-        for s in peer_scores(readings, rates, self.busy_util_pct):
-            if s.gpu not in worst or abs(s.z) > abs(worst[s.gpu].z):
-                worst[s.gpu] = s
-        out: dict[int, tuple[str | None, bool]] = {}
+        worst = self.scores(readings, rates)
+        limit, out = self.z_limit, {}
         for r in readings:
             score = worst.get(r.index)
-            odd = score is not None and abs(score.z) >= self.z_limit
-            streak = self._streak[r.index] = self._streak.get(r.index, 0) + 1 if odd else 0
-            why = score.describe() if odd and score and streak >= self.polls else None
-            out[r.index] = (why, score is None or abs(score.z) < self.z_limit / 2)
+            z = abs(score[0]) if score is not None else 0.0
+            streak = self._streak[r.index] = self._streak.get(r.index, 0) + 1 if z >= limit else 0
+            why = None
+            if score is not None and streak >= self.polls:
+                zs, metric, value, mid = score
+                why = f"{metric} {value:.1f} vs peers' {mid:.1f} (robust z {zs:+.1f})"
+            out[r.index] = (why, z < limit / 2)
         return out

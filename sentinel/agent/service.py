@@ -341,3 +341,6 @@ class Agent:
             yield from delivery_families(self.spool, self.deliverer)
         if self.rank_server is not None:
             yield from rank_socket_families(self.rank_server)
+            snap = self.monitor.snapshot
+            readings = snap.readings if snap is not None else ()
+            yield from self.rank_server.registry.collect(self.cfg.node_id, readings)
