@@ -91,6 +91,10 @@ class AgentConfig(StrictModel):
     thresholds: HealthThresholds = HealthThresholds()
     # A call into NVML older than this makes the node unhealthy (rule nvml_unresponsive).
     nvml_call_deadline_s: float = Field(default=5.0, gt=0)
+    # Between sweeps, this often: a cheap look at XID events, double-bit ECC counts and
+    # temperatures; one that moved triggers a sweep at once (a hardware fault is judged within
+    # a fraction of the interval).
+    urgent_poll_s: float = Field(default=0.25, gt=0)
     # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
     expected_gpus: int | None = Field(default=None, ge=0)
     pci_devices_dir: Path = Path("/sys/bus/pci/devices")
