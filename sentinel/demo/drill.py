@@ -22,6 +22,7 @@ from sentinel.demo.result import Evidence, Generation, build_result, goodput_inp
 from sentinel.demo.run import (
     AGENT_INTERVAL_S,
     DRILL_COMPRESSION,
+    HANG_FLOOR_S,
     Demo,
     drill_hooks,
     quick,
@@ -132,7 +133,10 @@ def run_drill(
         burnin_exclude=demo.rec.burnin_exclude,
         reference_has_lr_scale=lr is not None,
         generations=generations(out / "supervisor.log", demo.rec.t0),
-        timing=demo.timing,
+        timing=dataclasses.replace(
+            demo.timing,
+            hang_timeout_s=hang_timeout_s(out / "coordinator" / "coordinator.db", HANG_FLOOR_S),
+        ),
     )
     result = build_result(evidence)
     result["warnings"] = warnings
@@ -178,22 +182,34 @@ def align_timeline(timeline: list[TimelineEntry], result: dict[str, Any]) -> lis
     ]
 
 
-def rank_samples(db: Path) -> list[RankSample]:
-    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
-    after the coordinator has stopped; a replayed step keeps its last report."""
+def _events(db: Path, kind: str) -> list[tuple[int | None, dict[str, Any]]]:
+    """(rank, payload) of every stored event of `kind`, read after the coordinator stopped."""
     if not db.exists():
         return []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT rank, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
-            " ORDER BY ts"
+            "SELECT rank, payload FROM events WHERE kind=? ORDER BY ts", (kind,)
         ).fetchall()
     finally:
         conn.close()
+    return [(None if r is None else int(r), json.loads(p)) for r, p in rows]
+
+
+def hang_timeout_s(db: Path, floor_s: float) -> float:
+    """The timeout the first watchdog to fire had reached (the hooks' timeout adapts: the larger
+    of its floor and k times the slowest recent step); the floor when none fired."""
+    timeouts = [float(p["timeout_s"]) for _r, p in _events(db, "rank.hang") if p.get("timeout_s")]
+    return min(timeouts, default=floor_s)
+
+
+def rank_samples(db: Path) -> list[RankSample]:
+    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
+    after the coordinator has stopped; a replayed step keeps its last report."""
     out: dict[tuple[int, int], RankSample] = {}
-    for rank, payload in rows:
-        p = json.loads(payload)
+    for rank, p in _events(db, "rank.step"):
+        if rank is None:
+            continue
         out[(int(rank), int(p["step"]))] = RankSample(
             int(rank), int(p["step"]), float(p["step_s"]), p.get("mfu")
         )
