@@ -59,6 +59,12 @@ def _reported(rule: str) -> Callable[[NodeSignals], str | None]:
     return raised
 
 
+def _clears(rule: str) -> Callable[[NodeSignals], bool]:
+    """Reported rules clear once their hold passes, except the sticky ones."""
+    sticky = rule in STICKY_RULES
+    return lambda _s: not sticky
+
+
 NODE_RULES: tuple[NodeRule, ...] = (
     NodeRule(
         RULE_BY_NAME["nvml_unresponsive"],
@@ -66,8 +72,5 @@ NODE_RULES: tuple[NodeRule, ...] = (
         lambda s: s.stall is None,
     ),
     NodeRule(RULE_BY_NAME["gpu_missing"], _missing, lambda s: _missing(s) is None),
-    *(
-        NodeRule(RULE_BY_NAME[name], _reported(name), lambda s, n=name: n not in STICKY_RULES)
-        for name in REPORTED_RULES
-    ),
+    *(NodeRule(RULE_BY_NAME[name], _reported(name), _clears(name)) for name in REPORTED_RULES),
 )
