@@ -59,8 +59,8 @@ def _reported(rule: str) -> Callable[[NodeSignals], str | None]:
     return raised
 
 
-def _clears(rule: str) -> Callable[[NodeSignals], bool]:
-    """Reported rules clear once their hold passes, except the sticky ones."""
+def _clears_unless_sticky(rule: str) -> Callable[[NodeSignals], bool]:
+    """A reported finding clears on its own unless the rule is sticky (a person clears it)."""
     sticky = rule in STICKY_RULES
     return lambda _s: not sticky
 
@@ -72,5 +72,8 @@ NODE_RULES: tuple[NodeRule, ...] = (
         lambda s: s.stall is None,
     ),
     NodeRule(RULE_BY_NAME["gpu_missing"], _missing, lambda s: _missing(s) is None),
-    *(NodeRule(RULE_BY_NAME[name], _reported(name), _clears(name)) for name in REPORTED_RULES),
+    *(
+        NodeRule(RULE_BY_NAME[name], _reported(name), _clears_unless_sticky(name))
+        for name in REPORTED_RULES
+    ),
 )
