@@ -129,3 +129,18 @@ def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Pa
     )
     with pytest.raises(PlaybookError, match=r"bad.yaml:6"):
         load_playbooks(tmp_path)
+
+
+def test_the_agent_docs_list_every_rule_as_the_catalog_says() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "agent.md").read_text()
+    rows = {
+        cells[0].strip("` "): [c.strip() for c in cells[1:]]
+        for line in docs.splitlines()
+        if line.startswith("| `") and len(cells := line.strip("|").split("|")) == 7
+    }
+    for r in RULES:
+        scope, verdict, action, *_, hold = rows[r.name]
+        minutes = f"{int(r.hold_s // 60)} min" if r.hold_s and r.hold_s % 60 == 0 else None
+        assert (scope, verdict, action) == (r.scope, r.verdict.value, r.action.value), r.name
+        assert hold == (minutes or f"{r.hold_s:g}"), r.name
+    assert set(rows) == {r.name for r in RULES}

@@ -142,6 +142,3 @@ class SweepThread:
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._jobs.put((fn, fut))
         return asyncio.wrap_future(fut)
-
-    def busy(self) -> bool:
-        return not self._jobs.empty()

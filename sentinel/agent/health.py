@@ -190,7 +190,7 @@ class HealthEvaluator:
             if detail is None
             else Finding(rule=info.name, verdict=info.verdict, action=info.action, detail=detail)
         )
-        return self._holds.step("node", info, raised, rule.clears(s), now)
+        return self._holds.step("node", info, raised, lambda: rule.clears(s), now)
 
     # ---- GPUs -------------------------------------------------------------------------------
 
@@ -230,7 +230,7 @@ class HealthEvaluator:
 
     def _gpu_step(self, rule: GpuRule, view: GpuView, now: float) -> Finding | None:
         raised = _finding(rule, view) if rule.raises(view) else None
-        return self._holds.step(view.r.index, rule.info, raised, rule.cleared(view), now)
+        return self._holds.step(view.r.index, rule.info, raised, lambda: rule.cleared(view), now)
 
     def _note_unknown_recovery(self, r: GpuReading) -> None:
         value = r.recovery_action

@@ -9,7 +9,7 @@ no evict/return loop. The holds and clear conditions are the catalog's (sentinel
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from sentinel.faults.catalog import RuleInfo
@@ -32,10 +32,16 @@ class Holds:
         return self.overrides.get(info.name, info.hold_s)
 
     def step(
-        self, scope: Hashable, info: RuleInfo, raised: Finding | None, clear: bool, now: float
+        self,
+        scope: Hashable,
+        info: RuleInfo,
+        raised: Finding | None,
+        clear: Callable[[], bool],
+        now: float,
     ) -> Finding | None:
         """The rule's finding after this sweep: `raised` if its condition holds now, the held
-        one while the hold lasts or the clear condition does not hold, else None."""
+        one while the hold lasts or the clear condition does not hold, else None. `clear` is
+        only asked for a finding past its hold (most rules are quiet most of the time)."""
         key = (scope, info.name)
         state = self._raised.get(key)
         if raised is not None:
@@ -46,7 +52,7 @@ class Holds:
             return raised
         if state is None:
             return None
-        if now - state.last_raised < self.hold_s(info) or not clear:
+        if now - state.last_raised < self.hold_s(info) or not clear():
             return state.finding
         del self._raised[key]
         return None

@@ -191,12 +191,17 @@ class XidPairing:
 
     def admit(self, source: str, gpu: int, xid: int, now: float) -> bool:
         other = "kmsg" if source == "nvml" else "nvml"
-        waiting = self._unpaired.get((other, gpu, xid))
-        while waiting and waiting[0] < now - self.window_s:
-            waiting.popleft()
+        waiting = self._recent((other, gpu, xid), now)
         if waiting:
             waiting.popleft()
             self.paired += 1
             return False
-        self._unpaired.setdefault((source, gpu, xid), deque()).append(now)
+        self._recent((source, gpu, xid), now).append(now)
         return True
+
+    def _recent(self, key: tuple[str, int, int], now: float) -> deque[float]:
+        """The key's unpaired reports within the window (older ones can no longer pair)."""
+        waiting = self._unpaired.setdefault(key, deque())
+        while waiting and waiting[0] < now - self.window_s:
+            waiting.popleft()
+        return waiting

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sentinel.agent.monitor import NodeMonitor, Snapshot
+from sentinel.agent.node_metrics import family, input_families, node_families
 from sentinel.agent.readings import GpuReading
 from sentinel.protocol import Action, Verdict
 
@@ -291,7 +292,7 @@ class AgentCollector(Collector):
             yield from self._health_families(snap)
             yield from self._host_families(snap)
         yield from self._xid_families()
-        yield from self._input_families()
+        yield from input_families(self.node_id, self.monitor)
         if self.extra is not None:
             yield from self.extra()
 
@@ -433,29 +434,7 @@ class AgentCollector(Collector):
         for f in snap.health.node_findings:
             node_findings.add_metric([self.node_id, f.rule, f.verdict.value], 1)
         yield from (gpu_verdict, gpu_action, findings, node_verdict, node_action, node_findings)
-        yield from self._node_families(snap)
-
-    def _node_families(self, snap: Snapshot) -> Iterator[Metric]:
-        node = [self.node_id]
-        expected = self.monitor.expected_gpus
-        if expected is not None:
-            yield _gauge("sentinel_node_gpus_expected", "GPUs this node should have.",
-                         ["node"], [(node, expected)])  # fmt: skip
-        yield _gauge("sentinel_node_gpus_visible", "GPUs NVML lists.", ["node"],
-                     [(node, len(snap.readings))])  # fmt: skip
-        yield _gauge(
-            "sentinel_agent_last_sweep_timestamp_seconds",
-            "When the last full sweep of every GPU finished (stops moving while NVML hangs).",
-            ["node"],
-            [(node, self.monitor.last_sweep_ts)],
-        )
-        stall = snap.stall
-        yield _gauge(
-            "sentinel_agent_nvml_call_stalled_seconds",
-            "How long the NVML call named by `call` has been running past its deadline.",
-            ["node", "call"],
-            [([self.node_id, stall.call], stall.elapsed_s)] if stall is not None else [],
-        )
+        yield from node_families(self.node_id, self.monitor, snap)
 
     def _host_families(self, snap: Snapshot) -> Iterator[Metric]:
         h = snap.host
@@ -472,14 +451,16 @@ class AgentCollector(Collector):
             ("sentinel_host_load15", "15-minute load average.", h.load15),
         )
         for name, help_, value in scalars:
-            yield _gauge(name, help_, ["node"], [(node, value)])
-        yield _gauge(
+            yield family(GaugeMetricFamily, name, help_, ["node"], [(node, value)])
+        yield family(
+            GaugeMetricFamily,
             "sentinel_host_disk_used_bytes",
             "Disk space used.",
             ["node", "mount"],
             [([self.node_id, m], used) for m, (used, _) in h.disks.items()],
         )
-        yield _gauge(
+        yield family(
+            GaugeMetricFamily,
             "sentinel_host_disk_bytes",
             "Disk size.",
             ["node", "mount"],
@@ -497,34 +478,6 @@ class AgentCollector(Collector):
         yield rx
         yield tx
 
-    def _input_families(self) -> Iterator[Metric]:
-        unknown = CounterMetricFamily(
-            "sentinel_agent_unknown_inputs",
-            "Inputs the fault catalog cannot read (unknown XIDs and recovery actions, garbage "
-            "kernel-log lines), by kind; each also raises unknown_signal.",
-            labels=["node", "kind"],
-        )
-        counts = dict(self.monitor.evaluator.unknown)
-        log = self.monitor.kernel_log
-        if log is not None:
-            counts.update({f"kmsg: {why}": n for why, n in log.garbage.items()})
-        for kind in ("xid", "recovery_action"):
-            counts.setdefault(kind, 0)
-        for kind, n in sorted(counts.items()):
-            unknown.add_metric([self.node_id, kind], n)
-        yield unknown
-        xids = CounterMetricFamily(
-            "sentinel_agent_xid_reports",
-            "XID reports admitted by source; one seen by both NVML and the kernel log counts once.",
-            labels=["node", "source"],
-        )
-        for source in ("nvml", "kmsg"):
-            xids.add_metric([self.node_id, source], self.monitor.xids.sources[source])
-        yield xids
-        if log is not None:
-            yield _counter("sentinel_agent_kernel_log_records", "Kernel-log records read.",
-                           ["node"], [([self.node_id], log.records)])  # fmt: skip
-
     def _xid_families(self) -> Iterator[Metric]:
         fam = CounterMetricFamily(
             "sentinel_gpu_xid_errors",
@@ -534,21 +487,3 @@ class AgentCollector(Collector):
         for (gpu, xid), n in sorted(self.monitor.xids.counts.items()):
             fam.add_metric([self.node_id, str(gpu), str(xid)], n)
         yield fam
-
-
-def _gauge(
-    name: str, help_: str, labels: list[str], rows: list[tuple[list[str], float]]
-) -> GaugeMetricFamily:
-    fam = GaugeMetricFamily(name, help_, labels=labels)
-    for label_values, value in rows:
-        fam.add_metric(label_values, float(value))
-    return fam
-
-
-def _counter(
-    name: str, help_: str, labels: list[str], rows: list[tuple[list[str], float]]
-) -> CounterMetricFamily:
-    fam = CounterMetricFamily(name, help_, labels=labels)
-    for label_values, value in rows:
-        fam.add_metric(label_values, float(value))
-    return fam

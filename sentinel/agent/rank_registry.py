@@ -43,7 +43,7 @@ class Registration(BaseModel):
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     v: int
-    register: Registration
+    registration: Registration = Field(alias="register")  # `register` is a BaseModel method
 
 
 def is_registration(line: bytes) -> bool:
@@ -61,7 +61,7 @@ def parse_registration(line: bytes) -> Registration:
             f"unsupported or missing protocol version; supported: {sorted(SUPPORTED_VERSIONS)}"
         )
     try:
-        return _Envelope.model_validate(doc).register
+        return _Envelope.model_validate(doc).registration
     except ValidationError as e:
         raise ProtocolError(format_validation_error(e)) from None
 

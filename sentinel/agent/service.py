@@ -332,7 +332,8 @@ class Agent:
         """Liveness of the agent itself: fresh sweeps, or a stall it knows about and reports.
         A wedged driver is the node's problem (see /readyz), not a reason to restart the agent."""
         snap = self.monitor.snapshot
-        age = time.time() - snap.ts if snap else None
+        swept = self.monitor.last_sweep_ts
+        age = time.time() - swept if swept else None
         fresh = age is not None and age < 5 * self.cfg.interval_s + 5
         stall = self.backend.stalled(self.cfg.nvml_call_deadline_s)
         ok = fresh or stall is not None
