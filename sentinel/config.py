@@ -168,21 +168,33 @@ def _parse_file(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
-    """Nested dict from `SENTINEL_SECTION__FIELD` variables, for sections the config knows."""
+def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Nested dict from `SENTINEL_SECTION__FIELD` variables, and each dotted field path's
+    variable name (so a bad value is blamed on the variable, not the file).
+
+    A double underscore marks a config override: one naming no section is a typo and an error.
+    Single-underscore names (SENTINEL_JOB, SENTINEL_HOOKS_...) belong to the trainer hooks.
+    """
     sections = set(SentinelConfig.model_fields)
     out: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         path = name[len(ENV_PREFIX) :].lower().split("__")
-        if path[0] not in sections or len(path) < 2:
-            continue  # e.g. SENTINEL_RANK_SOCKET, read by the trainer hooks, not a config field
+        if path[0] not in sections:
+            raise ConfigError(
+                "environment",
+                [
+                    f"{name}: no config section {path[0]!r} (sections: {', '.join(sorted(sections))})"
+                ],
+            )
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
-    return out
+        names[".".join(path)] = name
+    return out, names
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,12 +207,21 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def config_errors(err: ValidationError) -> list[str]:
+def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = None) -> list[str]:
+    """One line per problem with its field path; `env_names` (path -> variable) names the
+    environment variable a bad value came from."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
-        lines.append(f"{path}: {e['msg']}{got}")
+        if not e["loc"] and e["type"] == "value_error":
+            # A check across fields: its message names each field's path, one problem a line.
+            lines += str(e["ctx"]["error"]).splitlines()
+            continue
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if env_names and path in env_names:
+            path = f"{path} (from ${env_names[path]})"
+        # A whole section as the input says nothing the path does not; a value says what is wrong.
+        shown = e["type"] != "missing" and not isinstance(e["input"], dict | list)
+        lines.append(f"{path}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return lines
 
 
@@ -213,8 +234,12 @@ class ConfigError(InputError):
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> SentinelConfig:
     """Read, merge and validate once. Raises ConfigError listing every problem with its path."""
     doc = _parse_file(path) if path is not None else {}
-    doc = _merge(doc, _env_overrides(os.environ if env is None else env))
+    overrides, env_names = _env_overrides(os.environ if env is None else env)
+    doc = _merge(doc, overrides)
     try:
         return SentinelConfig.model_validate(doc)
     except ValidationError as e:
-        raise ConfigError(str(path) if path else "environment", config_errors(e)) from None
+        errors = config_errors(e, env_names)
+        from_env = all("(from $" in line for line in errors)
+        source = "environment" if from_env or path is None else str(path)
+        raise ConfigError(source, errors) from None
