@@ -348,7 +348,7 @@ class SentinelHooks:
             self._requests["sdc"].clear()
         if ckpt_req:
             self._requests["checkpoint"].clear()
-        sdc_every = self.config.sdc_every
+        sdc_every = self.config.sdc_every or 0
         periodic = bool(sdc_every) and self._steps_done % sdc_every == 0
         gathered = self.exchange.gather([*self.steplog.take(), float(sdc_req), float(ckpt_req)])
         self._inflight.append(
