@@ -16,7 +16,7 @@ from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
 from sentinel.demo.account import time_account
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings
-from sentinel.demo.inject import MetricsTail
+from sentinel.demo.inject import CheckpointSave, MetricsTail
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
 from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
@@ -132,7 +132,7 @@ def run_drill(
     demo.rec.timeline = align_timeline(demo.rec.timeline, result)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
-    write_report_for(out, demo, result, ref_steps)
+    write_report_for(out, demo, result, ref_steps, tail.saves, evidence.generations)
     return result
 
 
@@ -165,42 +165,53 @@ def align_timeline(timeline: list[TimelineEntry], result: dict[str, Any]) -> lis
     ]
 
 
-def rank_samples(db: Path) -> list[RankSample]:
+def rank_samples(db: Path, t0: float, gens: list[Generation]) -> list[RankSample]:
     """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
-    after the coordinator has stopped; a replayed step keeps its last report."""
+    after the coordinator has stopped. Every generation's report of a step is kept (a step
+    rolled back and replayed has two), each with the generation launched last before it."""
     if not db.exists():
         return []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT rank, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
+            "SELECT rank, ts, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
             " ORDER BY ts"
         ).fetchall()
     finally:
         conn.close()
-    out: dict[tuple[int, int], RankSample] = {}
-    for rank, payload in rows:
+    starts = sorted((g.t, g.number) for g in gens)
+    out: dict[tuple[int, int, int], RankSample] = {}
+    for rank, ts, payload in rows:
         p = json.loads(payload)
-        out[(int(rank), int(p["step"]))] = RankSample(
-            int(rank), int(p["step"]), float(p["step_s"]), p.get("mfu")
+        t = float(ts) - t0
+        gen = max((n for start, n in starts if start <= t), default=0)
+        step = int(p["step"]) + 1  # the hooks count from 0, the trainer's metrics from 1
+        out[(int(rank), step, gen)] = RankSample(
+            int(rank), step, float(p["step_s"]), p.get("mfu"), generation=gen, t=t
         )
-    return sorted(out.values(), key=lambda r: (r.step, r.rank))
+    return sorted(out.values(), key=lambda r: (r.generation, r.step, r.rank))
 
 
 def write_report_for(
-    out: Path, demo: Demo, result: dict[str, Any], ref_steps: list[tuple[int, float]]
+    out: Path,
+    demo: Demo,
+    result: dict[str, Any],
+    ref_steps: list[tuple[int, float]],
+    saves: list[CheckpointSave],
+    gens: list[Generation],
 ) -> Path:
     from sentinel.demo.report import write_report
 
-    fleet = demo.scenario.fleet
     data = DemoData(
         result=result,
         steps=demo.step_points(),
         reference_steps=[StepPoint(s, loss, 0, 0.0) for s, loss in ref_steps],
-        ranks=rank_samples(out / "coordinator" / "coordinator.db"),
+        ranks=rank_samples(out / "coordinator" / "coordinator.db", demo.rec.t0, gens),
         burnin=demo.rec.burnin,
         timeline=demo.rec.timeline,
-        nodes_of_ranks={r: fleet.node_of_rank(r) for r in range(fleet.world_size)},
+        generations=gens,
+        gpus_per_node=demo.scenario.fleet.gpus_per_node,
+        checkpoints=sorted({s.step for s in saves}),
     )
     return write_report(out, data)
 
