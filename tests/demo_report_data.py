@@ -4,7 +4,9 @@ failed one node's links, and the run's time account."""
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.result import Generation
@@ -52,86 +54,21 @@ def make_data() -> DemoData:
         for s in run
         for r in range(8)
     ]
-    result = {
-        "verdict": "pass",
-        "scenario": "default",
-        "completed_steps": 120,
-        "incidents": [
-            {
-                "id": "inc-1",
-                "kind": "ecc_dbe",
-                "target": "node-2",
-                "detected_step": 47,
-                "actions": ["cordon node-2", "swap in spare-0", "rollback to step 40"],
-                "resolution": "resolved",
-            },
-            {
-                "id": "inc-2",
-                "kind": "straggler",
-                "target": EVIL,
-                "detected_step": 33,
-                "actions": [{"kind": "evict", "target": "node-2"}],
-                "resolution": "resolved",
-            },
-        ],
-        "faults": [
-            {
-                "kind": "ecc_dbe",
-                "target": "node-2",
-                "injected_step": 45,
-                "detected": True,
-                "detected_step": 47,
-                "incident": "inc-1",
-                "actions": ["cordon node-2"],
-                "time_to_detect_s": 1.2,
-                "time_to_resume_s": 21.5,
-            },
-            {
-                "kind": "straggler",
-                "target": EVIL,
-                "injected_step": 30,
-                "detected": True,
-                "detected_step": 33,
-                "incident": "inc-2",
-                "actions": [],
-                "time_to_detect_s": 4.0,
-            },
-            {
-                "kind": "hang",
-                "target": "rank-6",
-                "injected_step": 104,
-                "detected": False,
-                "detected_step": None,
-                "incident": None,
-                "actions": [],
-            },
-        ],
-        "false_incidents": [],
-        "evicted_nodes": ["node-2"],
-        "final_digest": "sha256:abc123",
-        "reference_digest": "sha256:abc123",
-        "bit_identical": True,
-        "time_account": {
-            "wall_s": 100.0,
-            "seconds": {
-                "productive": 80.0,
-                "rollback": 5.0,
-                "detection": 3.0,
-                "repair": 12.0,
-                "checkpoint": 0.0,
-                "burnin": 0.0,
-                "startup": 0.0,
-            },
-            "repair_stages_s": {
-                "stop": 4.0,
-                "relaunch": 3.0,
-                "rendezvous": 1.0,
-                "checkpoint_load": 2.0,
-                "build": 2.0,
-            },
-            "effective_ratio": 0.8,
-        },
-    }
+    return DemoData(
+        copy.deepcopy(RESULT),
+        steps,
+        reference,
+        ranks,
+        burnin(),
+        timeline(),
+        generations=GENERATIONS,
+        gpus_per_node=2,
+        checkpoints=CHECKPOINTS,
+    )
+
+
+def burnin() -> dict[str, Any]:
+    """Node-3's links failed: burn-in excluded it before the launch."""
     nodes = {f"node-{i}": {"verdict": "pass", "reasons": []} for i in range(4)}
     nodes["node-3"] = {"verdict": "fail", "reasons": ["link node-3<->node-0: 0.25 GB/s"]}
     links = [
@@ -159,6 +96,10 @@ def make_data() -> DemoData:
             }
         ],
     }
+    return burnin
+
+
+def timeline() -> list[TimelineEntry]:
     timeline = [
         TimelineEntry(1.0, None, "burnin", "node-3", "link node-3 slow: excluded"),
         TimelineEntry(15.0, 30, "fault", EVIL, "straggler injected"),
@@ -169,14 +110,86 @@ def make_data() -> DemoData:
         TimelineEntry(30.0, None, "action", "spare-0", "swap in spare-0"),
         TimelineEntry(45.2, 41, "resume", None, "resumed from step 40"),
     ]
-    return DemoData(
-        result,
-        steps,
-        reference,
-        ranks,
-        burnin,
-        timeline,
-        generations=GENERATIONS,
-        gpus_per_node=2,
-        checkpoints=CHECKPOINTS,
-    )
+    return timeline
+
+
+RESULT: dict[str, Any] = {
+    "verdict": "pass",
+    "scenario": "default",
+    "completed_steps": 120,
+    "incidents": [
+        {
+            "id": "inc-1",
+            "kind": "ecc_dbe",
+            "target": "node-2",
+            "detected_step": 47,
+            "actions": ["cordon node-2", "swap in spare-0", "rollback to step 40"],
+            "resolution": "resolved",
+        },
+        {
+            "id": "inc-2",
+            "kind": "straggler",
+            "target": EVIL,
+            "detected_step": 33,
+            "actions": [{"kind": "evict", "target": "node-2"}],
+            "resolution": "resolved",
+        },
+    ],
+    "faults": [
+        {
+            "kind": "ecc_dbe",
+            "target": "node-2",
+            "injected_step": 45,
+            "detected": True,
+            "detected_step": 47,
+            "incident": "inc-1",
+            "actions": ["cordon node-2"],
+            "time_to_detect_s": 1.2,
+            "time_to_resume_s": 21.5,
+        },
+        {
+            "kind": "straggler",
+            "target": EVIL,
+            "injected_step": 30,
+            "detected": True,
+            "detected_step": 33,
+            "incident": "inc-2",
+            "actions": [],
+            "time_to_detect_s": 4.0,
+        },
+        {
+            "kind": "hang",
+            "target": "rank-6",
+            "injected_step": 104,
+            "detected": False,
+            "detected_step": None,
+            "incident": None,
+            "actions": [],
+        },
+    ],
+    "false_incidents": [],
+    "evicted_nodes": ["node-2"],
+    "final_digest": "sha256:abc123",
+    "reference_digest": "sha256:abc123",
+    "bit_identical": True,
+    "time_account": {
+        "wall_s": 100.0,
+        "seconds": {
+            "productive": 80.0,
+            "rollback": 5.0,
+            "detection": 3.0,
+            "repair": 12.0,
+            "checkpoint": 0.0,
+            "burnin": 0.0,
+            "startup": 0.0,
+        },
+        "repair_stages_s": {
+            "stop": 4.0,
+            "relaunch": 3.0,
+            "rendezvous": 1.0,
+            "checkpoint_load": 2.0,
+            "build": 2.0,
+        },
+        "effective_ratio": 0.8,
+    },
+}

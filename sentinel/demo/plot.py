@@ -26,7 +26,7 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 INK, MUTED, GRID, MISSING = "#1f2328", "#57606a", "#d8dee4", "#eef1f4"
 FAULT_COLOUR, DETECT_COLOUR, REFERENCE_COLOUR = "#d1242f", "#8250df", "#8c959f"
 
-STYLE: dict[str, Any] = {
+STYLE: dict[Any, Any] = {  # keys: matplotlib rcParams
     # Text stays text: the browser draws it, a reader can select and search it, and the page
     # does not carry every glyph's outline.
     "svg.fonttype": "none",

@@ -150,6 +150,10 @@ def rank_heatmap(
         flat = [v for b in bs for v in b.values.values()]
         scale, unit = (100.0, "% MFU") if flat and max(flat) <= 1.0 else (1.0, "MFU")
     caption = describe(bs, gpus_per_node, checkpoints, what)
+    shown = {b.generation for b in bs}
+    for g in generations:
+        if g.number not in shown:  # launched, but stopped before any rank reported a step
+            caption += f" Generation {g.number} on {', '.join(g.nodes)} reported no step."
     return draw_heatmap(
         bs, gpus_per_node, checkpoints, field_name, scale, unit, title, ident, caption
     )
