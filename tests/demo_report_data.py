@@ -8,6 +8,8 @@ import copy
 import math
 from typing import Any
 
+from burnin_sample import SAMPLE_REPORT
+
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.result import Generation
 
@@ -86,15 +88,7 @@ def burnin() -> dict[str, Any]:
         "nodes": nodes,
         "links": links,
         "exclude": ["node-3"],
-        "collectives": [
-            {
-                "op": "all_reduce",
-                "bytes": 1 << 20,
-                "algbw_gbps": 0.9,
-                "busbw_gbps": 1.35,
-                "correct": True,
-            }
-        ],
+        "collectives": SAMPLE_REPORT["collectives"][:1],
     }
     return burnin
 

@@ -86,13 +86,7 @@ def loss_chart(
     ax.grid(True, axis="y")
     if reference:
         ref = sorted(reference, key=lambda p: p.step)
-        ax.plot(
-            [p.step for p in ref],
-            [_pin(p.loss, top) for p in ref],
-            color=REFERENCE_COLOUR,
-            lw=1.2,
-            label="clean reference run",
-        )
+        _losses(ax, ref, top, color=REFERENCE_COLOUR, lw=1.2, label="clean reference run")
     cut = rolled_back_from((p.generation, p.step) for p in steps)
     for i, gen in enumerate(sorted({p.generation for p in steps})):
         colour = PALETTE[i % len(PALETTE)]
@@ -101,22 +95,10 @@ def loss_chart(
         kept = [p for p in mine if p.step < end]
         lost = [p for p in mine if p.step >= end - 1]
         if kept:
-            ax.plot(
-                [p.step for p in kept],
-                [_pin(p.loss, top) for p in kept],
-                color=colour,
-                lw=1.8,
-                label=f"generation {gen}",
-            )
+            _losses(ax, kept, top, color=colour, lw=1.8, label=f"generation {gen}")
         if gen in cut and len(lost) > 1:
-            ax.plot(
-                [p.step for p in lost],
-                [_pin(p.loss, top) for p in lost],
-                color=colour,
-                lw=1.8,
-                ls="--",
-                label=f"generation {gen}, rolled back",
-            )
+            name = f"generation {gen}, rolled back"
+            _losses(ax, lost, top, color=colour, lw=1.8, ls="--", label=name)
             ax.axvspan(
                 cut[gen],
                 mine[-1].step,
@@ -132,6 +114,11 @@ def loss_chart(
     ax.set_title("Training loss per step", pad=30)
     ax.legend(loc="upper right", fontsize=8)
     return chart(fig, "loss", "Training loss per step", loss_caption(steps, result, top))
+
+
+def _losses(ax: Axes, points: Sequence[StepPoint], top: float | None, **style: Any) -> None:
+    """One line of losses by step, values beyond `top` pinned to it."""
+    ax.plot([p.step for p in points], [_pin(p.loss, top) for p in points], **style)
 
 
 def _pin(v: float, top: float | None) -> float:
