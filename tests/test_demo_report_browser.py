@@ -11,15 +11,13 @@ Both runs log the page's console to stderr (`--enable-logging=stderr`); any mess
 test, since a page without scripts only logs when the browser rejects something in it (an SVG
 attribute it cannot parse, for one).
 
-Skipped, with the reason, only where Chromium is not installed and this is not CI.
+Without Chromium the tests fail with the command that installs it (scripts/system-packages.txt).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from html import unescape
@@ -29,17 +27,11 @@ from typing import Any
 import pytest
 from demo_report_data import make_data
 from PIL import Image
+from system_deps import require_command
 
 from sentinel.demo.report import write_report
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None and os.environ.get("CI") != "true",
-        reason="chromium is not installed (Debian package `chromium`; .ci/run installs it)",
-    ),
-]
+pytestmark = pytest.mark.slow
 FIGURES = {
     "fig-loss",
     "fig-rank-step-time",
@@ -82,9 +74,8 @@ class Seen:
 
 def chromium(page: Path, profile: Path, *args: str) -> tuple[str, list[str]]:
     """Run the browser once on `page`; its stdout and the page's console messages."""
-    assert CHROMIUM, "chromium is not installed: apt-get install chromium (see .ci/run)"
     cmd = [
-        CHROMIUM,
+        require_command("chromium", "chromium"),
         "--headless",
         "--no-sandbox",  # as root (CI) Chromium refuses its sandbox
         "--disable-gpu",

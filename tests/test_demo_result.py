@@ -3,6 +3,7 @@ incidents, the bit-identity rule, and the goodput input."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sentinel.demo.account import time_account
@@ -198,3 +199,27 @@ def test_the_time_account_puts_every_second_in_one_category() -> None:
                                       "checkpoint_load": 2.0, "build": 1.0}  # fmt: skip
     assert abs(sum(got["seconds"].values()) - got["wall_s"]) <= 0.01 * got["wall_s"]
     assert got["effective_ratio"] == round(20.0 / 46.0, 4)
+
+
+def test_drills_run_the_shipped_hooks_defaults_compressed_by_one_factor() -> None:
+    """The demo cannot import trainer_hooks: its copy of the shipped defaults must match them,
+    and the drill's settings are exactly those divided by the one compression factor."""
+    from sentinel.demo.run import (
+        DRILL_COMPRESSION,
+        SHIPPED_HOOKS_SECONDS,
+        SHIPPED_HOOKS_STEPS,
+        drill_hooks,
+        hooks_env,
+    )
+    from trainer_hooks.config import HooksConfig
+
+    shipped = HooksConfig()
+    for name, value in {**SHIPPED_HOOKS_STEPS, **SHIPPED_HOOKS_SECONDS}.items():
+        assert getattr(shipped, name) == value, name
+    drill = HooksConfig.from_env(hooks_env(Path("/tmp/out")))
+    for name, value in SHIPPED_HOOKS_SECONDS.items():
+        assert getattr(drill, name) == value / DRILL_COMPRESSION
+    assert drill.exchange_every == drill.straggler_window == 5 and drill.sdc_every == 25
+    assert drill.straggler_threshold == shipped.straggler_threshold
+    assert drill.hang_k == shipped.hang_k and drill.anomaly_policy == shipped.anomaly_policy
+    assert set(drill_hooks()) == set(SHIPPED_HOOKS_STEPS) | set(SHIPPED_HOOKS_SECONDS)

@@ -19,7 +19,15 @@ from sentinel.demo.feasibility import repair_warnings
 from sentinel.demo.inject import CheckpointSave, MetricsTail
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
-from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
+from sentinel.demo.run import (
+    AGENT_INTERVAL_S,
+    DRILL_COMPRESSION,
+    Demo,
+    drill_hooks,
+    quick,
+    trainer_args,
+    write_scenario,
+)
 from sentinel.scenario import Scenario
 
 
@@ -128,6 +136,11 @@ def run_drill(
     )
     result = build_result(evidence)
     result["warnings"] = warnings
+    result["drill_settings"] = {
+        "compression": DRILL_COMPRESSION,
+        "hooks": drill_hooks(),
+        "agent_interval_s": AGENT_INTERVAL_S,
+    }
     result["time_account"] = account_of(demo, tail, evidence)
     demo.rec.timeline = align_timeline(demo.rec.timeline, result)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -230,6 +230,15 @@ def _problems(r: dict[str, Any]) -> str:
         parts.append(
             f'<p class="bad"><b>Why it failed:</b></p><ul class="bad" id="problems">{items}</ul>'
         )
+    settings = r.get("drill_settings") or {}
+    if settings:
+        hooks = ", ".join(f"{k} {v:g}" for k, v in (settings.get("hooks") or {}).items())
+        parts.append(
+            f'<p id="compression">Time compressed {esc(settings.get("compression"))}x for the '
+            f"drill, the same for every drill: the hooks run at the shipped defaults divided by "
+            f"it ({esc(hooks)}); agents sweep every {esc(settings.get('agent_interval_s'))} s, "
+            "thresholds and playbooks are the shipped ones.</p>"
+        )
     warnings = r.get("warnings") or []
     if warnings:
         items = "".join(f"<li>{esc(w)}</li>" for w in warnings)

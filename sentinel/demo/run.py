@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,37 +43,38 @@ MODEL_FLAGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "-
 
 # The agents sweep at the shipped default interval: hardware faults are judged against it.
 AGENT_INTERVAL_S: float = AgentConfig.model_fields["interval_s"].default
-HANG_FLOOR_S = 8.0  # the drill's hang floor (SENTINEL_HOOKS_HANG_FLOOR_S below)
+
+# Drills compress time. A drill's steps take ~0.3 s on two shared CPU cores and it runs 40 to
+# 100 of them where a real run takes thousands of multi-second steps, so every trainer-hooks
+# setting counted in steps or in seconds is divided by this one factor, the same for every
+# drill; every other setting (thresholds, the playbooks, the agents) is the shipped default.
+DRILL_COMPRESSION = 4
+# The hooks' shipped defaults the compression divides (trainer_hooks.config.HooksConfig;
+# `sentinel` does not import `trainer_hooks`: a test checks these match).
+SHIPPED_HOOKS_STEPS = {"report_every": 10, "exchange_every": 20, "straggler_window": 20,
+                       "sdc_every": 100}  # fmt: skip
+SHIPPED_HOOKS_SECONDS = {"hang_floor_s": 60.0, "hang_first_step_s": 900.0}
 
 
-def hooks_env(out: Path, pipeline_stages: int = 1) -> dict[str, str]:
-    """The trainer hooks' settings for a drill of a few dozen 0.3 s steps: a step report and a
-    gang exchange (straggler and SDC comparison) every few steps, a hang declared after a
-    stall of several seconds instead of a minute, flight recorders dumped where `sentinel run`
-    analyzes them. The loss-spike detector is the shipped default (median/MAD over a short
-    window), which follows the tiny model's fast-falling loss. Stragglers are judged from a
-    30% slowdown, not 3%: eight ranks share two cores here (and other work often shares them
-    too), so a rank's step time next to its replica's swings by 20% on scheduling alone.
-
-    With pipeline parallelism straggler scoring is off (threshold `inf`): a rank's measured
-    compute then includes its waits in pipeline receives and DTensor's functional collectives,
-    which the hooks do not time as communication, so the ranks a slow rank holds up look as
-    slow as it does, and the replica whose ranks write the checkpoint (DCP deduplicates
-    replicated shards onto the lowest ranks) runs up to 2x slower for a whole generation on two
-    shared cores; scored on that, healthy nodes get evicted.
-
-    The SDC spot check runs at every exchange (a real run spaces it out more: it costs a host
-    sync and a small GEMM chain), so that corruption is caught within a checkpoint interval of
-    a short drill."""
-    return {
-        "SENTINEL_HOOKS_REPORT_EVERY": "1",
-        "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
-        "SENTINEL_HOOKS_SDC_EVERY": "5",
-        "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.3" if pipeline_stages == 1 else "inf",
-        "SENTINEL_HOOKS_HANG_FLOOR_S": str(HANG_FLOOR_S),
-        "SENTINEL_HOOKS_HANG_FIRST_STEP_S": "120",
-        "SENTINEL_HOOKS_FR_DIR": str(out / "fr"),
+def drill_hooks(compression: int = DRILL_COMPRESSION) -> dict[str, float | int]:
+    """The compressed hooks settings: steps divided and rounded (at least 1), seconds divided."""
+    out: dict[str, float | int] = {
+        k: max(1, round(v / compression)) for k, v in SHIPPED_HOOKS_STEPS.items()
     }
+    out |= {k: v / compression for k, v in SHIPPED_HOOKS_SECONDS.items()}
+    return out
+
+
+HANG_FLOOR_S = float(drill_hooks()["hang_floor_s"])
+
+
+def hooks_env(out: Path) -> dict[str, str]:
+    """The trainer hooks' settings for a drill: the shipped defaults, with every cadence
+    compressed by `DRILL_COMPRESSION` (a step report every 2 steps, a gang exchange and a
+    straggler window of 5, an SDC spot check every 25, a hang after a 15 s stall), and flight
+    recorders dumped where `sentinel run` analyzes them."""
+    env = {f"SENTINEL_HOOKS_{k.upper()}": str(v) for k, v in drill_hooks().items()}
+    return env | {"SENTINEL_HOOKS_FR_DIR": str(out / "fr")}
 
 
 def trainer_args(scenario: Scenario) -> list[str]:
@@ -84,9 +85,13 @@ def trainer_args(scenario: Scenario) -> list[str]:
 
 
 def quick(scenario: Scenario) -> Scenario:
-    """Fewer steps: stop two checkpoint intervals after the last timed fault."""
+    """Fewer steps: stop two checkpoint intervals after the last timed fault, or one where two
+    would cut nothing (the default scenario's faults run to its last steps). A repair resumes
+    from the checkpoint before its fault, so the run crosses that step again within one
+    interval and still proves the repair."""
     last = max((getattr(f, "at_step", getattr(f, "batch", 0)) for f in scenario.faults), default=0)
-    steps = min(scenario.trainer.steps, last + 2 * scenario.trainer.checkpoint_every)
+    every, steps = scenario.trainer.checkpoint_every, scenario.trainer.steps
+    steps = min(steps, last + 2 * every) if last + 2 * every < steps else min(steps, last + every)
     trainer = scenario.trainer.model_copy(update={"steps": max(steps, 1)})
     return scenario.model_copy(update={"trainer": trainer})
 
@@ -130,6 +135,9 @@ class Demo:
             step = self.rec.lines[-1][0].step + 1
         entry = TimelineEntry(t=t, step=step, kind=kind, target=target, text=text, ref=ref)
         self.rec.timeline.append(entry)
+        # Saved as it happens: `tail -f timeline.jsonl` follows a run, and it stays after one.
+        with (self.out / "timeline.jsonl").open("a") as f:
+            f.write(json.dumps(asdict(entry)) + "\n")
         mark = {"fault": "!!", "detect": "??", "action": "->", "resume": ">>"}.get(kind, "  ")
         self.echo(f"[{t:7.1f}s] {mark} {text}")
 
@@ -237,7 +245,7 @@ class Demo:
             observer.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
                                     o / "supervisor.log",
-                                    hooks_env(o, self.scenario.trainer.pp))  # fmt: skip
+                                    hooks_env(o))  # fmt: skip
             sup.start()
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "

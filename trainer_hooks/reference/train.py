@@ -61,7 +61,7 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
     job.tokens += cfg.global_batch * cfg.model.seq
     step_s = time.perf_counter() - t0
-    job.injector.after_step(step_s)
+    job.injector.after_step()
     if hooks:
         hooks.end_step()
     done = step + 1
