@@ -20,7 +20,14 @@ from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.drill import rank_samples
 from sentinel.demo.figures import loss_chart, loss_top
 from sentinel.demo.lanes import place_labels
-from sentinel.demo.rankmap import blocks, colour_norm, describe, node_of, rank_heatmap
+from sentinel.demo.rankmap import (
+    blocks,
+    colour_norm,
+    describe,
+    node_of,
+    rank_heatmap,
+    report_stride,
+)
 from sentinel.demo.readings import GOODPUT_PARTS, rolled_back_from, straggler_note
 from sentinel.demo.report import write_report
 from sentinel.demo.result import Generation
@@ -293,6 +300,22 @@ def test_generation_blocks_keep_lost_work_and_the_unfinished_step() -> None:
     text = describe([first, second], 2, [10], "Step time")
     assert "Generation 0 on node-0 trained steps 1-13, of which 11-13 were rolled back" in text
     assert "step 13, 14 never finished (no report in the 4.0 s before the next launch)" in text
+
+
+def test_ranks_reporting_every_few_steps_stop_where_the_metrics_do() -> None:
+    """With a report every 2 steps (the drills' compressed default), the step in progress when
+    a generation stopped comes from the trainer's metrics, which close every step."""
+    gens = [Generation(0.0, 0, ("node-0",)), Generation(30.0, 1, ("spare-0",))]
+    samples = [RankSample(r, s, 1.0, None, 0, float(s)) for r in (0, 1) for s in range(1, 15, 2)]
+    samples += [RankSample(r, s, 1.0, None, 1, 40.0 + s) for r in (0, 1) for s in range(11, 21, 2)]
+    metrics = [StepPoint(s, 1.0, 0, 0.0) for s in range(1, 15)]
+    metrics += [StepPoint(s, 1.0, 1, 0.0) for s in range(11, 21)]
+    first, _second = blocks(samples, gens, "step_s", True, metrics)
+    assert first.unfinished == {0: 15, 1: 15} and first.lost_from == 11
+    assert report_stride(samples) == 2 and report_stride(samples[:1]) == 1
+    chart = rank_heatmap(samples, gens, 1, [], "step_s", True, metrics)
+    assert "step 15 never finished" in chart.caption
+    assert "Ranks report every 2 steps" in chart.caption
 
 
 def test_colour_scales_are_not_flattened_by_a_stall() -> None:

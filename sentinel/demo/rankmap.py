@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from sentinel.demo.data import RankSample
+from sentinel.demo.data import RankSample, StepPoint
 from sentinel.demo.plot import FAULT_COLOUR, MISSING, MUTED, Chart, chart, new_figure, styled
 from sentinel.demo.readings import rolled_back_from
 from sentinel.demo.result import Generation
@@ -67,12 +67,16 @@ def blocks(
     generations: Sequence[Generation],
     field_name: str,
     finished: bool,
+    steps: Sequence[StepPoint] = (),
 ) -> list[Block]:
     """The generations that reported steps, in order. A generation followed by another (or the
-    last one of a run that did not finish) left each rank's next step unfinished."""
+    last one of a run that did not finish) left each rank in an unfinished step: the one after
+    both the rank's last report and the last step the trainer's metrics closed in that
+    generation (ranks may report only every few steps; the metrics close every one)."""
     launched = {g.number: g for g in generations}
     numbers = sorted({s.generation for s in samples})
-    cut = rolled_back_from((s.generation, s.step) for s in samples)
+    trained = [(s.generation, s.step) for s in samples] + [(p.generation, p.step) for p in steps]
+    cut = rolled_back_from(trained)
     out = []
     for i, n in enumerate(numbers):
         mine = [s for s in samples if s.generation == n]
@@ -85,12 +89,25 @@ def blocks(
                 block.values[(s.rank, s.step)] = v
         later = [g for g in generations if g.number > n]
         if later or i < len(numbers) - 1 or not finished:
+            closed = max((p.step for p in steps if p.generation == n), default=0)
             for r in block.ranks:
-                block.unfinished[r] = max(s.step for s in mine if s.rank == r) + 1
+                block.unfinished[r] = max(closed, *(s.step for s in mine if s.rank == r)) + 1
         if later:
             block.stopped_for_s = min(g.t for g in later) - max(s.t for s in mine)
         out.append(block)
     return out
+
+
+def report_stride(samples: Sequence[RankSample]) -> int:
+    """Every how many steps a rank reported (1 when each step was)."""
+    gaps = {
+        b.step - a.step
+        for a, b in itertools.pairwise(
+            sorted(samples, key=lambda s: (s.generation, s.rank, s.step))
+        )
+        if (a.generation, a.rank) == (b.generation, b.rank) and b.step > a.step
+    }
+    return min(gaps, default=1)
 
 
 def colour_norm(values: list[float], field_name: str) -> tuple[colors.Normalize, str]:
@@ -140,8 +157,9 @@ def rank_heatmap(
     checkpoints: Sequence[int],
     field_name: str,
     finished: bool = True,
+    steps: Sequence[StepPoint] = (),
 ) -> Chart:
-    bs = blocks(samples, generations, field_name, finished)
+    bs = blocks(samples, generations, field_name, finished, steps)
     scale = 1.0
     if field_name == "step_s":
         title, unit, ident, what = "Step time per rank", "s", "rank-step-time", "Step time"
@@ -150,6 +168,9 @@ def rank_heatmap(
         flat = [v for b in bs for v in b.values.values()]
         scale, unit = (100.0, "% MFU") if flat and max(flat) <= 1.0 else (1.0, "MFU")
     caption = describe(bs, gpus_per_node, checkpoints, what)
+    stride = report_stride(samples)
+    if stride > 1:
+        caption += f" Ranks report every {stride} steps: the columns are the steps reported."
     shown = {b.generation for b in bs}
     for g in generations:
         if g.number not in shown:  # launched, but stopped before any rank reported a step

@@ -125,7 +125,13 @@ def _rank_chart(data: DemoData, field: str) -> Chart:
 
     finished = data.result.get("final_digest") is not None
     return rank_heatmap(
-        data.ranks, data.generations, data.gpus_per_node, data.checkpoints, field, finished
+        data.ranks,
+        data.generations,
+        data.gpus_per_node,
+        data.checkpoints,
+        field,
+        finished,
+        data.steps,
     )
 
 
