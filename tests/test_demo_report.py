@@ -13,6 +13,7 @@ from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 from demo_report_data import make_data
 
@@ -24,6 +25,7 @@ from sentinel.demo.rankmap import (
     blocks,
     colour_norm,
     describe,
+    hold_until_next_report,
     node_of,
     rank_heatmap,
     report_stride,
@@ -313,6 +315,9 @@ def test_ranks_reporting_every_few_steps_stop_where_the_metrics_do() -> None:
     first, _second = blocks(samples, gens, "step_s", True, metrics)
     assert first.unfinished == {0: 15, 1: 15} and first.lost_from == 11
     assert report_stride(samples) == 2 and report_stride(samples[:1]) == 1
+    row = np.array([np.nan, 1.0, np.nan, np.nan, 4.0, np.nan])
+    hold_until_next_report(row)  # inside the reported range only: no sample stays no sample
+    assert np.array_equal(row, [np.nan, 1.0, 4.0, 4.0, 4.0, np.nan], equal_nan=True)
     chart = rank_heatmap(samples, gens, 1, [], "step_s", True, metrics)
     assert "step 15 never finished" in chart.caption
     assert "Ranks report every 2 steps" in chart.caption

@@ -98,6 +98,15 @@ def blocks(
     return out
 
 
+def hold_until_next_report(row: np.ndarray) -> None:
+    """Columns between two of a rank's reports (another generation's steps, an unfinished
+    step) take the next report's colour, so a rank reporting every few steps reads as a
+    continuous row, not as one with holes where nothing went wrong."""
+    finite = np.flatnonzero(np.isfinite(row))
+    for a, b in itertools.pairwise(finite):
+        row[a + 1 : b] = row[b]
+
+
 def report_stride(samples: Sequence[RankSample]) -> int:
     """Every how many steps a rank reported (1 when each step was)."""
     gaps = {
@@ -170,7 +179,9 @@ def rank_heatmap(
     caption = describe(bs, gpus_per_node, checkpoints, what)
     stride = report_stride(samples)
     if stride > 1:
-        caption += f" Ranks report every {stride} steps: the columns are the steps reported."
+        caption += (
+            f" Ranks report every {stride} steps: a report's colour fills the steps before it."
+        )
     shown = {b.generation for b in bs}
     for g in generations:
         if g.number not in shown:  # launched, but stopped before any rank reported a step
@@ -203,6 +214,7 @@ def draw_heatmap(
         for (rank, step), v in b.values.items():
             if rank == r:
                 z[i, col_of[step]] = v * scale
+        hold_until_next_report(z[i])
     values = [float(v) for v in z[np.isfinite(z)]]
     norm, extend = colour_norm(values or [0.0, 1.0], field_name)
     fig = new_figure(10.0, max(2.8, 1.9 + 0.2 * len(rows)))
