@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned: the CPU wheel on disk. An unpinned torch pulls gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,dev]'
+	$(PY) -m pip install -q -e '.[torch,demo,dev]'
 	touch $(STAMP)
 
 # The combined default drill; each run gets its own report directory under demo-out/.
