@@ -86,6 +86,8 @@ class CoordinatorConfig(StrictModel):
     eviction_backend: Literal["exclude_file", "slurm", "kubernetes"] = "exclude_file"
     exclude_file: Path | None = None  # default: <state_dir>/exclude.txt
     scontrol: str = "scontrol"
+    # One `scontrol update`, controller down included (scontrol retries MessageTimeout).
+    scontrol_timeout_s: float = Field(default=30.0, gt=0)
     kubernetes_api: str = "https://kubernetes.default.svc"
     kubernetes_token_file: Path | None = None
     kubernetes_taint_key: str = "sentinel.dev/evicted"

@@ -150,6 +150,29 @@ class SlurmCluster:
             raise
         return self
 
+    def stop_controller(self) -> None:
+        """Stop slurmctld alone (the nodes keep running): Slurm's control plane is down."""
+        self._end(self._procs.pop("slurmctld"))
+
+    def start_controller(self, timeout_s: float = 30.0) -> None:
+        """Start slurmctld again from its saved state."""
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        deadline = time.monotonic() + timeout_s
+        while self.run(["scontrol", "ping"], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"slurmctld not answering in {timeout_s}s")
+            time.sleep(0.2)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def stop(self) -> None:
         if not self._started:
             return
@@ -159,14 +182,7 @@ class SlurmCluster:
             subprocess.run(["scancel", "--full", "-u", "root"], env=self.env(),
                            capture_output=True, timeout=10)  # fmt: skip
         for name in sorted(self._procs, key=lambda n: n == "munged"):  # munge last
-            proc = self._procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self._end(self._procs[name])
         self._procs.clear()
         self.bridge.down()
         if self._own_workdir:
