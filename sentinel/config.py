@@ -114,7 +114,9 @@ class SupervisorConfig(StrictModel):
     coordinator_url: str = "http://127.0.0.1:9400"
     token_file: Path | None = None
     job_id: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
-    launcher: Literal["local"] = "local"
+    # local: ranks as local processes (the simulated fleet); slurm: a job step per generation
+    # inside the Slurm allocation `sentinel run` runs in (or asks for with salloc).
+    launcher: Literal["local", "slurm"] = "local"
     nodes: int = Field(default=2, ge=1)
     gpus_per_node: int = Field(default=2, ge=1)
     spares: int = Field(default=1, ge=0)

@@ -148,6 +148,7 @@ def slurm_env(tmp_path: Path) -> dict[str, str]:
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "SENTINEL_BIN": str(bin_dir / "sentinel"),
+        "SENTINEL_GATE_BURNIN_CMD": f"{bin_dir / 'sentinel'} burnin --quick",
     }
 
 

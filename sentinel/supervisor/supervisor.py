@@ -113,11 +113,20 @@ def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[
     return found
 
 
-def initial_job(nodes: int, spares: int, gpus_per_node: int, exclude: frozenset[str]) -> JobState:
+def initial_job(
+    nodes: int,
+    spares: int,
+    gpus_per_node: int,
+    exclude: frozenset[str],
+    given: list[str] | None = None,
+) -> JobState:
     """The first node map: excluded nodes (a burn-in's exclude list) give their place to spares,
-    in order; with too few spares the job cannot start at its size."""
-    names = [f"node-{i}" for i in range(nodes)]
-    free = [s for s in (f"spare-{i}" for i in range(spares)) if s not in exclude]
+    in order; with too few spares the job cannot start at its size. `given`: the launcher's
+    node names (gang first, then spares), else the simulated fleet's `node-K` and `spare-K`."""
+    if given is None:
+        given = [f"node-{i}" for i in range(nodes)] + [f"spare-{i}" for i in range(spares)]
+    names = given[:nodes]
+    free = [s for s in given[nodes : nodes + spares] if s not in exclude]
     placed = []
     for name in names:
         if name not in exclude:
@@ -147,7 +156,8 @@ class Supervisor:
         self.launcher = launcher
         self.token = token
         self.control_file = control_file
-        self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude)
+        names = launcher.node_names(cfg.nodes + cfg.spares)
+        self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude, names)
         self.gang: Gang | None = None
         self.plan: GangPlan | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -239,11 +249,9 @@ class Supervisor:
                 self.job.apply_restart(
                     args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
                 )
-            except GangError as e:  # never shrink the job silently: fail it, loudly
-                log.error("cannot restart the job: %s", e)
-                self.job.state = "failed"
-                self.exit_code = 1
-                self.done.set()
+            except GangError as e:  # never shrink the job: wait, visibly, for a person
+                log.error("cannot restart the job, waiting for nodes: %s", e)
+                self.job.state = "waiting_for_nodes"
             else:
                 self._launch()
         else:  # rank-level: hand it to the ranks through the control file
