@@ -118,8 +118,8 @@ def test_coordinator_unit_type_matches_the_coordinator() -> None:
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_slurm_scripts_pass_shellcheck() -> None:
-    scripts = sorted(str(p) for p in SLURM.glob("*.sh"))
-    assert len(scripts) == 3
+    scripts = sorted(str(p) for p in [*SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")])
+    assert len(scripts) == 4
     r = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True, cwd=SLURM)
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(os.access(s, os.X_OK) for s in scripts)

@@ -98,10 +98,15 @@ class SlurmCluster:
                 'hostname "$0" && exec "$@"', node, *argv]  # fmt: skip
 
     def run(
-        self, argv: list[str], timeout: float = 60.0, check: bool = True
+        self,
+        argv: list[str],
+        timeout: float = 60.0,
+        check: bool = True,
+        env_extra: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """A Slurm client command (sinfo, scontrol, srun, sbatch...) against this cluster."""
-        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        env = {**self.env(), **(env_extra or {})}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
         return done
@@ -264,6 +269,8 @@ def render_conf(c: SlurmCluster, hostname: str, ctld_port: int) -> str:
         "InactiveLimit=0",
         "KillWait=5",
         "MinJobAge=300",
+        # a batch job waits for its nodes' prologs (a burn-in) before it counts as missing
+        "BatchStartTimeout=300",
     ]
     if c.prolog is not None:
         lines += [f"Prolog={c.prolog}", "PrologFlags=Alloc"]
