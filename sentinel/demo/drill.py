@@ -15,6 +15,7 @@ from sentinel.demo.data import DemoData, RankSample, StepPoint
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, build_result, goodput_input
 from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
+from sentinel.demo.slurm import SlurmDemo, add_slurm_facts
 from sentinel.scenario import Scenario
 
 
@@ -60,12 +61,13 @@ def run_drill(
     echo: Callable[[str], None],
     timeout_s: float | None = None,
     stall_s: float = 240.0,
+    fleet: str = "local",
 ) -> dict[str, Any]:
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
-    demo = Demo(scenario, out, echo)
+    demo = Demo(scenario, out, echo) if fleet == "local" else SlurmDemo(scenario, out, echo)
     budget = timeout_s if timeout_s is not None else 300.0 + 3.0 * scenario.trainer.steps
     observer, tail = demo.train(budget, stall_s)
     incidents = list(observer.seen.incident_details.values())
@@ -99,6 +101,8 @@ def run_drill(
         reference_has_lr_scale=lr is not None,
     )
     result = build_result(evidence)
+    if isinstance(demo, SlurmDemo):
+        result = add_slurm_facts(result, demo.final_states)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
     write_report_for(out, demo, result, ref_steps)

@@ -31,10 +31,11 @@ class AgentProcess:
     rank_socket: Path
     log_file: Path
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # where it listens (its node's address on a cluster network)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def get(self, path: str, timeout: float = 2.0) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
@@ -83,13 +84,18 @@ class SimFleet:
         cmd = [
             sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
             "--sim", "--gpus", str(self.gpus_per_node), "--node-id", a.node_id,
-            "--listen", f"127.0.0.1:{a.port}", "--sim-faults", str(a.faults_file),
+            "--listen", f"{a.host}:{a.port}", "--sim-faults", str(a.faults_file),
             "--rank-socket", str(a.rank_socket), "--spool-dir", str(a.faults_file.parent / "spool"),
             "--interval", str(self.interval_s),
         ]  # fmt: skip
         if self.coordinator_url:
             cmd += ["--coordinator", self.coordinator_url]
         return cmd
+
+    def launch(self, a: AgentProcess) -> list[str]:
+        """The agent's argv as started: here a local process; a subclass may wrap it (run it
+        inside its node's network namespace)."""
+        return self.command(a)
 
     def start(self, timeout_s: float = 30.0) -> None:
         for a in self.agents.values():
@@ -100,7 +106,7 @@ class SimFleet:
             if token is not None:
                 env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
             with a.log_file.open("ab") as log:
-                a.proc = subprocess.Popen(self.command(a), stderr=log, stdout=log, env=env)
+                a.proc = subprocess.Popen(self.launch(a), stderr=log, stdout=log, env=env)
         deadline = time.monotonic() + timeout_s
         for a in self.agents.values():
             while True:
