@@ -65,6 +65,9 @@ class AgentConfig(StrictModel):
     spool_max_events: int = Field(default=100_000, ge=1)
     batch_max_events: int = Field(default=500, ge=1)
     rank_socket: Path | None = Path("/run/sentinel/agent.sock")
+    # Where this node's ranks dump flight recorders (node-local): carried to the coordinator
+    # after an fr.dump command, for the job's analysis. None: not carried.
+    fr_dir: Path | None = None
     heartbeat_s: float = Field(default=15.0, gt=0)
     sim: SimConfig | None = None
     thresholds: HealthThresholds = HealthThresholds()
@@ -136,6 +139,9 @@ class SupervisorConfig(StrictModel):
     # Flight recorder: where the ranks dump on `fr.dump` (the hooks' fr_dir); when set, the
     # supervisor analyzes the dumps and reports `fr.analysis` for the playbook that asked.
     fr_dir: Path | None = None
+    # Dumps are node-local: collect them from the coordinator, where each node's agent carried
+    # its own (`agent.fr_dir`), instead of reading fr_dir.
+    fr_from_coordinator: bool = False
     fr_wait_s: float = Field(default=30.0, gt=0)
     fr_analyze_command: list[str] = Field(
         default_factory=lambda: ["sentinel", "fr", "analyze"], min_length=1

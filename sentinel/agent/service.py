@@ -24,6 +24,7 @@ from sentinel import __version__
 from sentinel.agent.commands import CommandRelay
 from sentinel.agent.delivery import Deliverer
 from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
+from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.host import HostSource
 from sentinel.agent.metrics import AgentCollector
@@ -106,7 +107,10 @@ class Agent:
             token = cfg.token_file.read_text().strip() if cfg.token_file else None
             self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
             if self.rank_server is not None:
-                self.relay = CommandRelay(cfg.coordinator_url, token, cfg.node_id, self.rank_server)
+                fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
+                self.relay = CommandRelay(
+                    cfg.coordinator_url, token, cfg.node_id, self.rank_server, fr=fr
+                )
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect")

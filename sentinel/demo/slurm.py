@@ -36,6 +36,14 @@ class ClusterFleet(SimFleet):
     def launch(self, a: AgentProcess) -> list[str]:
         return self.cluster.on_node(a.node_id, self.command(a))
 
+    def agent_env(self, a: AgentProcess) -> dict[str, str]:
+        return {"SENTINEL_AGENT__FR_DIR": str(node_fr_dir(self.workdir.parent, a.node_id))}
+
+
+def node_fr_dir(out: Path, node: str) -> Path:
+    """A node's own flight-recorder directory: nothing reads it but that node's agent."""
+    return out / "nodes" / node / "fr"
+
 
 class SlurmDemo(Demo):
     def __init__(self, scenario: Any, out: Path, echo: Callable[[str], None]) -> None:
@@ -59,7 +67,10 @@ class SlurmDemo(Demo):
     def fleet_env(self) -> dict[str, str]:
         assert self.cluster is not None
         return {"SLURM_CONF": str(self.cluster.conf), "GLOO_SOCKET_IFNAME": self.cluster.iface,
-                "OMP_NUM_THREADS": "1"}  # fmt: skip
+                "OMP_NUM_THREADS": "1",
+                # dumps stay on their node; the agents carry them to the coordinator
+                "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
+                "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true"}  # fmt: skip
 
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         argv = super().supervisor_argv(coord_url, job_token, exclude)

@@ -92,6 +92,10 @@ class SimFleet:
             cmd += ["--coordinator", self.coordinator_url]
         return cmd
 
+    def agent_env(self, a: AgentProcess) -> dict[str, str]:
+        """More environment for one agent (a subclass: its node-local directories)."""
+        return {}
+
     def launch(self, a: AgentProcess) -> list[str]:
         """The agent's argv as started: here a local process; a subclass may wrap it (run it
         inside its node's network namespace)."""
@@ -105,6 +109,7 @@ class SimFleet:
             token = self.token_files.get(a.node_id, self.token_file)
             if token is not None:
                 env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
+            env.update(self.agent_env(a))
             with a.log_file.open("ab") as log:
                 a.proc = subprocess.Popen(self.launch(a), stderr=log, stdout=log, env=env)
         deadline = time.monotonic() + timeout_s

@@ -29,6 +29,9 @@ def rank_env(env: dict[str, str]) -> dict[str, str]:
         "GROUP_RANK": str(nodes.index(node)),
         "SENTINEL_NODE": node,
     }
+    fr_dir = env.get("SENTINEL_HOOKS_FR_DIR")
+    if fr_dir and "{node}" in fr_dir:  # one dump directory per node, never a shared one
+        out["SENTINEL_HOOKS_FR_DIR"] = fr_dir.format(node=node)
     template = env.get("SENTINEL_RANK_SOCKET_TEMPLATE")
     if template:  # the foundation's name and the trainer hooks' name for the same socket
         out["SENTINEL_RANK_SOCKET"] = out["SENTINEL_AGENT_SOCKET"] = template.format(node=node)

@@ -12,11 +12,13 @@ file named by `SENTINEL_CONTROL_FILE` in every rank's environment.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import re
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,7 +259,7 @@ class Supervisor:
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
-            if kind == CommandKind.FR_DUMP and self.cfg.fr_dir is not None:
+            if kind == CommandKind.FR_DUMP and (self.cfg.fr_dir or self.cfg.fr_from_coordinator):
                 task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -265,9 +267,17 @@ class Supervisor:
 
     async def _analyze_fr(self, check_id: str | None, since: float) -> None:
         """Wait for the ranks' dumps, run the analyzer, report what it found."""
+        world = len(self.job.nodes) * self.job.gpus_per_node
+        if self.cfg.fr_from_coordinator:
+            if check_id is None:
+                log.error("an fr.dump without a check id: its node-local dumps cannot be found")
+                return
+            with tempfile.TemporaryDirectory(prefix="sentinel-fr-") as tmp:
+                await self._collect_fr(check_id, Path(tmp), world)
+                await self._run_fr_analyzer(Path(tmp), check_id)
+            return
         fr_dir = self.cfg.fr_dir
         assert fr_dir is not None
-        world = len(self.job.nodes) * self.job.gpus_per_node
         deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
         while time.time() < deadline:
             fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
@@ -276,6 +286,31 @@ class Supervisor:
             elif len(fresh) >= world and time.time() - last[1] >= 1.0:
                 break  # every rank dumped and nothing new for a second
             await asyncio.sleep(0.25)
+        await self._run_fr_analyzer(fr_dir, check_id)
+
+    async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
+        """The dumps the nodes' agents carried to the coordinator: until every rank's is there
+        and nothing new came for two seconds, or fr_wait_s."""
+        assert self.session is not None
+        url = f"{self.cfg.coordinator_url}/v1/fr/{check_id}"
+        deadline, last, files = time.time() + self.cfg.fr_wait_s, (-1, 0.0), []
+        while time.time() < deadline:
+            try:
+                async with self.session.get(url) as r:
+                    files = (await r.json())["files"] if r.status == 200 else files
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                log.warning("cannot read carried dumps (%s); retrying", e)
+            if len(files) != last[0]:
+                last = (len(files), time.time())
+            elif len(files) >= world and time.time() - last[1] >= 2.0:
+                break
+            await asyncio.sleep(0.5)
+        for f in files:  # one directory, as the analyzer reads it; names are per rank
+            (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
+        log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
+                 len({f["node"] for f in files}))  # fmt: skip
+
+    async def _run_fr_analyzer(self, fr_dir: Path, check_id: str | None) -> None:
         argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
         try:
             proc = await asyncio.create_subprocess_exec(
