@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 
 def rank_env(env: dict[str, str]) -> dict[str, str]:
@@ -43,8 +44,11 @@ def main(argv: list[str]) -> None:
         argv = argv[1:]
     if not argv:
         raise SystemExit("usage: python -m sentinel.slurm.task -- TRAINER_COMMAND...")
-    env = {**os.environ, **rank_env(dict(os.environ))}
-    os.execvpe(argv[0], argv, env)
+    ranks = rank_env(dict(os.environ))
+    # when srun's step launch ended on this node: where a restart's time goes (benchmarks)
+    print(f"sentinel.slurm.task: rank {ranks['RANK']} on {ranks['SENTINEL_NODE']} started at"
+          f" {time.time():.3f}", file=sys.stderr, flush=True)  # fmt: skip
+    os.execvpe(argv[0], argv, {**os.environ, **ranks})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import json
 import os
 import ssl
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Literal
@@ -78,8 +79,9 @@ class SlurmBackend(EvictionBackend):
             raise EvictionError(f"{' '.join(argv[:4])} exited {done.returncode}: {err}")
 
     def evict(self, node: str, reason: str) -> str:
+        started = time.monotonic()
         self._update(node, "State=DRAIN", f"Reason={reason}")
-        return f"drained {node} through scontrol"
+        return f"drained {node} through scontrol in {time.monotonic() - started:.3f}s"
 
     def restore(self, node: str, reason: str) -> str:
         self._update(node, "State=RESUME")
