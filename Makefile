@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test bench lint system-deps clean
 
 venv: $(STAMP)
 
@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(PY) -m sentinel demo --out demo-out/$$(date +%Y%m%d-%H%M%S)
 
-test: venv
+# System packages first (installed as root, otherwise the command is printed and the tests that
+# need them fail naming it), then the lint gate, then every test.
+test: venv system-deps lint
 	$(PY) -m pytest -q
+
+system-deps:
+	scripts/install-system-deps.sh
 
 bench: venv
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
@@ -28,6 +33,7 @@ bench: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy sentinel
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

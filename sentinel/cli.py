@@ -9,7 +9,8 @@ import argparse
 import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 
 from sentinel import __version__
 from sentinel.exitcodes import ExitCode, InputError
@@ -36,7 +37,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default already exits 2; keep the text
+    def error(self, message: str) -> NoReturn:  # argparse's default already exits 2; keep the text
         self.print_usage(sys.stderr)
         self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
 
@@ -47,12 +48,38 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observability and reliability for GPU training fleets.",
     )
     parser.add_argument("--version", action="version", version=f"sentinel {__version__}")
-    parser.add_argument("--log-format", choices=["text", "json"], default=None)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    add_log_options(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for sub_parser in _subparsers(parser):
+        # After the subcommand too; SUPPRESS leaves a value given before it in place.
+        add_log_options(sub_parser, default=argparse.SUPPRESS)
     return parser
+
+
+def add_log_options(parser: argparse.ArgumentParser, default: object) -> None:
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=default,
+        help="log lines on stderr as text (default) or one JSON object each",
+    )
+    group.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default,
+        help="least severe level logged (default: info)",
+    )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield sub
+                yield from _subparsers(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

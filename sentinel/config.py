@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sentinel.exitcodes import InputError
+from sentinel.faults.catalog import RULE_BY_NAME
 
 ENV_PREFIX = "SENTINEL_"
 
@@ -40,13 +41,33 @@ class HealthThresholds(StrictModel):
     mem_temp_unhealthy_c: float = 105.0
     # NVIDIA retires at most 64 pages per GPU on A100-class parts; drain well before that.
     retired_pages_unhealthy: int = 48
-    sbe_volatile_degraded: int = 1000
     dbe_aggregate_degraded: int = Field(default=1, ge=1)
     remapped_rows_uncorrectable_degraded: int = Field(default=1, ge=1)
-    pcie_replay_degraded: int = 100
-    nvlink_crc_degraded: int = 100
+    # Temperatures clear this far below the limit that raised them (hysteresis).
+    temp_hysteresis_c: float = Field(default=3.0, ge=0)
+    # Error counters are judged as increases per minute over this window (see agent/rates.py).
+    rate_window_s: float = Field(default=300.0, gt=0)
+    # DCGM's PCIe replay-rate limit is 8 per minute.
+    pcie_replay_rate_degraded: float = Field(default=8.0, gt=0)
+    nvlink_error_rate_degraded: float = Field(default=60.0, gt=0)
+    sbe_rate_degraded: float = Field(default=100.0, gt=0)
+    # Peer outliers: robust z-score against the node's GPUs, this many polls in a row.
+    outlier_z: float = Field(default=4.0, gt=0)
+    outlier_polls: int = Field(default=2, ge=1)
     xid_window_s: float = 3600.0
     xid_escalate_after: int = Field(default=3, ge=2)
+    # Hold-downs by rule name, overriding the catalog's (sentinel/faults/catalog.py).
+    hold_s: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("hold_s")
+    @classmethod
+    def _known_rules(cls, holds: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(holds) - set(RULE_BY_NAME))
+        if unknown:
+            raise ValueError(f"unknown rule(s) {unknown}; known: {sorted(RULE_BY_NAME)}")
+        if any(v < 0 for v in holds.values()):
+            raise ValueError("a hold is a number of seconds >= 0")
+        return holds
 
 
 class SimConfig(StrictModel):
@@ -71,6 +92,17 @@ class AgentConfig(StrictModel):
     heartbeat_s: float = Field(default=15.0, gt=0)
     sim: SimConfig | None = None
     thresholds: HealthThresholds = HealthThresholds()
+    # A call into NVML older than this makes the node unhealthy (rule nvml_unresponsive).
+    nvml_call_deadline_s: float = Field(default=5.0, gt=0)
+    # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
+    expected_gpus: int | None = Field(default=None, ge=0)
+    pci_devices_dir: Path = Path("/sys/bus/pci/devices")
+    # The kernel log: "auto" (/dev/kmsg when reading real GPUs, off for simulated ones), "off",
+    # or a path (a file or FIFO of kmsg records works too: tests).
+    kmsg: str = Field(default="auto", min_length=1)
+    # Filesystems whose read-only remount is a finding, besides the root.
+    checkpoint_dirs: list[Path] = Field(default_factory=list)
+    mounts_file: Path = Path("/proc/self/mounts")
 
 
 class EvictionBudgetConfig(StrictModel):
@@ -178,21 +210,33 @@ def _parse_file(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
-    """Nested dict from `SENTINEL_SECTION__FIELD` variables, for sections the config knows."""
+def _env_overrides(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Nested dict from `SENTINEL_SECTION__FIELD` variables, and each dotted field path's
+    variable name (so a bad value is blamed on the variable, not the file).
+
+    A double underscore marks a config override: one naming no section is a typo and an error.
+    Single-underscore names (SENTINEL_JOB, SENTINEL_HOOKS_...) belong to the trainer hooks.
+    """
     sections = set(SentinelConfig.model_fields)
     out: dict[str, Any] = {}
+    names: dict[str, str] = {}
     for name, value in env.items():
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         path = name[len(ENV_PREFIX) :].lower().split("__")
-        if path[0] not in sections or len(path) < 2:
-            continue  # e.g. SENTINEL_RANK_SOCKET, read by the trainer hooks, not a config field
+        if path[0] not in sections:
+            raise ConfigError(
+                "environment",
+                [
+                    f"{name}: no config section {path[0]!r} (sections: {', '.join(sorted(sections))})"
+                ],
+            )
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
-    return out
+        names[".".join(path)] = name
+    return out, names
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,12 +249,21 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def config_errors(err: ValidationError) -> list[str]:
+def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = None) -> list[str]:
+    """One line per problem with its field path; `env_names` (path -> variable) names the
+    environment variable a bad value came from."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"])
-        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
-        lines.append(f"{path}: {e['msg']}{got}")
+        if not e["loc"] and e["type"] == "value_error":
+            # A check across fields: its message names each field's path, one problem a line.
+            lines += str(e["ctx"]["error"]).splitlines()
+            continue
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if env_names and path in env_names:
+            path = f"{path} (from ${env_names[path]})"
+        # A whole section as the input says nothing the path does not; a value says what is wrong.
+        shown = e["type"] != "missing" and not isinstance(e["input"], dict | list)
+        lines.append(f"{path}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return lines
 
 
@@ -223,8 +276,12 @@ class ConfigError(InputError):
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> SentinelConfig:
     """Read, merge and validate once. Raises ConfigError listing every problem with its path."""
     doc = _parse_file(path) if path is not None else {}
-    doc = _merge(doc, _env_overrides(os.environ if env is None else env))
+    overrides, env_names = _env_overrides(os.environ if env is None else env)
+    doc = _merge(doc, overrides)
     try:
         return SentinelConfig.model_validate(doc)
     except ValidationError as e:
-        raise ConfigError(str(path) if path else "environment", config_errors(e)) from None
+        errors = config_errors(e, env_names)
+        from_env = all("(from $" in line for line in errors)
+        source = "environment" if from_env or path is None else str(path)
+        raise ConfigError(source, errors) from None

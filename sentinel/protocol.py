@@ -16,7 +16,7 @@ import secrets
 import time
 import types
 from enum import Enum, StrEnum
-from typing import Annotated, Any, Literal, NotRequired, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, NotRequired, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Final = 1
 SUPPORTED_VERSIONS = frozenset({1})
 MAX_BATCH_EVENTS = 10_000
 
@@ -425,7 +425,7 @@ def _as_typed_dict(model: type[BaseModel]) -> Any:
             parts.append(Field(default=f.default))
         annotated = Annotated[tuple(parts)] if len(parts) > 1 else parts[0]
         fields[name] = annotated if f.is_required() else NotRequired[annotated]
-    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator]
+    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator,misc]
     typed.__pydantic_config__ = ConfigDict(extra="forbid", use_enum_values=True)  # type: ignore[attr-defined]
     return typed
 
@@ -450,7 +450,7 @@ def _wire_event(kind: EventKind) -> type[Event]:
     return create_model(  # type: ignore[no-any-return]
         f"{PAYLOAD_MODELS[kind].__name__.removesuffix('Payload')}Event",
         __base__=_WireEvent,
-        kind=(Literal[kind], ...),  # type: ignore[valid-type]
+        kind=(Literal[kind], ...),  # type: ignore[valid-type,arg-type]
         payload=(
             _as_typed_dict(PAYLOAD_MODELS[kind]),
             Field(default_factory=dict, validate_default=True),
@@ -458,12 +458,13 @@ def _wire_event(kind: EventKind) -> type[Event]:
     )
 
 
-_ANY_KIND = Annotated[
-    Union[tuple(_wire_event(k) for k in EventKind)],  # type: ignore[valid-type]  # noqa: UP007
+# Built at import from the payload models: a value to pydantic, not a type to mypy.
+_ANY_KIND: Any = Annotated[
+    Union[tuple(_wire_event(k) for k in EventKind)],  # noqa: UP007
     Field(discriminator="kind"),
 ]
 _WIRE_EVENT: TypeAdapter[Event] = TypeAdapter(_ANY_KIND)
-_WIRE_BATCH = TypeAdapter(
+_WIRE_BATCH: TypeAdapter[Any] = TypeAdapter(
     create_model(
         "WireBatch",
         __base__=_Strict,

@@ -137,25 +137,30 @@ class Scenario(_Fault):
 
     @model_validator(mode="after")
     def _faults_fit_the_fleet(self) -> Scenario:
-        world = self.fleet.world_size
-        if self.trainer.tp * self.trainer.pp * self.trainer.dp != world:
-            raise ValueError(
-                f"trainer tp*pp*dp = {self.trainer.tp * self.trainer.pp * self.trainer.dp} "
-                f"must equal the fleet's GPUs ({self.fleet.nodes} nodes x "
-                f"{self.fleet.gpus_per_node} = {world})"
+        problems = self.problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def problems(self) -> list[str]:
+        """Every way the trainer and the faults do not fit the fleet, each with its path."""
+        world, t = self.fleet.world_size, self.trainer
+        out = []
+        if t.tp * t.pp * t.dp != world:
+            out.append(
+                f"trainer: tp*pp*dp = {t.tp * t.pp * t.dp} must equal the fleet's GPUs "
+                f"({self.fleet.nodes} nodes x {self.fleet.gpus_per_node} = {world})"
             )
         names = set(self.fleet.node_names()) | set(self.fleet.spare_names())
         for i, f in enumerate(self.faults):
-            node = getattr(f, "node", None)
+            node, gpu, rank = (getattr(f, k, None) for k in ("node", "gpu", "rank"))
             if node is not None and node not in names:
-                raise ValueError(f"faults[{i}]: {node} is not in the fleet")
-            gpu = getattr(f, "gpu", None)
+                out.append(f"faults.{i}.node: {node} is not in the fleet")
             if gpu is not None and gpu >= self.fleet.gpus_per_node:
-                raise ValueError(f"faults[{i}]: gpu {gpu} >= gpus_per_node")
-            rank = getattr(f, "rank", None)
+                out.append(f"faults.{i}.gpu: {gpu} >= gpus_per_node ({self.fleet.gpus_per_node})")
             if rank is not None and rank >= world:
-                raise ValueError(f"faults[{i}]: rank {rank} >= world size {world}")
-        return self
+                out.append(f"faults.{i}.rank: {rank} >= world size {world}")
+        return out
 
     def faults_of(self, *kinds: type[_Fault]) -> list[_Fault]:
         return [f for f in self.faults if isinstance(f, kinds)]
@@ -172,7 +177,14 @@ def resolve_scenario_path(name_or_file: str) -> Path:
     shipped = SCENARIO_DIR / f"{name_or_file}.yaml"
     if shipped.exists():
         return shipped
-    raise InputError(f"no scenario file or shipped scenario named {name_or_file!r}")
+    raise InputError(
+        f"no scenario file or shipped scenario named {name_or_file!r}; shipped: "
+        + ", ".join(shipped_scenarios())
+    )
+
+
+def shipped_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
 
 
 def load_scenario(name_or_file: str | Path) -> Scenario:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from system_deps import require_command, require_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -51,10 +51,9 @@ class Fleet:
 
 @pytest.fixture
 def fleet() -> Iterator[Fleet]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces and tc qdiscs")
-    if not (shutil.which("ip") and shutil.which("tc")):
-        pytest.skip("needs iproute2 (ip, tc); .ci/run installs it")
+    require_root("network namespaces and tc qdiscs")
+    require_command("ip", "iproute2")
+    require_command("tc", "iproute2")
     tag = uuid.uuid4().hex[:6]  # unique names: parallel runs must not clash
     bridge = f"sbr{tag}"
     octet = int(tag[:2], 16)

@@ -133,3 +133,23 @@ def test_baseline_judges_links_against_saved_figures(
     assert code == 1, out
     assert exclude == [f"node-{k}" for k in range(4)]
     assert all("against baseline 1000.000" in row["reasons"][0] for row in rep["nodes"].values())
+
+
+def test_a_shipped_scenario_by_name(sentinel_cmd: list[str], tmp_path: Path) -> None:
+    """`--scenario NAME` resolves a shipped scenario as `sentinel demo` does."""
+    code, rep, exclude, out = _burnin(
+        sentinel_cmd, tmp_path, "--scenario", "link_degraded", "--phases", "links"
+    )
+    assert code == 1, out
+    assert exclude == rep["exclude"] == ["node-3"]
+
+
+def test_an_unknown_scenario_is_one_line_and_exit_2(sentinel_cmd: list[str]) -> None:
+    r = subprocess.run(
+        [*sentinel_cmd, "burnin", "--quick", "--scenario", "no_such_scenario"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "shipped: corrupt_batch, crash" in r.stderr

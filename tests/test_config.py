@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.config import ConfigError, load_config
+from sentinel.config import ConfigError, SentinelConfig, load_config
 
 
 def test_defaults_work_without_a_file() -> None:
@@ -43,7 +43,9 @@ def test_every_error_is_reported_with_its_path(tmp_path: Path) -> None:
 
 
 def test_a_typo_in_an_env_override_is_an_error() -> None:
-    with pytest.raises(ConfigError, match=r"agent\.intervl_s: Extra inputs"):
+    with pytest.raises(
+        ConfigError, match=r"agent\.intervl_s \(from \$SENTINEL_AGENT__INTERVL_S\): Extra"
+    ):
         load_config(None, env={"SENTINEL_AGENT__INTERVL_S": "2"})
 
 
@@ -70,3 +72,21 @@ def test_cli_basics(sentinel_cmd: list[str]) -> None:
     assert subprocess.run([*sentinel_cmd, "--version"], capture_output=True).returncode == 0
     assert subprocess.run([*sentinel_cmd, "--help"], capture_output=True).returncode == 0
     assert subprocess.run([*sentinel_cmd, "no-such"], capture_output=True).returncode == 2
+
+
+def test_a_typo_in_an_env_section_is_an_error() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, env={"SENTINEL_AGNET__INTERVAL_S": "2", "SENTINEL_JOB": "llm"})
+    sections = ", ".join(sorted(SentinelConfig.model_fields))
+    assert e.value.errors == [
+        f"SENTINEL_AGNET__INTERVAL_S: no config section 'agnet' (sections: {sections})"
+    ]
+
+
+def test_a_bad_env_value_is_blamed_on_the_variable(tmp_path: Path) -> None:
+    f = tmp_path / "a.yaml"
+    f.write_text("agent: {interval_s: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f, env={"SENTINEL_AGENT__INTERVAL_S": "fast"})
+    assert str(e.value).startswith("environment: invalid configuration:")
+    assert "agent.interval_s (from $SENTINEL_AGENT__INTERVAL_S): Input should be" in str(e.value)

@@ -359,6 +359,13 @@ def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coo
     assert (coord.state / "exclude.txt").read_text().split() == ["node-0"]
     assert job.record(2, 1)["node"] == "spare-0"
     assert job.status()["generation"] == 2  # the warning changed nothing
+    # An operator tailing the coordinator's log sees each incident, step, eviction and swap.
+    log = (coord.state.parent / "coord.log").read_text().splitlines()
+    audit = [line.split(": ", 2)[1] for line in log if "sentinel.coordinator.audit:" in line]
+    assert audit.count("incident.open") == 3
+    for act in ("action.evict_node", "action.swap_spare", "action.rollback", "action.notify"):
+        assert act in audit, (act, audit)
+    assert sum("-> mitigated" in line for line in log) == 3
 
 
 def test_repeated_crash_with_no_spare_escalates_and_a_short_gang_fails(

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from system_deps import require_command
 
 from sentinel.config import load_config
 from sentinel.sim.fleet import SimFleet, free_port
@@ -92,20 +93,17 @@ def test_agent_configmap_is_a_valid_sentinel_config(tmp_path: Path) -> None:
     assert cfg.agent.node_id == "gpu-node-7" and cfg.agent.listen == "0.0.0.0:9410"
 
 
-@pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None,
-    reason="systemd-analyze not installed here (CI images may lack systemd); units unverified",
-)
 @pytest.mark.parametrize("unit", ["sentinel-agent.service", "sentinel-coordinator.service"])
 def test_systemd_units_verify(unit: str, tmp_path: Path) -> None:
     """As shipped, except ExecStart points at this checkout's `sentinel` (verify requires the
     binary to exist)."""
+    systemd_analyze = require_command("systemd-analyze", "systemd")
     sentinel = shutil.which("sentinel") or str(Path(sys.executable).parent / "sentinel")
     text = (DEPLOY / "systemd" / unit).read_text()
     assert "ExecStart=/usr/local/bin/sentinel " in text
     (tmp_path / unit).write_text(text.replace("/usr/local/bin/sentinel", sentinel))
     r = subprocess.run(
-        ["systemd-analyze", "verify", str(tmp_path / unit)], capture_output=True, text=True
+        [systemd_analyze, "verify", str(tmp_path / unit)], capture_output=True, text=True
     )
     assert r.returncode == 0 and unit not in r.stderr, r.stderr
 
@@ -116,11 +114,11 @@ def test_coordinator_unit_type_matches_the_coordinator() -> None:
     assert "Type=exec" in text and "NoNewPrivileges=yes" in text
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
 def test_slurm_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in [*SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")])
     assert len(scripts) == 4
-    r = subprocess.run(["shellcheck", "-x", *scripts], capture_output=True, text=True, cwd=SLURM)
+    shellcheck = require_command("shellcheck", "shellcheck")
+    r = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True, cwd=SLURM)
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(os.access(s, os.X_OK) for s in scripts)
 

@@ -8,15 +8,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from system_deps import require_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "deploy" / "prometheus"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not installed (.ci/run installs Debian's prometheus)"
-)
 
 
 def alert_rules() -> list[dict]:
@@ -26,24 +22,21 @@ def alert_rules() -> list[dict]:
 
 
 def promtool(*args: str, cwd: Path = PROM) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL is not None
-    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    promtool = require_command("promtool", "prometheus")
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
-@needs_promtool
 def test_promtool_check_rules() -> None:
     r = promtool("check", "rules", "alerts.yml")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"SUCCESS: {len(alert_rules())} rules found" in r.stdout
 
 
-@needs_promtool
 def test_promtool_unit_tests_pass() -> None:
     r = promtool("test", "rules", "alerts_test.yml")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@needs_promtool
 def test_promtool_catches_a_broken_expectation(tmp_path: Path) -> None:
     """The unit tests can fail: flip one expected alert label and promtool must say so."""
     shutil.copy(PROM / "alerts.yml", tmp_path / "alerts.yml")
@@ -77,7 +70,6 @@ def test_every_rule_has_severity_summary_and_runbook_section() -> None:
         assert r["alert"].lower() in anchors, r["alert"]
 
 
-@needs_promtool
 def test_scrape_config_is_valid(tmp_path: Path) -> None:
     """As shipped, except the coordinator token file, which promtool requires to exist."""
     token = tmp_path / "coordinator.token"

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.exitcodes import InputError
-from sentinel.scenario import load_scenario
+from sentinel.scenario import load_scenario, shipped_scenarios
 
 DESIGN_EXAMPLE = """
 fleet:   {nodes: 4, gpus_per_node: 2, spares: 1}
@@ -38,7 +38,7 @@ def test_design_example_parses(tmp_path: Path) -> None:
             "faults: [{kind: ecc_dbe, node: node-9, gpu: 0, at_step: 1}]",
             "node-9 is not in the fleet",
         ),
-        ("faults: [{kind: hang, rank: 99, at_step: 1}]", "rank 99 >= world size 8"),
+        ("faults: [{kind: hang, rank: 99, at_step: 1}]", "faults.0.rank: 99 >= world size 8"),
         ("trainer: {tp: 3}", "must equal the fleet's GPUs"),
         ("fleet: {nodes: 4, gpus: 2}", "fleet.gpus: Extra inputs are not permitted"),
     ],
@@ -48,3 +48,40 @@ def test_bad_scenarios_are_rejected_precisely(tmp_path: Path, text: str, message
     f.write_text(text)
     with pytest.raises(InputError, match=message):
         load_scenario(f)
+
+
+def test_every_problem_is_reported_at_once_with_its_path(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        "fleet: {nodes: 2, gpus_per_node: 2}\n"
+        "faults:\n"
+        "  - {kind: ecc_dbe, node: node-7, gpu: 5, at_step: 3}\n"
+        "  - {kind: hang, rank: 9, at_step: 4}\n"
+    )
+    with pytest.raises(InputError) as e:
+        load_scenario(f)
+    lines = str(e.value).splitlines()[1:]
+    assert [line.strip() for line in lines] == [
+        "trainer: tp*pp*dp = 8 must equal the fleet's GPUs (2 nodes x 2 = 4)",
+        "faults.0.node: node-7 is not in the fleet",
+        "faults.0.gpu: 5 >= gpus_per_node (2)",
+        "faults.1.rank: 9 >= world size 4",
+    ]
+
+
+def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
+    with pytest.raises(InputError) as e:
+        load_scenario("link_degradd")
+    assert str(e.value) == (
+        "no scenario file or shipped scenario named 'link_degradd'; shipped: "
+        + ", ".join(shipped_scenarios())
+    )
+    assert "link_degraded" in shipped_scenarios() and "default" in shipped_scenarios()
+
+
+def test_quick_shortens_the_default_drill_too() -> None:
+    from sentinel.demo.run import quick
+
+    steps = {n: quick(load_scenario(n)).trainer.steps for n in ("default", "crash", "xid")}
+    # Default: its last fault is at step 86 of 100, one checkpoint interval (10) after it.
+    assert steps == {"default": 96, "crash": 35, "xid": 35}

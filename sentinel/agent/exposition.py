@@ -19,6 +19,11 @@ _SUFFIXED = ("_created", "_gsum", "_gcount")  # OpenMetrics samples, put in gaug
 _MAX_CACHED = 50_000  # label sets; a pid label churns, so the cache is bounded
 
 
+def _escape_label_value(value: str) -> str:
+    """The exposition format's label-value escaping (backslash, newline, double quote)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
 class TextRenderer:
     def __init__(self) -> None:
         self._labels: dict[tuple[tuple[str, str], ...], str] = {}
@@ -40,7 +45,7 @@ class TextRenderer:
                 self._labels.clear()
             pairs = ",".join(
                 f"{openmetrics.escape_label_name(k, openmetrics.UNDERSCORES)}="
-                f'"{openmetrics._escape(v, openmetrics.ALLOWUTF8, False)}"'
+                f'"{_escape_label_value(v)}"'
                 for k, v in sorted(labels.items())
             )
             text = self._labels[key] = f"{{{pairs}}}" if pairs else ""

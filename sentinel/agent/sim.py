@@ -259,6 +259,7 @@ class SimulatedGpus(GpuBackend):
             nvlink_crc_errors=0 if links else None,
             nvlink_replay_errors=0 if links else None,
             nvlink_recovery_errors=0 if links else None,
+            nvlink_links_down=() if links else None,
             tensor_active=round(tensor, 3) if spec.gpm else None,
             processes=(GpuProcess(pid=g.pid, used_memory_bytes=fb_used),),
         )

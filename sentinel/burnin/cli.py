@@ -23,8 +23,9 @@ from sentinel.burnin.settings import (
     parse_size,
     quick_settings,
 )
+from sentinel.commands.jsonout import check_json_target, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
-from sentinel.scenario import load_scenario
+from sentinel.scenario import load_scenario, resolve_scenario_path
 
 
 def settings_from_args(args: argparse.Namespace) -> BurninSettings:
@@ -57,11 +58,12 @@ def settings_from_args(args: argparse.Namespace) -> BurninSettings:
         th["straggler_slowdown"] = args.straggler_threshold
     if args.scenario:
         load_scenario(args.scenario)  # bad scenarios fail here, before any rank starts
-        overrides["scenario"] = str(Path(args.scenario).resolve())
+        overrides["scenario"] = str(resolve_scenario_path(args.scenario).resolve())
     if args.baseline:
         load_baseline(args.baseline)
         overrides["baseline_path"] = str(args.baseline.resolve())
-    for flag in ("json", "exclude_out", "save_baseline"):
+    check_json_target(args)
+    for flag in ("exclude_out", "save_baseline"):
         path = getattr(args, flag)
         if path is not None and not path.resolve().parent.is_dir():
             raise InputError(f"--{flag.replace('_', '-')} {path}: directory does not exist")
@@ -87,13 +89,12 @@ def sim_fleet(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def publish(report: dict[str, Any], args: argparse.Namespace) -> int:
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    emit_json(args, report)
     if args.exclude_out:
         write_exclude(args.exclude_out, report["exclude"])
     if args.save_baseline:
         args.save_baseline.write_text(json.dumps(baseline_from(report), indent=2))
-    print(render(report))
+    print(render(report), file=sys.stderr if json_to_stdout(args) else sys.stdout)
     return ExitCode.OK if report["verdict"] == "pass" else ExitCode.PROBLEM_FOUND
 
 

@@ -16,7 +16,7 @@ turns within a round, so they measure their own arithmetic rather than their nei
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,7 +108,7 @@ def measure(
     return comm.gather_objects(mine)
 
 
-def round_scores(series: dict[int, Sequence[float]]) -> dict[int, float]:
+def round_scores(series: Mapping[int, Sequence[float]]) -> dict[int, float]:
     """Each rank's median over rounds of (its value / the round's median rank)."""
     rounds = min(len(v) for v in series.values())
     ratios: dict[int, list[float]] = {r: [] for r in series}

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from sentinel.burnin.settings import LINK_SEARCHES, PHASES
+from sentinel.commands.jsonout import add_json_option
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,8 +21,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     fleet = p.add_argument_group("fleet")
     fleet.add_argument("--sim-nodes", type=int, metavar="N", help="simulate N nodes locally")
     fleet.add_argument("--gpus-per-node", type=int, metavar="G", help="ranks per simulated node")
-    fleet.add_argument("--scenario", metavar="FILE", help="simulated faults to inject first")
-    fleet.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    fleet.add_argument(
+        "--scenario",
+        metavar="NAME|FILE",
+        help="simulated faults to inject first: a shipped scenario name (scenarios/NAME.yaml) or a file",
+    )
+    fleet.add_argument(
+        "--backend",
+        choices=["auto", "gloo", "nccl"],
+        default="auto",
+        help="collective backend (auto: nccl with GPUs, else gloo)",
+    )
     run = p.add_argument_group("what to run")
     run.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {PHASES}")
     run.add_argument("--quick", action="store_true", help="small sweep: about a minute")
@@ -39,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--link-tolerance", type=float, help="link drop vs the other nodes (0.40)")
     run.add_argument("--straggler-threshold", type=float, help="slowdown that flags (0.04)")
     out = p.add_argument_group("output")
-    out.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report")
+    add_json_option(out, "the report")
     out.add_argument("--exclude-out", type=Path, metavar="FILE", help="write failed node names")
     out.add_argument("--save-baseline", type=Path, metavar="FILE", help="record these figures")
     out.add_argument("--baseline", type=Path, metavar="FILE", help="judge against saved figures")

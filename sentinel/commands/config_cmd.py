@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from sentinel.commands.jsonout import add_json_option, emit_json
 from sentinel.exitcodes import ExitCode
 
 
@@ -16,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = config_sub.add_parser(
         "check", help="validate a config file (with SENTINEL_* overrides); exit 2 on errors"
     )
-    check.add_argument("file", type=Path)
-    check.add_argument("--json", action="store_true", help="print the effective config as JSON")
+    check.add_argument("file", type=Path, help="config file to validate (YAML or TOML)")
+    add_json_option(check, "the effective config")
     check.set_defaults(handler=run_check)
 
 
@@ -32,7 +32,7 @@ def run_check(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     if args.json:
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        emit_json(args, cfg.model_dump(mode="json"))
     else:
         print(f"{args.file}: ok")
     return ExitCode.OK

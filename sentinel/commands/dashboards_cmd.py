@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlparse
 
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 TOKEN_ENV = "SENTINEL_GRAFANA_TOKEN"
@@ -36,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="push the *.json dashboards in DIR instead of the ones built into Sentinel",
     )
     push.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
-    push.add_argument("--json", action="store_true", help="print what was pushed as JSON")
+    add_json_option(push, "what was pushed")
     push.set_defaults(handler=run_push)
     textfile = psub.add_parser(
         "burnin-textfile",
@@ -52,6 +54,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: stdout)",
     )
     textfile.set_defaults(handler=run_burnin_textfile)
+
+
+def root_cause(e: BaseException) -> str:
+    """The innermost cause in words. requests and urllib3 wrap it in layers whose text carries
+    the reprs of their pool and connection objects (`HTTPConnectionPool(host=...)`,
+    `<urllib3.connection.HTTPConnection object at 0x...>`): an operator needs the last part."""
+    while True:
+        inner = getattr(e, "reason", None)
+        if not isinstance(inner, BaseException) and e.args and isinstance(e.args[0], BaseException):
+            inner = e.args[0]
+        if not isinstance(inner, BaseException):
+            inner = e.__cause__
+        if inner is None or inner is e:
+            break
+        e = inner
+    text = re.sub(r"<[\w.]+ object at 0x[0-9a-f]+>: ", "", str(e))
+    return re.sub(r"^\w*ConnectionPool\([^)]*\): ", "", text) or type(e).__name__
 
 
 def _check_url(url: str) -> None:
@@ -107,11 +126,10 @@ def run_push(args: argparse.Namespace) -> int:
         print(f"sentinel: Grafana at {args.url} refused the request: {e}", file=sys.stderr)
         return ExitCode.PROBLEM_FOUND
     except (GrafanaException, OSError) as e:
-        print(f"sentinel: cannot reach Grafana at {args.url}: {e}", file=sys.stderr)
+        print(f"sentinel: cannot reach Grafana at {args.url}: {root_cause(e)}", file=sys.stderr)
         return ExitCode.PROBLEM_FOUND
-    if args.json:
-        print(json.dumps([asdict(p) for p in pushed], indent=2))
-    else:
+    emit_json(args, [asdict(p) for p in pushed])
+    if not json_to_stdout(args):
         for p in pushed:
             print(f"{p.action:8} {p.title}  (uid {p.uid}, version {p.version}) {p.url}")
         print(f"{len(pushed)} dashboards in folder {args.folder!r} at {args.url}")

@@ -5,11 +5,11 @@ against a clean run), on the simulated fleet or on a real Slurm cluster it start
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
 
+from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 
@@ -35,8 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "size on this machine (root, slurm-wlm and munge), started and torn down here",
     )
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="run directory")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result JSON here")
-    p.add_argument("--quick", action="store_true", help="fewer steps after the last fault")
+    add_json_option(p, "the result")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="end two checkpoint intervals after the last fault, or one where two cut nothing",
+    )
     p.set_defaults(handler=run)
 
 
@@ -53,11 +57,13 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--fleet slurm: a Slurm cluster cannot start here: {why}")
     if args.out.exists() and any(args.out.iterdir()):
         raise InputError(f"--out {args.out} is not empty: pick a new directory or remove it")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise InputError(f"--json {args.json}: directory {args.json.parent} does not exist")
+    check_json_target(args)
+
+    # With `--json` on stdout, the lines for a person go to stderr.
+    human = sys.stderr if json_to_stdout(args) else sys.stdout
 
     def echo(line: str) -> None:
-        print(line, flush=True)
+        print(line, file=human, flush=True)
 
     def stop(sig: int, _frame: object) -> None:
         raise SystemExit(128 + sig)  # unwinds through the drill's `finally`: no orphans
@@ -65,9 +71,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     result = run_drill(scenario, args.out, shorten=args.quick, echo=echo, fleet=args.fleet)
     for line in summary_lines(result):
-        print(line)
-    print(f"report: {args.out / 'report.html'}  result: {args.out / 'result.json'}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(line, file=human)
+    print(f"report: {args.out / 'report.html'}  result: {args.out / 'result.json'}", file=human)
+    emit_json(args, result)
     sys.stdout.flush()
     return ExitCode.OK if result["verdict"] == "pass" else ExitCode.PROBLEM_FOUND

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="match collectives across rank dumps; name the culprit (exit 1 if one is found)",
     )
     analyze.add_argument("dump_dir", help="directory with one dump per rank (<prefix><rank>)")
-    analyze.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(analyze, "the analysis")
     analyze.add_argument("--prefix", help="dump file name prefix (default: inferred)")
     analyze.add_argument("--workers", type=int, help="processes reading dumps (default: CPUs)")
     analyze.set_defaults(handler=run_analyze)
@@ -30,16 +30,21 @@ def run_analyze(args: argparse.Namespace) -> int:
         dumps = load_dir(args.dump_dir, prefix=args.prefix, workers=args.workers)
     except DumpError as e:
         raise InputError(str(e)) from None
+    if not dumps.summaries and not dumps.sidecars:
+        # Nothing here is a dump: bad input, not a verdict about the job's ranks.
+        why = "; ".join(f"{dumps.prefix}{r}: {e}" for r, e in sorted(dumps.unreadable.items())[:3])
+        raise InputError(f"{args.dump_dir}: no readable flight-recorder dump ({why})")
     report = analyze(dumps)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
+    emit_json(args, report.to_json())
+    if not json_to_stdout(args):
         print(render(report.to_json()))
     return ExitCode.OK if report.verdict == "ok" else ExitCode.PROBLEM_FOUND
 
 
 def render(r: dict[str, Any]) -> str:
     lines = [f"verdict:        {r['verdict']}  ({r['ranks_analyzed']} dumps)"]
+    if r.get("evidence") == "missing_dump":
+        lines.append("evidence:       the missing dumps (no recorded collective names the culprit)")
     lines.append(f"culprit ranks:  {_ranks(r['culprit_ranks'])}")
     lines.append(f"waiting ranks:  {_ranks(r['waiting_ranks'])}")
     c = r.get("collective")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 
@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.97,
         help="ratio to compare with (default 0.97)",
     )
-    p.add_argument("--json", action="store_true", help="print the projection as JSON")
+    add_json_option(p, "the projection")
     p.set_defaults(handler=run_goodput)
 
 
@@ -163,5 +163,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     }
     levers = lever_rows(fleet, model, sen, spec)
     rep = build_report(fleet, sen, base, levers, args.target, args.seed, checkpoint)
-    print(json.dumps(rep, indent=2) if args.json else render_text(rep))
+    emit_json(args, rep)
+    if not json_to_stdout(args):
+        print(render_text(rep))
     return ExitCode.OK

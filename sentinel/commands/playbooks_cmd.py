@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode
 
 
@@ -14,8 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("playbooks", help="playbook tools")
     psub = p.add_subparsers(dest="playbooks_command", metavar="ACTION", required=True)
     check = psub.add_parser("check", help="validate every playbook in DIR; exit 2 on errors")
-    check.add_argument("dir", type=Path)
-    check.add_argument("--json", action="store_true", help="print the parsed playbooks")
+    check.add_argument("dir", type=Path, help="directory of playbook YAML files")
+    add_json_option(check, "the parsed playbooks")
     check.set_defaults(handler=run_check)
 
 
@@ -29,9 +29,8 @@ def run_check(args: argparse.Namespace) -> int:
         for line in e.errors:
             print(f"  {line}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    if args.json:
-        print(json.dumps([b.model_dump(mode="json") for b in books], indent=2))
-    else:
+    emit_json(args, [b.model_dump(mode="json") for b in books])
+    if not json_to_stdout(args):
         for b in books:
             print(f"{b.name}: ok ({len(b.steps)} steps, priority {b.priority})")
     return ExitCode.OK

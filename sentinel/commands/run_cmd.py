@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--coordinator", help="coordinator URL, e.g. http://127.0.0.1:9400")
     p.add_argument("--token-file", type=Path, help="file holding a job (or admin) token")
     p.add_argument("--nodes", type=int, help="simulated nodes for the local launcher")
-    p.add_argument("--gpus-per-node", type=int)
+    p.add_argument("--gpus-per-node", type=int, help="ranks per simulated node (local launcher)")
     p.add_argument("--spares", type=int, help="hot spares the coordinator may swap in")
     p.add_argument(
         "--checkpoint-dir", type=Path, help="where the trainer writes step_N checkpoints"

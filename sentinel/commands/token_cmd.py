@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 
@@ -19,50 +19,56 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("list", run_list, "list tokens (ids and scopes, never secrets)"),
     ):
         t = tsub.add_parser(name, help=text)
-        t.add_argument("--config", type=Path)
-        t.add_argument("--state-dir", type=Path)
-        t.add_argument("--json", action="store_true")
+        t.add_argument("--config", type=Path, help="coordinator config file (its state_dir)")
+        t.add_argument(
+            "--state-dir", type=Path, help="the coordinator's state directory (its token store)"
+        )
         if name == "create":
-            t.add_argument("--role", required=True, choices=["node", "job", "operator", "admin"])
-            t.add_argument("--node")
-            t.add_argument("--job")
+            t.add_argument(
+                "--role",
+                required=True,
+                choices=["node", "job", "operator", "admin"],
+                help="node: one agent; job: one supervisor; operator: read and act; admin: all",
+            )
+            t.add_argument("--node", help="the node a node token speaks for (--role node)")
+            t.add_argument("--job", help="the job a job token speaks for (--role job)")
         if name == "revoke":
-            t.add_argument("id")
+            t.add_argument("id", help="the token id (`sentinel token list` shows them)")
+        add_json_option(t, "the token" if name == "create" else "the result")
         t.set_defaults(handler=fn)
 
 
-def _tokens(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-untyped-def]
     from sentinel.commands.coordinator_cmd import coordinator_config
+    from sentinel.config import CoordinatorConfig
     from sentinel.coordinator.auth import TokenStore
     from sentinel.coordinator.service import STORE_FILE
     from sentinel.coordinator.store import Store
 
     cfg = coordinator_config(args)
+    path = cfg.state_dir / STORE_FILE
+    # Named by --state-dir, a config file or SENTINEL_COORDINATOR__STATE_DIR.
+    named = cfg.state_dir != CoordinatorConfig.model_fields["state_dir"].default
+    # Only `create` makes a store, and only where it was told to: a default path under
+    # /var/lib that does not exist means the wrong machine or a missing --state-dir.
+    if not path.exists() and not (create and named):
+        how = "is it the coordinator's state dir?" if named else "give --state-dir DIR or --config"
+        raise InputError(f"no coordinator token store at {path}: {how}")
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    return TokenStore(Store(cfg.state_dir / STORE_FILE))
+    return TokenStore(Store(path))
 
 
 def run_create(args: argparse.Namespace) -> int:
     from sentinel.coordinator.auth import Role
 
-    tokens = _tokens(args)
+    tokens = _tokens(args, create=True)
     try:
         token_id, secret = tokens.create(Role(args.role), args.node, args.job, now=time.time())
     except ValueError as e:
         raise InputError(str(e)) from None
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "id": token_id,
-                    "token": secret,
-                    "role": args.role,
-                    "node": args.node,
-                    "job": args.job,
-                }
-            )
-        )
-    else:
+    doc = {"id": token_id, "token": secret, "role": args.role, "node": args.node, "job": args.job}
+    emit_json(args, doc)
+    if not json_to_stdout(args):
         print(f"id {token_id} ({args.role}); the token, shown once:\n{secret}")
     return ExitCode.OK
 
@@ -70,7 +76,9 @@ def run_create(args: argparse.Namespace) -> int:
 def run_revoke(args: argparse.Namespace) -> int:
     if not _tokens(args).revoke(args.id, now=time.time()):
         raise InputError(f"no active token with id {args.id!r}")
-    print(f"revoked {args.id}")
+    emit_json(args, {"revoked": args.id})
+    if not json_to_stdout(args):
+        print(f"revoked {args.id}")
     return ExitCode.OK
 
 
@@ -78,9 +86,8 @@ def run_list(args: argparse.Namespace) -> int:
     rows = _tokens(args).store.query(
         "SELECT id, role, node, job, created_at, revoked_at FROM tokens ORDER BY created_at"
     )
-    if args.json:
-        print(json.dumps(rows))
-    for r in [] if args.json else rows:
+    emit_json(args, rows)
+    for r in [] if json_to_stdout(args) else rows:
         state = "revoked" if r["revoked_at"] else "active"
         print(f"{r['id']}  {r['role']:<8} {r['node'] or r['job'] or '-':<16} {state}")
     return ExitCode.OK

@@ -271,6 +271,9 @@ class Engine:
         self.store.execute(
             "UPDATE incidents SET state=?, updated_at=? WHERE id=?", (new, now, incident_id)
         )
+        log.info(
+            "incident %s: %s -> %s", incident_id, row["state"], new, extra={"incident": incident_id}
+        )
 
     # --- jobs --------------------------------------------------------------------------------
 

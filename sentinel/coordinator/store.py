@@ -8,12 +8,15 @@ kill -9 and power loss; the API acknowledges an event only after its transaction
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+audit_log = logging.getLogger("sentinel.coordinator.audit")
 
 # Each entry moves the schema from version i to i+1. Append; never edit a shipped entry.
 MIGRATIONS: list[str] = [
@@ -252,6 +255,12 @@ class Store:
         self.execute(
             "INSERT INTO audit (ts, who, what, why, incident_id, detail) VALUES (?,?,?,?,?,?)",
             (now, who, what, why, incident_id, _dumps(detail or {})),
+        )
+        # Every audited act (an incident opened, a playbook step and its outcome, an eviction, a
+        # spare swap, a refusal, an operator's action) is also one log line, for whoever tails
+        # the coordinator's journal.
+        audit_log.info(
+            "%s: %s", what, why, extra={"incident": incident_id, "by": who, "detail": detail or {}}
         )
 
 

@@ -1,29 +1,30 @@
-"""Sentinel's Grafana dashboards, built from Python so the committed JSON is reproducible.
+"""Sentinel's Grafana dashboards, kept as data (one `Panel` row per panel, see `panels`) so the
+committed JSON is reproducible.
 
 `python -m sentinel.dashboards [DIR]` writes them (default: `dashboards/` at the repository root);
-a test checks the committed files equal what the builders produce.
+a test checks the committed files equal what the specs render to.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from sentinel.dashboards import burn_in, fleet_health, incidents, training_run
-from sentinel.dashboards.panels import JSON
+from sentinel.dashboards.panels import JSON, Spec
+from sentinel.dashboards.panels import render as render_spec
 
-# File stem -> builder. The stem is the file name under dashboards/.
-BUILDERS: dict[str, Callable[[], JSON]] = {
-    "fleet-health": fleet_health.build,
-    "training-run": training_run.build,
-    "burn-in": burn_in.build,
-    "incidents-playbooks": incidents.build,
+# File stem -> dashboard. The stem is the file name under dashboards/.
+SPECS: dict[str, Spec] = {
+    "fleet-health": fleet_health.SPEC,
+    "training-run": training_run.SPEC,
+    "burn-in": burn_in.SPEC,
+    "incidents-playbooks": incidents.SPEC,
 }
 
 
 def build_all() -> dict[str, JSON]:
-    return {name: build() for name, build in BUILDERS.items()}
+    return {name: render_spec(spec) for name, spec in SPECS.items()}
 
 
 def render(dashboard: JSON) -> str:

@@ -10,82 +10,58 @@ from __future__ import annotations
 
 from sentinel.dashboards.panels import (
     GOOD_LOW,
-    JSON,
-    TABLE_CUSTOM,
-    TABLE_TRANSFORM,
-    Dashboard,
+    Panel,
     Query,
-    bargauge_options,
+    Row,
+    Spec,
     query_variable,
-    stat_options,
     table_options,
 )
 
-N = 'node=~"$node"'
-
-
-def build() -> JSON:
-    d = Dashboard(
-        uid="sentinel-burn-in",
-        title="Sentinel / Burn-in",
-        description="The last burn-in: verdicts, the link bandwidth matrix, collective bus "
-        "bandwidth by size, stragglers and SDC results.",
-        tags=["sentinel", "burn-in"],
-        variables=[
-            query_variable("node", "Node", "label_values(sentinel_burnin_node_verdict, node)")
-        ],
-    )
-    d.row("Verdict")
-    d.add(
+PANELS: list[Row | Panel] = [
+    Row("Verdict"),
+    Panel(
         "stat",
         "Burn-in verdict",
         "fail when any node failed or a fleet-wide check did.",
         [Query('max(sentinel_burnin_verdict{verdict="fail"})')],
-        "none",
-        GOOD_LOW,
+        steps=GOOD_LOW,
         w=6,
         h=5,
-        options=stat_options(),
         mappings=[
             {
-                "type": "value",
                 "options": {
-                    "0": {"index": 0, "text": "pass", "color": "green"},
-                    "1": {"index": 1, "text": "fail", "color": "red"},
+                    "0": {"color": "green", "index": 0, "text": "pass"},
+                    "1": {"color": "red", "index": 1, "text": "fail"},
                 },
+                "type": "value",
             }
         ],
-    )
-    d.add(
+    ),
+    Panel(
         "stat",
         "Age of the last burn-in",
         "A gang that has not been burned in for a day should be again before a long run.",
         [Query("time() - max(sentinel_burnin_last_run_timestamp_seconds)")],
-        "s",
-        ((None, "green"), (86400, "orange")),
+        unit="s",
+        steps=((None, "green"), (86400, "orange")),
         w=6,
         h=5,
-        options=stat_options(),
-    )
-    d.add(
+    ),
+    Panel(
         "table",
         "Nodes excluded",
         "Nodes the burn-in failed, with each reason; they go to the exclude list.",
-        [Query(f"sentinel_burnin_node_reason{{{N}}} == 1", instant=True, table=True)],
-        "none",
-        GOOD_LOW,
-        w=12,
+        [Query('sentinel_burnin_node_reason{node=~"$node"} == 1', instant=True, table=True)],
+        steps=GOOD_LOW,
         h=5,
         options=table_options("node"),
-        custom=TABLE_CUSTOM,
-        transformations=TABLE_TRANSFORM,
-    )
-    d.row("Links and collectives")
-    d.add(
+    ),
+    Row("Links and collectives"),
+    Panel(
         "table",
         "Link bandwidth matrix",
-        "Measured bandwidth of each pairwise link test (rows a, columns b); a dim cell is a bad "
-        "node or cable.",
+        "Measured bandwidth of each pairwise link test (rows a, columns b); a dim cell is a bad node or cable.",
         [
             Query(
                 'sentinel_burnin_link_bandwidth_bytes_per_second{a=~"$node"}',
@@ -93,20 +69,19 @@ def build() -> JSON:
                 table=True,
             )
         ],
-        "Bps",
-        ((None, "red"), (1e9, "orange"), (1e10, "green")),
-        w=12,
+        unit="Bps",
+        steps=((None, "red"), (1000000000.0, "orange"), (10000000000.0, "green")),
         h=10,
-        custom={"cellOptions": {"type": "color-background"}, "align": "center"},
+        options={"showHeader": True},
+        custom={"align": "center", "cellOptions": {"type": "color-background"}},
         transformations=[
             {
                 "id": "groupingToMatrix",
-                "options": {"rowField": "a", "columnField": "b", "valueField": "Value"},
+                "options": {"columnField": "b", "rowField": "a", "valueField": "Value"},
             }
         ],
-        options={"showHeader": True},
-    )
-    d.add(
+    ),
+    Panel(
         "barchart",
         "Collective bus bandwidth by size",
         "busbw (nccl-tests formula) per collective and message size.",
@@ -118,82 +93,80 @@ def build() -> JSON:
                 table=True,
             )
         ],
-        "Bps",
-        ((None, "green"),),
-        w=12,
+        unit="Bps",
         h=10,
         options={
-            "orientation": "horizontal",
-            "xField": "size_bytes",
-            "showValue": "auto",
             "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "orientation": "horizontal",
+            "showValue": "auto",
+            "xField": "size_bytes",
         },
         transformations=[
             {"id": "labelsToFields", "options": {"mode": "columns"}},
             {
                 "id": "groupingToMatrix",
-                "options": {"rowField": "size_bytes", "columnField": "op", "valueField": "Value"},
+                "options": {"columnField": "op", "rowField": "size_bytes", "valueField": "Value"},
             },
         ],
-    )
-    d.add(
+    ),
+    Panel(
         "stat",
         "Wrong collective results",
         "Collectives whose result was not exact: a bad GPU, NIC or cable corrupts data in flight.",
         [Query("count(sentinel_burnin_collective_correct == 0) or vector(0)")],
-        "none",
-        GOOD_LOW,
-        w=12,
+        steps=GOOD_LOW,
         h=4,
-        options=stat_options(),
-    )
-    d.add(
+    ),
+    Panel(
         "stat",
         "Failed links",
         "Pairwise link tests under the bandwidth threshold.",
         [Query("count(sentinel_burnin_link_ok == 0) or vector(0)")],
-        "none",
-        GOOD_LOW,
-        w=12,
+        steps=GOOD_LOW,
         h=4,
-        options=stat_options(),
-    )
-    d.row("Stragglers and SDC")
-    d.add(
+    ),
+    Row("Stragglers and SDC"),
+    Panel(
         "table",
         "Straggler ranks",
         "Ranks flagged slow by the timed GEMMs (their nodes fail the burn-in).",
         [Query("sentinel_burnin_straggler == 1", instant=True, table=True)],
-        "none",
-        GOOD_LOW,
+        steps=GOOD_LOW,
         w=8,
         options=table_options("rank"),
-        custom=TABLE_CUSTOM,
-        transformations=TABLE_TRANSFORM,
-    )
-    d.add(
+    ),
+    Panel(
         "bargauge",
         "GEMM time over the median, per rank",
         "Each rank's timed GEMM over the gang's median: 1.2 is 20% slower than its peers.",
-        [Query("sort_desc(sentinel_burnin_straggler_slowdown_ratio)", "rank {{rank}}", True)],
-        "percentunit",
-        ((None, "green"), (1.1, "orange"), (1.25, "red")),
+        [
+            Query(
+                "sort_desc(sentinel_burnin_straggler_slowdown_ratio)", "rank {{rank}}", instant=True
+            )
+        ],
+        unit="percentunit",
+        steps=((None, "green"), (1.1, "orange"), (1.25, "red")),
         w=8,
-        options=bargauge_options(),
-        min_value=0.8,
-        max_value=1.5,
-    )
-    d.add(
+        min=0.8,
+        max=1.5,
+    ),
+    Panel(
         "table",
         "SDC recompute mismatches",
-        "Ranks whose recomputed result differed from the others': suspect silent data "
-        "corruption and exclude the GPU.",
+        "Ranks whose recomputed result differed from the others': suspect silent data corruption and exclude the GPU.",
         [Query("sentinel_burnin_sdc_mismatch == 1", instant=True, table=True)],
-        "none",
-        GOOD_LOW,
+        steps=GOOD_LOW,
         w=8,
         options=table_options("rank"),
-        custom=TABLE_CUSTOM,
-        transformations=TABLE_TRANSFORM,
-    )
-    return d.to_json()
+    ),
+]
+
+SPEC = Spec(
+    uid="sentinel-burn-in",
+    title="Sentinel / Burn-in",
+    description="The last burn-in: verdicts, the link bandwidth matrix, collective bus bandwidth by size, stragglers and SDC results.",
+    tags=["burn-in", "sentinel"],
+    panels=PANELS,
+    variables=[query_variable("node", "Node", "label_values(sentinel_burnin_node_verdict, node)")],
+    annotations=[],
+)

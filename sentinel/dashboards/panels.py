@@ -1,8 +1,16 @@
-"""Small builders for Grafana dashboard JSON (schemaVersion 39).
+"""Grafana dashboards as data: a dashboard is a `Spec`, its panels one `Panel` row each in a
+table, and `render` turns a spec into dashboard JSON (schemaVersion 39).
+
+Why a table of our own rather than grafana-foundation-sdk: the SDK's Python builders are method
+chains, a dozen calls per panel, so a dashboard reads as code again; its package is generated per
+Grafana release and pins its schema to it. Here a panel is one row a reviewer reads at a glance
+(kind, title, description, queries, unit, thresholds, size), the shared shapes (legend tables,
+stat colouring, table transforms) are the kind's defaults below, and the output is plain JSON
+that any Grafana imports, checked by the tests against a real Prometheus.
 
 Every panel gets a unit and thresholds; every query goes through one `${datasource}` variable so
 a dashboard imports into any Grafana. Panels are laid out left to right, 24 columns wide, and a
-`row()` starts a new band. The output is plain dicts, written sorted, so it is reproducible.
+`Row` starts a new band. The output is plain dicts, written sorted, so it is reproducible.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ SCHEMA_VERSION = 39
 Steps = Sequence[tuple[float | None, str]]
 GOOD_LOW: Steps = ((None, "green"), (1, "red"))
 NEUTRAL: Steps = ((None, "green"),)
+BLUE: Steps = ((None, "blue"),)
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,110 @@ class Query:
     legend: str = ""
     instant: bool = False
     table: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """Starts a new band of panels under a title."""
+
+    title: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel. `options`, `custom` and `transformations` left as None take the kind's
+    defaults (KIND_DEFAULTS); an empty value means none."""
+
+    kind: str
+    title: str
+    description: str
+    queries: Sequence[Query]
+    unit: str = "none"
+    steps: Steps = NEUTRAL
+    w: int = 12
+    h: int = 8
+    options: JSON | None = None
+    custom: JSON | None = None
+    transformations: list[JSON] | None = None
+    mappings: list[JSON] = field(default_factory=list)
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    uid: str
+    title: str
+    description: str
+    tags: list[str]
+    panels: Sequence[Row | Panel]
+    variables: list[JSON] = field(default_factory=list)
+    annotations: list[JSON] = field(default_factory=list)
+
+
+# Shared panel shapes -------------------------------------------------------------------------
+
+
+def timeseries_options(sort_desc: bool = True) -> JSON:
+    return {
+        "legend": {
+            "displayMode": "table",
+            "placement": "right",
+            "calcs": ["lastNotNull", "max"],
+            "sortBy": "Last *" if sort_desc else "Name",
+            "sortDesc": sort_desc,
+            "showLegend": True,
+        },
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+
+
+REDUCE_LAST: JSON = {"calcs": ["lastNotNull"], "fields": "", "values": False}
+BARGAUGE: JSON = {
+    "displayMode": "gradient",
+    "orientation": "horizontal",
+    "showUnfilled": True,
+    "reduceOptions": REDUCE_LAST,
+}
+STAT: JSON = {
+    "colorMode": "background",
+    "graphMode": "none",
+    "justifyMode": "auto",
+    "textMode": "value",
+    "reduceOptions": REDUCE_LAST,
+}
+
+
+def table_options(sort_field: str = "Value") -> JSON:
+    return {"showHeader": True, "sortBy": [{"displayName": sort_field, "desc": True}]}
+
+
+TABLE_TRANSFORM = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
+TIMESERIES_CUSTOM: JSON = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10}
+THRESHOLD_LINES: JSON = TIMESERIES_CUSTOM | {"thresholdsStyle": {"mode": "line"}}
+STACKED: JSON = TIMESERIES_CUSTOM | {"stacking": {"mode": "normal", "group": "A"}}
+BARS: JSON = TIMESERIES_CUSTOM | {"drawStyle": "bars", "fillOpacity": 80}
+TABLE_CUSTOM: JSON = {"cellOptions": {"type": "color-text"}, "align": "auto"}
+
+# kind -> (options, custom, transformations) a panel of that kind gets unless it says otherwise.
+KIND_DEFAULTS: dict[str, tuple[JSON, JSON, list[JSON]]] = {
+    "stat": (STAT, {}, []),
+    "timeseries": (timeseries_options(), TIMESERIES_CUSTOM, []),
+    "table": (table_options(), TABLE_CUSTOM, TABLE_TRANSFORM),
+    "bargauge": (BARGAUGE, {}, []),
+}
+
+
+def value_mappings(mapping: dict[int, tuple[str, str]]) -> list[JSON]:
+    """Numbers shown as words (0 → healthy); each with its color."""
+    options = {
+        str(k): {"index": i, "text": text, "color": color}
+        for i, (k, (text, color)) in enumerate(sorted(mapping.items()))
+    }
+    return [{"type": "value", "options": options}]
+
+
+# Rendering ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -77,145 +190,65 @@ def targets(queries: Sequence[Query]) -> list[JSON]:
     return out
 
 
-def value_mappings(mapping: dict[int, tuple[str, str]]) -> list[JSON]:
-    """Numbers shown as words (0 → healthy); each with its color."""
-    options = {
-        str(k): {"index": i, "text": text, "color": color}
-        for i, (k, (text, color)) in enumerate(sorted(mapping.items()))
-    }
-    return [{"type": "value", "options": options}]
-
-
-@dataclass
-class Dashboard:
-    uid: str
-    title: str
-    description: str
-    tags: list[str]
-    variables: list[JSON] = field(default_factory=list)
-    annotations: list[JSON] = field(default_factory=list)
-    panels: list[JSON] = field(default_factory=list)
-    layout: Layout = field(default_factory=Layout)
-    links: list[JSON] = field(default_factory=list)
-
-    def row(self, title: str) -> None:
-        self.panels.append(
-            {
-                "type": "row",
-                "id": self.layout.take_id(),
-                "title": title,
-                "collapsed": False,
-                "gridPos": self.layout.new_row(),
-                "panels": [],
-            }
-        )
-
-    def add(
-        self,
-        kind: str,
-        title: str,
-        description: str,
-        queries: Sequence[Query],
-        unit: str,
-        steps: Steps,
-        w: int = 12,
-        h: int = 8,
-        options: JSON | None = None,
-        mappings: list[JSON] | None = None,
-        custom: JSON | None = None,
-        transformations: list[JSON] | None = None,
-        min_value: float | None = None,
-        max_value: float | None = None,
-    ) -> None:
-        defaults: JSON = {"unit": unit, "thresholds": thresholds(steps), "mappings": mappings or []}
-        if custom:
-            defaults["custom"] = custom
-        if min_value is not None:
-            defaults["min"] = min_value
-        if max_value is not None:
-            defaults["max"] = max_value
-        panel: JSON = {
-            "type": kind,
-            "id": self.layout.take_id(),
-            "title": title,
-            "description": description,
-            "datasource": DATASOURCE,
-            "gridPos": self.layout.place(w, h),
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": options or {},
-            "targets": targets(queries),
-        }
-        if transformations:
-            panel["transformations"] = transformations
-        self.panels.append(panel)
-
-    def to_json(self) -> JSON:
-        return {
-            "uid": self.uid,
-            "title": self.title,
-            "description": self.description,
-            "tags": sorted(self.tags),
-            "schemaVersion": SCHEMA_VERSION,
-            "version": 1,
-            "editable": True,
-            "graphTooltip": 1,
-            "refresh": "30s",
-            "time": {"from": "now-6h", "to": "now"},
-            "timezone": "browser",
-            "links": self.links,
-            "annotations": {"list": [builtin_annotation(), *self.annotations]},
-            "templating": {"list": [datasource_variable(), *self.variables]},
-            "panels": self.panels,
-        }
-
-
-# Panel shapes ------------------------------------------------------------------------------
-
-
-def timeseries_options(sort_desc: bool = True) -> JSON:
+def render_row(row: Row, layout: Layout) -> JSON:
+    pos = layout.new_row()
     return {
-        "legend": {
-            "displayMode": "table",
-            "placement": "right",
-            "calcs": ["lastNotNull", "max"],
-            "sortBy": "Last *" if sort_desc else "Name",
-            "sortDesc": sort_desc,
-            "showLegend": True,
-        },
-        "tooltip": {"mode": "multi", "sort": "desc"},
+        "type": "row",
+        "id": layout.take_id(),
+        "title": row.title,
+        "collapsed": False,
+        "gridPos": pos,
+        "panels": [],
     }
 
 
-def bargauge_options() -> JSON:
+def render_panel(p: Panel, layout: Layout) -> JSON:
+    options, custom, transformations = KIND_DEFAULTS.get(p.kind, ({}, {}, []))
+    custom = custom if p.custom is None else p.custom
+    transformations = transformations if p.transformations is None else p.transformations
+    defaults: JSON = {"unit": p.unit, "thresholds": thresholds(p.steps), "mappings": p.mappings}
+    defaults |= {"custom": custom} if custom else {}
+    defaults |= {k: v for k, v in (("min", p.min), ("max", p.max)) if v is not None}
+    panel: JSON = {
+        "type": p.kind,
+        "id": layout.take_id(),
+        "title": p.title,
+        "description": p.description,
+        "datasource": DATASOURCE,
+        "gridPos": layout.place(p.w, p.h),
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options if p.options is None else p.options,
+        "targets": targets(p.queries),
+    }
+    return panel | ({"transformations": transformations} if transformations else {})
+
+
+def render(spec: Spec) -> JSON:
+    layout = Layout()
+    panels = [
+        render_row(p, layout) if isinstance(p, Row) else render_panel(p, layout)
+        for p in spec.panels
+    ]
     return {
-        "displayMode": "gradient",
-        "orientation": "horizontal",
-        "showUnfilled": True,
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "uid": spec.uid,
+        "title": spec.title,
+        "description": spec.description,
+        "tags": sorted(spec.tags),
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "timezone": "browser",
+        "links": [],
+        "annotations": {"list": [builtin_annotation(), *spec.annotations]},
+        "templating": {"list": [datasource_variable(), *spec.variables]},
+        "panels": panels,
     }
 
 
-def stat_options() -> JSON:
-    return {
-        "colorMode": "background",
-        "graphMode": "none",
-        "justifyMode": "auto",
-        "textMode": "value",
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-    }
-
-
-def table_options(sort_field: str = "Value") -> JSON:
-    return {"showHeader": True, "sortBy": [{"displayName": sort_field, "desc": True}]}
-
-
-TABLE_TRANSFORM = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
-TIMESERIES_CUSTOM: JSON = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10}
-THRESHOLD_LINES: JSON = TIMESERIES_CUSTOM | {"thresholdsStyle": {"mode": "line"}}
-TABLE_CUSTOM: JSON = {"cellOptions": {"type": "color-text"}, "align": "auto"}
-
-
-# Template variables ------------------------------------------------------------------------
+# Template variables and annotations --------------------------------------------------------
 
 
 def datasource_variable() -> JSON:

@@ -17,7 +17,7 @@ from typing import Any
 
 from sentinel.demo.observe import Observer
 from sentinel.demo.procs import CoordinatorProcess
-from sentinel.demo.run import Demo
+from sentinel.demo.run import AGENT_INTERVAL_S, Demo
 from sentinel.sim.fleet import AgentProcess, SimFleet
 from sentinel.slurm.cluster import NodeState, SlurmCluster
 
@@ -27,8 +27,10 @@ _INCIDENT = re.compile(r"\[incident (\d+)\]")
 class ClusterFleet(SimFleet):
     """Simulated-GPU agents, each inside its Slurm node's namespace, on its node's address."""
 
-    def __init__(self, cluster: SlurmCluster, workdir: Path, names: list[str], gpus: int) -> None:
-        super().__init__(workdir, names, gpus)
+    def __init__(
+        self, cluster: SlurmCluster, workdir: Path, names: list[str], gpus: int, interval_s: float
+    ) -> None:
+        super().__init__(workdir, names, gpus, interval_s)
         self.cluster = cluster
         for name, agent in self.agents.items():
             agent.host = cluster.host(name).addr
@@ -60,9 +62,8 @@ class SlurmDemo(Demo):
 
     def fleet(self, names: list[str]) -> SimFleet:
         assert self.cluster is not None
-        return ClusterFleet(
-            self.cluster, self.out / "fleet", names, self.scenario.fleet.gpus_per_node
-        )
+        return ClusterFleet(self.cluster, self.out / "fleet", names,
+                            self.scenario.fleet.gpus_per_node, AGENT_INTERVAL_S)  # fmt: skip
 
     def fleet_env(self) -> dict[str, str]:
         assert self.cluster is not None
