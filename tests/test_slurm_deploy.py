@@ -4,6 +4,7 @@ the sbatch example runs the trainer under `sentinel run --launcher slurm`."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import time
@@ -51,6 +52,22 @@ def _gate_dir(tmp: Path, bad: str) -> Path:
     return gate
 
 
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def _job_state(cluster: SlurmCluster, job: str) -> str:
+    """`STATE` or `PENDING REASON`; "unknown" while the controller does not answer (a loaded
+    machine): never taken for the job's end."""
+    done = cluster.run(["scontrol", "show", "job", job, "--oneliner"], check=False)
+    state = re.search(r"\bJobState=(\S+)", done.stdout)
+    if done.returncode != 0 or state is None:
+        return "unknown"
+    reason = re.search(r"\bReason=(\S+)", done.stdout)
+    if state.group(1) == "PENDING" and reason:
+        return f"PENDING {reason.group(1)}"
+    return state.group(1)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
     require_cluster()
@@ -80,15 +97,20 @@ def test_prolog_drains_a_failing_node_and_the_sbatch_job_runs_on_the_others(
                      str(SLURM / "sentinel-train.sbatch"), *trainer],
                     env_extra=env)  # fmt: skip
 
-        deadline = time.monotonic() + 300
-        while cluster.run(["squeue", "-h", "-j", "1"], check=False).stdout.strip():
-            assert time.monotonic() < deadline, cluster.run(["squeue", "-j", "1"]).stdout
+        deadline, ended_since = time.monotonic() + 400, None
+        while (state := _job_state(cluster, "1")) != "COMPLETED":
+            assert time.monotonic() < deadline, f"job 1 still {state}"
+            # a job whose prolog failed passes through an ended state on its way back to the
+            # queue: only an end that lasts is one
+            ended_since = (ended_since or time.monotonic()) if state in ENDED else None
+            if ended_since is not None and time.monotonic() - ended_since > 15:
+                break
             # Slurm holds a requeued job back (Reason=BeginTime) for a couple of minutes; move
             # its begin time to now so the test does not wait. Where it runs is Slurm's choice.
-            pending = cluster.run(["squeue", "-h", "-j", "1", "-o", "%T %r"], check=False).stdout
-            if "BeginTime" in pending:
+            if state == "PENDING BeginTime":
                 cluster.run(["scontrol", "update", "JobId=1", "StartTime=now"], check=False)
             time.sleep(0.5)
+        assert state == "COMPLETED", (state, out.read_text()[-2000:] if out.exists() else "")
         states = cluster.node_states()
         assert states["node-0"].state in {"drained", "draining"}, states
         assert states["node-0"].reason.startswith("sentinel: quick burn-in failed: rank 1"), states
