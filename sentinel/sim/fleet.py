@@ -17,9 +17,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sentinel.sim.fleet import free_port
 from sentinel.slurm.network import IFACE, Bridge, Host
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "nsenter", "unshare", "ip")
@@ -39,12 +40,6 @@ def missing_requirements() -> str | None:
     if missing:
         return f"missing {', '.join(missing)} (apt-get install slurm-wlm munge iproute2)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -227,7 +222,7 @@ class SlurmCluster:
         for sub in ("etc", "log", "munge", "state", "spool"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "munge").chmod(0o700)
-        self.conf.write_text(render_conf(self, socket.gethostname(), _free_port()))
+        self.conf.write_text(render_conf(self, socket.gethostname(), free_port("0.0.0.0")))
         (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
 
 
