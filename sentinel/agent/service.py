@@ -29,6 +29,7 @@ from sentinel.agent.deadline import SweepThread
 from sentinel.agent.delivery import Deliverer
 from sentinel.agent.expected import expected_gpus
 from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
+from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.host import HostSource
 from sentinel.agent.kmsg import KernelLog, watched_devices
@@ -129,7 +130,10 @@ class Agent:
             token = cfg.token_file.read_text().strip() if cfg.token_file else None
             self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
             if self.rank_server is not None:
-                self.relay = CommandRelay(cfg.coordinator_url, token, cfg.node_id, self.rank_server)
+                fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
+                self.relay = CommandRelay(
+                    cfg.coordinator_url, token, cfg.node_id, self.rank_server, fr=fr
+                )
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()

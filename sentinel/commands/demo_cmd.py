@@ -1,5 +1,6 @@
-"""`sentinel demo [--scenario NAME|FILE] [--out DIR] [--json FILE] [--quick]`: the simulated-fleet
-drill (coordinator, agents, supervised trainer, injected faults, graded against a clean run)."""
+"""`sentinel demo [--fleet local|slurm] [--scenario NAME|FILE] [--out DIR] [--json FILE]
+[--quick]`: the fault drill (coordinator, agents, supervised trainer, injected faults, graded
+against a clean run), on the simulated fleet or on a real Slurm cluster it starts itself."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="default",
         help="a shipped scenario name (scenarios/NAME.yaml) or a scenario file (default: default)",
     )
+    p.add_argument(
+        "--fleet",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: ranks as local processes; slurm: a real Slurm cluster of the scenario's "
+        "size on this machine (root, slurm-wlm and munge), started and torn down here",
+    )
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="run directory")
     add_json_option(p, "the result")
     p.add_argument(
@@ -41,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    if args.fleet == "slurm":
+        from sentinel.slurm.cluster import missing_requirements
+
+        why = missing_requirements()
+        if why:
+            raise InputError(f"--fleet slurm: a Slurm cluster cannot start here: {why}")
     if args.out.exists() and any(args.out.iterdir()):
         raise InputError(f"--out {args.out} is not empty: pick a new directory or remove it")
     check_json_target(args)
@@ -55,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(128 + sig)  # unwinds through the drill's `finally`: no orphans
 
     signal.signal(signal.SIGTERM, stop)
-    result = run_drill(scenario, args.out, shorten=args.quick, echo=echo)
+    result = run_drill(scenario, args.out, shorten=args.quick, echo=echo, fleet=args.fleet)
     for line in summary_lines(result):
         print(line, file=human)
     print(f"report: {args.out / 'report.html'}  result: {args.out / 'result.json'}", file=human)

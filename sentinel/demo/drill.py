@@ -29,6 +29,7 @@ from sentinel.demo.run import (
     trainer_args,
     write_scenario,
 )
+from sentinel.demo.slurm import SlurmDemo, add_slurm_facts
 from sentinel.scenario import Scenario
 
 
@@ -92,12 +93,13 @@ def run_drill(
     echo: Callable[[str], None],
     timeout_s: float | None = None,
     stall_s: float = 240.0,
+    fleet: str = "local",
 ) -> dict[str, Any]:
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
-    demo = Demo(scenario, out, echo)
+    demo = Demo(scenario, out, echo) if fleet == "local" else SlurmDemo(scenario, out, echo)
     warnings = repair_warnings(scenario, load_playbooks(default_playbooks_dir()))
     for warning in warnings:
         demo.note("info", None, f"WARNING: {warning}")
@@ -147,6 +149,8 @@ def run_drill(
     }
     result["time_account"] = account_of(demo, tail, evidence)
     demo.rec.timeline = align_timeline(demo.rec.timeline, result)
+    if isinstance(demo, SlurmDemo):
+        result = add_slurm_facts(result, demo.final_states)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
     write_report_for(out, demo, result, ref_steps, tail.saves, evidence.generations)

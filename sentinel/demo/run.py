@@ -201,6 +201,20 @@ class Demo:
         self.note("burnin", None, f"burn-in {self.rec.burnin['verdict']}: excluded {excluded}")
         return exclude
 
+    # --- where the fleet runs (the Slurm drill overrides these) -------------------------------
+
+    def coordinator(self) -> CoordinatorProcess:
+        return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")
+
+    def fleet(self, names: list[str]) -> SimFleet:
+        return SimFleet(
+            self.out / "fleet", names, self.scenario.fleet.gpus_per_node, AGENT_INTERVAL_S
+        )
+
+    def fleet_env(self) -> dict[str, str]:
+        """More environment for the supervisor and, through it, every rank."""
+        return {}
+
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         fleet, o = self.scenario.fleet, self.out
         trainer = [sys.executable, "-m", "trainer_hooks.reference.train",
@@ -220,9 +234,9 @@ class Demo:
         """Coordinator, agents, supervisor; follow and observe until the job ends."""
         exclude = self.burnin()
         fleet_spec, o = self.scenario.fleet, self.out
-        coord = CoordinatorProcess(o / "coordinator", o / "coordinator.log")
+        coord = self.coordinator()
         names = fleet_spec.node_names() + fleet_spec.spare_names()
-        fleet = SimFleet(o / "fleet", names, fleet_spec.gpus_per_node, AGENT_INTERVAL_S)
+        fleet = self.fleet(names)
         sup: SupervisorProcess | None = None
         follower: Follower | None = None
         observer: Observer | None = None
@@ -245,7 +259,7 @@ class Demo:
             observer.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
                                     o / "supervisor.log",
-                                    hooks_env(o))  # fmt: skip
+                                    hooks_env(o) | self.fleet_env())  # fmt: skip
             sup.start()
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
