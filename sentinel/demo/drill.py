@@ -58,6 +58,7 @@ def run_drill(
     *,
     shorten: bool,
     echo: Callable[[str], None],
+    progress: Callable[[int, int], None] | None = None,
     timeout_s: float | None = None,
     stall_s: float = 240.0,
 ) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def run_drill(
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
-    demo = Demo(scenario, out, echo)
+    demo = Demo(scenario, out, echo, progress)
     budget = timeout_s if timeout_s is not None else 300.0 + 3.0 * scenario.trainer.steps
     observer, tail = demo.train(budget, stall_s)
     incidents = list(observer.seen.incident_details.values())
