@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from terminal import ANSI, run_in_pty
 
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
@@ -173,3 +174,19 @@ def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: P
     for kind in ("ecc_dbe", "thermal", "crash", "xid", "hang"):
         assert 0 < faults[kind]["time_to_resume_s"] < 120, (kind, faults[kind])
     assert "verdict: PASS" in stdout
+
+
+@pytest.mark.slow
+def test_the_demo_shows_live_progress_on_a_terminal(tmp_path: Path, cache: Path) -> None:
+    """Under a pseudo-terminal: the training steps as a live bar with an ETA, the timeline's
+    incidents printed above it; the same lines saved in the run directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_DEMO_CACHE"] = str(cache)
+    argv = [*SENTINEL, "demo", "--scenario", "crash", "--quick", "--out", str(tmp_path / "out")]
+    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
+    text = ANSI.sub("", drawn)
+    assert code == 0, text[-3000:]
+    assert ANSI.search(drawn) and "demo training" in text and "35/35" in text and "eta" in text
+    assert "?? incident #1" in text and "replaying after a rollback" in text
+    assert "verdict: PASS" in text
+    assert (tmp_path / "out" / "timeline.jsonl").exists()

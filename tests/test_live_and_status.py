@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import pty
-import re
-import select
 import subprocess
 import sys
 import time
@@ -19,6 +15,7 @@ from pathlib import Path
 import pytest
 from coord_util import Coordinator, job_status, xid
 from system_deps import require_command
+from terminal import ANSI, run_in_pty
 
 from sentinel.commands.demo_cmd import DemoDisplay
 from sentinel.live import LiveProgress
@@ -26,33 +23,6 @@ from sentinel.protocol import EventBatch, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = [sys.executable, "-m", "sentinel"]
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def run_in_pty(argv: list[str], timeout_s: float = 240) -> tuple[int, str]:
-    """Run with stdout and stderr on a pseudo-terminal; everything it drew, and its exit code."""
-    master, slave = pty.openpty()
-    env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"}
-    proc = subprocess.Popen(
-        argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env, cwd=ROOT
-    )
-    os.close(slave)
-    out, deadline = bytearray(), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed: the process is done
-                break
-            if not chunk:
-                break
-            out += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    return code, out.decode(errors="replace")
 
 
 def test_live_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere() -> None:
