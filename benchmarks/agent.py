@@ -6,6 +6,8 @@ Builds the fake libnvidia-ml.so.1 in a temp dir and re-executes itself with LD_L
 pointing there (the loader reads it only at process start). Prints a JSON object as the last
 line: `sweep_ms_p50`, `sweep_ms_p99` (one full collection sweep: every field of every GPU plus
 draining XID events; wall clock) and the same as CPU time of the sweeping thread;
+`urgent_cpu_us_p50` (the check between sweeps: XID events, DBE counts, temperatures);
+`collect_ms_p50/p99` (the sweep plus judging it: rules and holds, rates, peer outliers);
 `render_ms_p50` (one /metrics exposition of the agent's registry after a real sweep); and
 `cpu_core_fraction`: a real `sentinel agent` process on the same fake library, collecting every
 1 s and scraped every 15 s as Prometheus would, its CPU time / wall time over `--cpu-seconds`
@@ -69,7 +71,14 @@ def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
             times_ms.append((time.perf_counter() - start) * 1000)
             cpu_ms.append((time.thread_time() - cpu_start) * 1000)
         assert all(r.tensor_active is not None and not r.lost for r in readings)
+        urgent_us = []
+        for _ in range(sweeps):
+            cpu_start = time.thread_time()
+            backend.urgent(92.0)
+            urgent_us.append((time.thread_time() - cpu_start) * 1e6)
     return {
+        # The between-sweeps check (XID events, DBE counts, temperatures), CPU of its thread.
+        "urgent_cpu_us_p50": round(statistics.median(urgent_us), 1),
         "gpus": GPUS,
         "sweeps": sweeps,
         "sweep_ms_p50": round(statistics.median(times_ms), 3),
@@ -79,6 +88,35 @@ def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
         "sweep_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
         "sweep_cpu_ms_p99": round(percentile(cpu_ms, 0.99), 3),
         "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def measure_collect(collects: int, warmup: int = 20) -> dict[str, float]:
+    """One collection as the agent runs it: the sweep plus judging it (rules with their holds,
+    rates, peer outliers, XIDs) and building the snapshot and events."""
+    from sentinel.agent.health import HealthEvaluator
+    from sentinel.agent.monitor import NodeMonitor
+    from sentinel.agent.nvml import NvmlBackend
+    from sentinel.config import HealthThresholds
+
+    with NvmlBackend() as backend:
+        monitor = NodeMonitor(
+            "bench-node", backend, None, HealthEvaluator(HealthThresholds()), expected_gpus=GPUS
+        )
+        for _ in range(warmup):
+            monitor.collect()
+        times_ms, cpu_ms = [], []
+        for _ in range(collects):
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            snapshot, _ = monitor.collect()
+            times_ms.append((time.perf_counter() - start) * 1000)
+            cpu_ms.append((time.thread_time() - cpu_start) * 1000)
+        assert snapshot.health.verdict.value == "healthy", snapshot.health.findings
+    return {
+        "collect_ms_p50": round(statistics.median(times_ms), 3),
+        "collect_ms_p99": round(percentile(times_ms, 0.99), 3),
+        "collect_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
+        "collect_cpu_ms_p99": round(percentile(cpu_ms, 0.99), 3),
     }
 
 
@@ -93,7 +131,7 @@ def measure_render(renders: int = 300) -> dict[str, float]:
     from sentinel.agent.service import Agent
     from sentinel.config import AgentConfig
 
-    cfg = AgentConfig(node_id="bench-node", rank_socket=None)
+    cfg = AgentConfig(node_id="bench-node", rank_socket=None, kmsg="off")
     agent = Agent(cfg, NvmlBackend(), PsutilHost())
     agent.monitor.collect()
     renderer = TextRenderer()  # what the agent's /metrics handler serves with
@@ -137,7 +175,7 @@ def measure_agent_cpu(seconds: float, scrape_every_s: float = 15.0) -> dict[str,
         cmd = [
             sys.executable, "-m", "sentinel", "agent", "--node-id", "bench-node",
             "--listen", f"127.0.0.1:{port}", "--interval", "1",
-            "--rank-socket", str(Path(tmp) / "agent.sock"),
+            "--rank-socket", str(Path(tmp) / "agent.sock"), "--expected-gpus", str(GPUS),
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         try:
@@ -195,6 +233,7 @@ def main() -> int:
             return reexec_with_fake_nvml(Path(tmp))
     figures: dict[str, object] = {"benchmark": "agent"}
     figures |= measure_sweep(args.sweeps)
+    figures |= measure_collect(args.sweeps)
     figures |= measure_render()
     figures |= measure_agent_cpu(args.cpu_seconds)
     print(json.dumps(figures))

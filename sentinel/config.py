@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sentinel.exitcodes import InputError
+from sentinel.faults.catalog import RULE_BY_NAME
 
 ENV_PREFIX = "SENTINEL_"
 
@@ -40,13 +41,33 @@ class HealthThresholds(StrictModel):
     mem_temp_unhealthy_c: float = 105.0
     # NVIDIA retires at most 64 pages per GPU on A100-class parts; drain well before that.
     retired_pages_unhealthy: int = 48
-    sbe_volatile_degraded: int = 1000
     dbe_aggregate_degraded: int = Field(default=1, ge=1)
     remapped_rows_uncorrectable_degraded: int = Field(default=1, ge=1)
-    pcie_replay_degraded: int = 100
-    nvlink_crc_degraded: int = 100
+    # Temperatures clear this far below the limit that raised them (hysteresis).
+    temp_hysteresis_c: float = Field(default=3.0, ge=0)
+    # Error counters are judged as increases per minute over this window (see agent/rates.py).
+    rate_window_s: float = Field(default=300.0, gt=0)
+    # DCGM's PCIe replay-rate limit is 8 per minute.
+    pcie_replay_rate_degraded: float = Field(default=8.0, gt=0)
+    nvlink_error_rate_degraded: float = Field(default=60.0, gt=0)
+    sbe_rate_degraded: float = Field(default=100.0, gt=0)
+    # Peer outliers: robust z-score against the node's GPUs, this many polls in a row.
+    outlier_z: float = Field(default=4.0, gt=0)
+    outlier_polls: int = Field(default=2, ge=1)
     xid_window_s: float = 3600.0
     xid_escalate_after: int = Field(default=3, ge=2)
+    # Hold-downs by rule name, overriding the catalog's (sentinel/faults/catalog.py).
+    hold_s: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("hold_s")
+    @classmethod
+    def _known_rules(cls, holds: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(holds) - set(RULE_BY_NAME))
+        if unknown:
+            raise ValueError(f"unknown rule(s) {unknown}; known: {sorted(RULE_BY_NAME)}")
+        if any(v < 0 for v in holds.values()):
+            raise ValueError("a hold is a number of seconds >= 0")
+        return holds
 
 
 class SimConfig(StrictModel):
@@ -68,6 +89,21 @@ class AgentConfig(StrictModel):
     heartbeat_s: float = Field(default=15.0, gt=0)
     sim: SimConfig | None = None
     thresholds: HealthThresholds = HealthThresholds()
+    # A call into NVML older than this makes the node unhealthy (rule nvml_unresponsive).
+    nvml_call_deadline_s: float = Field(default=5.0, gt=0)
+    # Between sweeps, this often: a cheap look at XID events, double-bit ECC counts and
+    # temperatures; one that moved triggers a sweep at once (a hardware fault is judged within
+    # a fraction of the interval).
+    urgent_poll_s: float = Field(default=0.25, gt=0)
+    # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
+    expected_gpus: int | None = Field(default=None, ge=0)
+    pci_devices_dir: Path = Path("/sys/bus/pci/devices")
+    # The kernel log: "auto" (/dev/kmsg when reading real GPUs, off for simulated ones), "off",
+    # or a path (a file or FIFO of kmsg records works too: tests).
+    kmsg: str = Field(default="auto", min_length=1)
+    # Filesystems whose read-only remount is a finding, besides the root.
+    checkpoint_dirs: list[Path] = Field(default_factory=list)
+    mounts_file: Path = Path("/proc/self/mounts")
 
 
 class EvictionBudgetConfig(StrictModel):

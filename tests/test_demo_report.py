@@ -12,7 +12,7 @@ import pytest
 
 from sentinel.demo import svg
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
-from sentinel.demo.figures import rank_matrix, rolled_back_from, straggler_note
+from sentinel.demo.figures import GOODPUT_PARTS, rank_matrix, rolled_back_from, straggler_note
 from sentinel.demo.report import write_report
 
 EVIL = "rank-5<script>alert(1)</script>"
@@ -95,12 +95,25 @@ def make_data() -> DemoData:
         "final_digest": "sha256:abc123",
         "reference_digest": "sha256:abc123",
         "bit_identical": True,
-        "goodput": {
-            "useful_s": 80.0,
-            "rollback_s": 5.0,
-            "restart_s": 12.0,
-            "detection_s": 3.0,
-            "ratio": 0.8,
+        "time_account": {
+            "wall_s": 100.0,
+            "seconds": {
+                "productive": 80.0,
+                "rollback": 5.0,
+                "detection": 3.0,
+                "repair": 12.0,
+                "checkpoint": 0.0,
+                "burnin": 0.0,
+                "startup": 0.0,
+            },
+            "repair_stages_s": {
+                "stop": 4.0,
+                "relaunch": 3.0,
+                "rendezvous": 1.0,
+                "checkpoint_load": 2.0,
+                "build": 2.0,
+            },
+            "effective_ratio": 0.8,
         },
     }
     nodes = {f"node-{i}": {"verdict": "pass", "reasons": []} for i in range(4)}
@@ -281,12 +294,13 @@ def test_timeline_correctness_goodput(full: str) -> None:
     correct = section(full, "correctness")
     assert "Bit-identical to the clean reference" in correct and correct.count("sha256:abc123") == 2
     goodput = section(full, "goodput")
-    assert goodput.count('class="segment"') == 4 and ">80.0%<" in goodput
+    assert goodput.count('class="segment"') == len(GOODPUT_PARTS)
+    assert ">80.0%<" in goodput and "repair: checkpoint load" in goodput
 
 
 def test_missing_parts_say_not_available(tmp_path: Path) -> None:
     base = make_data()
-    result = {k: v for k, v in base.result.items() if k not in ("goodput", "bit_identical")}
+    result = {k: v for k, v in base.result.items() if k not in ("time_account", "bit_identical")}
     result["false_incidents"] = [{"kind": "xid", "target": "node-1"}]
     result["verdict"] = "fail"
     ranks = [dataclasses.replace(s, mfu=None) for s in base.ranks]

@@ -3,9 +3,12 @@ incidents, the bit-identity rule, and the goodput input."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from sentinel.demo.result import Evidence, Strike, build_result, goodput_input
+from sentinel.demo.account import time_account
+from sentinel.demo.inject import CheckpointSave, Launch, StepLine
+from sentinel.demo.result import Evidence, Generation, Strike, Timing, build_result, goodput_input
 from sentinel.scenario import Scenario
 
 T0 = 1000.0
@@ -27,19 +30,30 @@ def action(name: str, **result: Any) -> dict[str, Any]:
 
 
 def incident(iid: int, fault: str, t: float, events: list[tuple[str, int | None]],
-             actions: list[dict[str, Any]], target: str = "job:demo") -> dict[str, Any]:  # fmt: skip
+             actions: list[dict[str, Any]], target: str = "job:demo",
+             first_step: int | None = None, run: str = "done",
+             rank_kind: str = "rank.hang") -> dict[str, Any]:  # fmt: skip
+    """An incident document; events from a rank are rank events (they name their step)."""
     return {
-        "id": iid, "fault": fault, "target": target, "opened_at": T0 + t, "first_step": None,
-        "state": "mitigated", "playbook": fault,
-        "events": [{"node": n, "rank": r} for n, r in events],
-        "actions": actions, "runs": [{"status": "done"}],
+        "id": iid, "fault": fault, "target": target, "opened_at": T0 + t,
+        "first_step": first_step, "state": "mitigated", "playbook": fault,
+        "events": [{"node": n, "rank": r, "kind": rank_kind if r is not None else "gpu.verdict"}
+                   for n, r in events],
+        "actions": actions, "runs": [{"status": run}],
     }  # fmt: skip
 
 
+# Generation 0 on node-0 and node-1 trains steps 1-20 (one a second); generation 1 replaces
+# node-1 with spare-0 at t=40 and trains steps 11-40 from t=41.
+GENERATIONS = [Generation(0.0, 0, ("node-0", "node-1")), Generation(40.0, 1, ("node-0", "spare-0"))]
+
+
 def evidence(sc: Scenario, incidents: list[dict[str, Any]], strikes: dict[int, Strike],
-             digest: str = "d", reference: str = "d") -> Evidence:  # fmt: skip
+             digest: str = "d", reference: str = "d",
+             generations: list[Generation] = GENERATIONS) -> Evidence:  # fmt: skip
     steps = [(float(s), s, 0) for s in range(1, 21)] + [(30.0 + s, s, 1) for s in range(11, 41)]
-    return Evidence(sc, T0, incidents, strikes, steps, 40, digest, reference)
+    return Evidence(sc, T0, incidents, strikes, steps, 40, digest, reference,
+                    generations=generations, timing=Timing(agent_interval_s=1.0))  # fmt: skip
 
 
 def test_a_hang_blamed_on_the_struck_node_passes_with_measured_times() -> None:
@@ -52,7 +66,9 @@ def test_a_hang_blamed_on_the_struck_node_passes_with_measured_times() -> None:
     assert (f["detected"], f["incident"], f["target"]) == (True, 1, "rank-3")
     assert (f["time_to_detect_s"], f["time_to_resume_s"]) == (3.5, 22.0)
     assert res["evicted_nodes"] == ["node-1"] and res["incidents"][0]["target"] == "node-1"
-    assert res["incidents"][0]["detected_step"] == 19
+    # Opened at t=19 with no step in its evidence: step 19 closed at t=19, step 20 in progress.
+    assert res["incidents"][0]["detected_step"] == 20
+    assert [c["met"] for c in res["faults"][0]["targets"]] == [True, True]  # hang and resume
     assert goodput_input(res) == {"time_to_detect_s": {"hang": 3.5},
                                   "time_to_resume_s": {"hang": 22.0}}  # fmt: skip
 
@@ -79,7 +95,9 @@ def test_node_fault_needs_a_matching_class_and_an_unexplained_incident_fails() -
 def test_bit_identity_is_required_unless_the_learning_rate_was_changed() -> None:
     sc = scenario({"kind": "corrupt_batch", "batch": 25})
     strike = {0: Strike(t=25.0, step=25, node=None)}
-    spike = incident(1, "loss_spike", 26.0, [("node-0", 0)], [action("rollback")])
+    # The hooks number steps from 0: their step 24 is the trainer's step 25.
+    spike = incident(1, "loss_spike", 26.0, [("node-0", 0)], [action("rollback")], first_step=24,
+                     rank_kind="rank.anomaly")  # fmt: skip
     res = build_result(evidence(sc, [spike], strike, digest="a", reference="b"))
     assert res["verdict"] == "fail" and res["bit_identity_required"]
     spike["actions"].append(action("lr_scale", factor=0.5, steps=100))
@@ -104,3 +122,104 @@ def test_an_incident_before_the_strike_explains_nothing() -> None:
     early = incident(1, "loss_spike", 10.0, [("node-0", 0)], [action("rollback")])
     res = build_result(evidence(sc, [early], {0: Strike(t=25.0, step=25, node=None)}))
     assert not res["faults"][0]["detected"] and res["false_incidents"][0]["id"] == 1
+
+
+def test_an_escalated_repair_fails_and_says_why() -> None:
+    """No spare: the eviction was refused and escalated, and training went on on the faulty
+    node. Detected, but not repaired: the drill fails, and its first problem says why."""
+    sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
+    refused = {"action": "evict_node", "state": "escalated", "target": "node-1",
+               "result": {"node": "node-1", "reason": "no hot spare left"}}  # fmt: skip
+    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [refused], target="node-1",
+                   run="escalated")  # fmt: skip
+    one_gen = [Generation(0.0, 0, ("node-0", "node-1"))]
+    steps = [(float(s), s, 0) for s in range(1, 41)]
+    ev = evidence(sc, [inc], {0: Strike(t=15.0, step=16, node="node-1")}, generations=one_gen)
+    ev.steps = steps
+    res = build_result(ev)
+    (f,) = res["faults"]
+    assert res["verdict"] == "fail" and f["detected"] and not f["repaired"]
+    assert f["repair_problem"] == (
+        "playbook gpu_hardware escalated (evict_node escalated: no hot spare left)"
+    )
+    assert res["problems"][0].startswith("ecc_dbe on node-1: not repaired: playbook")
+
+
+def test_a_struck_node_that_trains_after_the_repair_is_not_repaired() -> None:
+    sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
+    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")],
+                   target="node-1")  # fmt: skip
+    same_nodes = [
+        Generation(0.0, 0, ("node-0", "node-1")),
+        Generation(40.0, 1, ("node-0", "node-1")),
+    ]
+    res = build_result(
+        evidence(sc, [inc], {0: Strike(t=15.0, step=16, node="node-1")}, generations=same_nodes)
+    )
+    assert res["verdict"] == "fail"
+    assert (
+        res["faults"][0]["repair_problem"] == "node-1 still trained after the repair (generation 1)"
+    )
+
+
+def test_time_targets_are_checked_not_only_printed() -> None:
+    """Detected 1.5 s after the injection with agents sweeping every second, resumed 25.5 s
+    after: the detection target is missed, with its figure, and the drill fails."""
+    sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
+    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")],
+                   target="node-1")  # fmt: skip
+    res = build_result(evidence(sc, [inc], {0: Strike(t=14.0, step=15, node="node-1")}))
+    (f,) = res["faults"]
+    assert f["repaired"] and [(c["target"], c["value"], c["met"]) for c in f["targets"]] == [
+        ("detected within one agent interval", 1.5, False),
+        ("resumed within 60 s of detection", 25.5, True),
+    ]
+    assert res["verdict"] == "fail"
+    assert res["problems"] == [
+        "ecc_dbe on node-1: missed 'detected within one agent interval' (limit 1.0 s, got 1.5 s)"
+    ]
+
+
+def test_the_time_account_puts_every_second_in_one_category() -> None:
+    """Generation 0 starts at t=2 and trains steps 1-12 one a second from t=5; a save after
+    step 10 holds training 0.5 s; the gang hangs after step 12 (t=17) and the hang is detected
+    at t=27; generation 1 is launched at t=30, its code runs from t=32, rendezvous 1 s,
+    checkpoint load 2 s, first step at t=36; it replays steps 11-20 (t=37-46)."""
+    gen0 = [StepLine(t=5.0 + s, step=s, loss=1.0, batch=s, step_s=1.0) for s in range(1, 13)]
+    gen1 = [StepLine(t=26.0 + s, step=s, loss=1.0, batch=s, step_s=1.0) for s in range(11, 21)]
+    lines = [(ln, 0) for ln in gen0] + [(ln, 1) for ln in gen1]
+    launches = [Launch(main_t=3.0, rendezvous_s=0.5, load_s=0.0, ready_t=5.0, resume_step=0),
+                Launch(main_t=32.0, rendezvous_s=1.0, load_s=2.0, ready_t=36.0, resume_step=10)]  # fmt: skip
+    saves = [CheckpointSave(t=15.0, step=10, held_s=0.5)]
+    got = time_account(lines, [(2.0, 0), (30.0, 1)], launches, saves, [27.0], None)
+    assert got["wall_s"] == 46.0
+    assert got["seconds"] == {"productive": 20.0, "rollback": 1.5, "detection": 10.0,
+                              "repair": 9.0, "checkpoint": 0.5, "burnin": 0.0, "startup": 5.0}  # fmt: skip
+    assert got["repair_stages_s"] == {"stop": 3.0, "relaunch": 2.0, "rendezvous": 1.0,
+                                      "checkpoint_load": 2.0, "build": 1.0}  # fmt: skip
+    assert abs(sum(got["seconds"].values()) - got["wall_s"]) <= 0.01 * got["wall_s"]
+    assert got["effective_ratio"] == round(20.0 / 46.0, 4)
+
+
+def test_drills_run_the_shipped_hooks_defaults_compressed_by_one_factor() -> None:
+    """The demo cannot import trainer_hooks: its copy of the shipped defaults must match them,
+    and the drill's settings are exactly those divided by the one compression factor."""
+    from sentinel.demo.run import (
+        DRILL_COMPRESSION,
+        SHIPPED_HOOKS_SECONDS,
+        SHIPPED_HOOKS_STEPS,
+        drill_hooks,
+        hooks_env,
+    )
+    from trainer_hooks.config import HooksConfig
+
+    shipped = HooksConfig()
+    for name, value in {**SHIPPED_HOOKS_STEPS, **SHIPPED_HOOKS_SECONDS}.items():
+        assert getattr(shipped, name) == value, name
+    drill = HooksConfig.from_env(hooks_env(Path("/tmp/out")))
+    for name, value in SHIPPED_HOOKS_SECONDS.items():
+        assert getattr(drill, name) == value / DRILL_COMPRESSION
+    assert drill.exchange_every == drill.straggler_window == 5 and drill.sdc_every == 25
+    assert drill.straggler_threshold == shipped.straggler_threshold
+    assert drill.hang_k == shipped.hang_k and drill.anomaly_policy == shipped.anomaly_policy
+    assert set(drill_hooks()) == set(SHIPPED_HOOKS_STEPS) | set(SHIPPED_HOOKS_SECONDS)

@@ -55,6 +55,20 @@ def test_missing_dump_makes_it_incomplete_and_names_suspects(tmp_path: Path) -> 
     assert report.missing_ranks == [5] and report.culprit_ranks == [5]
 
 
+@pytest.mark.parametrize("how", ["removed", "empty"])
+def test_a_culprit_without_a_dump_is_named_from_the_absence(tmp_path: Path, how: str) -> None:
+    """Rank 5 stops before its TP all-reduce and writes no dump (or an empty file): its TP
+    peers' dumps show them waiting there, so the absence names it, and says so."""
+    write_job(tmp_path, 8, tp=4, steps=4, buffer=50, stop_rank=5, stop_step=2)
+    dump = tmp_path / "nccl_trace_rank_5"
+    dump.unlink() if how == "removed" else dump.write_bytes(b"")
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "hang" and report.evidence == "missing_dump"
+    assert report.culprit_ranks == [5] and 5 not in report.waiting_ranks
+    assert report.collective is not None and report.collective["pg_desc"] == "tp1"
+    assert "rests on the missing dumps" in report.reason
+
+
 def test_mismatched_size_dtype_and_op(tmp_path: Path) -> None:
     for rank in range(4):
         dump = synth_rank(rank, 4, 2, steps=3, buffer=100, issued=9)

@@ -8,8 +8,9 @@ import pytest
 
 from sentinel.agent.health import RULES, HealthEvaluator, judge
 from sentinel.agent.readings import GpuReading, XidEvent
-from sentinel.agent.xid_catalog import CATALOG, describe
 from sentinel.config import HealthThresholds
+from sentinel.faults.catalog import CATALOG, describe
+from sentinel.faults.catalog import RULES as CATALOG_RULES
 from sentinel.protocol import Action, Verdict
 
 H, D, U = Verdict.HEALTHY, Verdict.DEGRADED, Verdict.UNHEALTHY
@@ -36,6 +37,10 @@ HEALTHY = GpuReading(
     throttle_reasons=0,
     pcie_replay_count=0,
     nvlink_crc_errors=0,
+    nvlink_replay_errors=0,
+    nvlink_links_down=(),
+    recovery_action=0,
+    reset_required=False,
 )
 
 
@@ -66,15 +71,24 @@ RULE_CASES: list[tuple[str, dict[str, object], Verdict, Action]] = [
     ("hw_thermal_slowdown", {"throttle_reasons": 0x8 | 0x40}, D, Action.DRAIN_AND_INSPECT),
     ("hw_power_brake", {"throttle_reasons": 0x8 | 0x80}, D, Action.DRAIN_AND_INSPECT),
     ("sw_thermal_slowdown", {"throttle_reasons": 0x20}, D, Action.NONE),
-    ("ecc_sbe_volatile_high", {"ecc_sbe_volatile": 1000}, D, Action.NONE),
-    ("pcie_replays", {"pcie_replay_count": 100}, D, Action.DRAIN_AND_INSPECT),
-    ("nvlink_crc_errors", {"nvlink_crc_errors": 100}, D, Action.RESET_GPU),
+    ("recovery_gpu_reset", {"recovery_action": 1}, U, Action.RESET_GPU),
+    ("recovery_node_reboot", {"recovery_action": 2}, U, Action.REBOOT_NODE),
+    ("recovery_drain", {"recovery_action": 3}, U, Action.DRAIN_AND_INSPECT),
+    ("nvlink_down", {"nvlink_links_down": (3,)}, U, Action.RESET_GPU),
 ]  # fmt: skip
+
+# Rows that need history (rates over a window, peers): each has its own tests below.
+HISTORY_RULES = {"ecc_sbe_rate", "pcie_replay_rate", "nvlink_error_rate", "peer_outlier"}
 
 
 def test_every_rule_row_has_a_case() -> None:
-    assert sorted(c[0] for c in RULE_CASES) == sorted(r.name for r in RULES)
-    assert len({r.name for r in RULES}) == len(RULES)
+    names = [r.info.name for r in RULES]
+    assert sorted(c[0] for c in RULE_CASES) == sorted(set(names) - HISTORY_RULES)
+    assert len(set(names)) == len(RULES)
+
+
+def test_every_gpu_rule_is_a_catalog_rule_of_gpu_scope() -> None:
+    assert {r.info.name for r in RULES} == {c.name for c in CATALOG_RULES if c.scope == "gpu"}
 
 
 @pytest.mark.parametrize(("rule", "changes", "verdict", "action"), RULE_CASES)
@@ -352,7 +366,7 @@ def test_the_healthy_base_reading_sets_every_judged_field() -> None:
     judged = {f.name for f in fields(GpuReading)} - {
         "index", "uuid", "name", "pci_bus_id", "lost", "power_limit_w", "energy_mj",
         "mem_clock_mhz", "util_gpu_pct", "util_mem_pct", "fb_used_bytes", "fb_free_bytes",
-        "fb_total_bytes", "nvlink_replay_errors", "nvlink_recovery_errors", "tensor_active",
+        "fb_total_bytes", "nvlink_recovery_errors", "tensor_active",
         "processes",
     }  # fmt: skip
     assert all(getattr(HEALTHY, name) is not None for name in judged)

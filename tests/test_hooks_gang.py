@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -152,6 +153,17 @@ def test_subgroup_hang_root_cause_and_pytorch_analyzer(tmp_path: Path) -> None:
     }
     assert found[(report.collective["pg"], report.collective["seq"])] == {3}
     assert analyze(load_dir(enriched)).culprit_ranks == [3]
+
+    # The culprit wrote nothing (a rank that raised tears its group down before dumping): the
+    # real gloo dumps of the others, which record no completions, still name it by its absence.
+    silent = tmp_path / "silent"
+    shutil.copytree(fr, silent)
+    for name in ("fr_trace_rank_3", "sentinel_fr_meta.3.json"):
+        (silent / name).unlink()
+    absent = analyze(load_dir(silent))
+    assert absent.verdict == "hang" and absent.evidence == "missing_dump"
+    assert absent.culprit_ranks == [3] and absent.waiting_ranks == [0, 1, 2]
+    assert absent.collective is not None and absent.collective["pg"] == report.collective["pg"]
 
 
 def _torch_fr_trace(path: Path) -> subprocess.CompletedProcess:

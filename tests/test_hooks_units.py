@@ -16,7 +16,8 @@ from trainer_hooks import HooksConfig, HooksConfigError, SentinelHooks
 from trainer_hooks.anomaly import AnomalyMonitor
 from trainer_hooks.mfu import flops_per_token, lookup_peak_flops, non_embedding_params
 from trainer_hooks.sdc import majority, matmul_digest
-from trainer_hooks.straggler import StragglerScorer
+from trainer_hooks.straggler import StepLog, StragglerScorer, decode_row
+from trainer_hooks.timing import StepTimer
 from trainer_hooks.transport import AgentTransport
 from trainer_hooks.watchdog import HangWatchdog
 
@@ -44,38 +45,76 @@ def test_nan_and_inf_are_reported_at_once() -> None:
     assert mon.update(2, "loss", 2.0) is None
 
 
+def _gang_steps(
+    first: int, values: list[float], gen: torch.Generator, noise: float = 0.02
+) -> list[dict[int, float]]:
+    """20 steps of per-rank compute from `first`, each value with `noise` relative jitter."""
+    rows: list[dict[int, float]] = [{} for _ in values]
+    for step in range(first, first + 20):
+        jitter = 1 + noise * torch.randn(len(values), generator=gen)
+        for rank, v in enumerate(values):
+            rows[rank][step] = v * float(jitter[rank])
+    return rows
+
+
 def test_straggler_scorer_flags_persistent_slowdown_only() -> None:
-    scorer = StragglerScorer(threshold=1.03, persist=3)
+    scorer = StragglerScorer(threshold=1.03, persist=4, window=20)
     gen = torch.Generator().manual_seed(0)
     flagged_at = None
     for window in range(20):
-        noise = 1 + 0.01 * torch.randn(8, generator=gen)
-        values = [0.1 * float(n) for n in noise]
+        values = [0.1] * 8
         if window >= 5:
             values[5] *= 1.05
-        if window == 2:
-            values[1] *= 1.5  # one bad window is not a straggler
-        found = scorer.update(values)
+        if window in (2, 3, 4):
+            values[1] *= 1.5  # three bad windows in a row are not yet a straggler
+        rows = _gang_steps(window * 20, values, gen)
+        if window == 8:
+            for step in range(160, 165):
+                rows[2][step] *= 3.0  # a burst shorter than half a window moves nothing
+        found = scorer.update(rows)
         if found and flagged_at is None:
             flagged_at = window
-            assert [f.rank for f in found] == [5]
-    assert flagged_at == 7 and scorer.flagged == {5}
+            assert [f.rank for f in found] == [5] and 1.03 < found[0].slowdown < 1.07
+    # a window is judged as soon as all its steps are in: flagged with its 4th slow window
+    assert flagged_at == 8 and scorer.flagged == {5}
 
 
 def test_straggler_peers_are_the_ranks_doing_the_same_work() -> None:
-    # two pipeline stages, the first ~20% heavier: not a straggler among its replicas
+    # two pipeline stages, the first ~20% heavier: not a straggler among its own stage
     stage = [0.12, 0.12, 0.12, 0.12, 0.10, 0.10, 0.10, 0.10]
-    replicas = [[0, 2], [1, 3], [4, 6], [5, 7]]
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
     blind, scorer = StragglerScorer(1.15, 3), StragglerScorer(1.15, 3)
-    for _ in range(5):
-        assert scorer.update(stage, replicas) == []
-        blind.update(stage)
+    gen = torch.Generator().manual_seed(1)
+    for w in range(5):
+        assert scorer.update(_gang_steps(w * 20, stage, gen), groups) == []
+        blind.update(_gang_steps(w * 20, stage, gen))
     assert blind.flagged == {0, 1, 2, 3}  # what comparing across stages does
-    # rank 7 is slow; ranks 2 and 3 (its pipeline's first stage) wait for it inside their steps
-    held = {7: 1.6, 2: 1.25, 3: 1.25}
-    slow = [v * held.get(r, 1.0) for r, v in enumerate(stage)]
-    found = [f for _ in range(3) for f in scorer.update(slow, replicas)]
-    assert [(f.rank, round(f.slowdown, 2)) for f in found] == [(7, 1.6)]
+    slow = [v * (1.6 if r == 7 else 1.0) for r, v in enumerate(stage)]
+    found = [f for w in range(5, 9) for f in scorer.update(_gang_steps(w * 20, slow, gen), groups)]
+    assert [(f.rank, round(f.slowdown, 1)) for f in found] == [(7, 1.6)]
+
+
+def test_step_log_travels_as_one_fixed_row() -> None:
+    log = StepLog(4)
+    for step, v in ((7, 0.5), (8, 0.25), (9, 0.0)):
+        log.add(step, v)
+    row = log.take()
+    assert len(row) == 8 and log.entries == []
+    assert decode_row(row) == {7: 0.5, 8: 0.25}  # padding and an empty measurement left out
+
+
+def test_step_timer_counts_cpu_outside_waits_as_compute() -> None:
+    wall, cpu = [0.0], [0.0]
+    timer = StepTimer(torch.device("cpu"), clock=lambda: wall[0], cpu_clock=lambda: cpu[0])
+    timer.begin(3)
+    wall[0], cpu[0] = 1.0, 0.8  # one second of work
+    with timer.comm():  # two seconds waiting on a peer, 0.1 s of CPU to wake up
+        wall[0], cpu[0] = 3.0, 0.9
+    wall[0], cpu[0] = 3.5, 1.3
+    timer.end()
+    [t] = timer.poll()
+    assert (t.step, t.step_s, t.comm_s) == (3, 3.5, 2.0)
+    assert t.compute_s == pytest.approx(1.2)
 
 
 def test_watchdog_calibrates_and_fires_once_per_stall() -> None:

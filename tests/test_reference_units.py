@@ -208,5 +208,5 @@ def test_scenario_file_faults_keep_the_trainer_kinds(tmp_path: Path) -> None:
     faults = load_faults(f, ("sdc:rank=1,at_step=2",))
     assert [x.kind for x in faults] == ["crash", "corrupt_batch", "sdc"]
     f.write_text("faults: [{kind: crash, rank: 99, at_step: 1}]\n")
-    with pytest.raises(InputError, match="rank 99"):
+    with pytest.raises(InputError, match=r"faults\.0\.rank: 99 >= world size"):
         load_faults(f, ())

@@ -15,6 +15,7 @@ from sentinel.agent.readings import GpuReading
 from sentinel.agent.sim import SimulatedGpus, inject
 from sentinel.config import HealthThresholds
 from sentinel.exitcodes import InputError
+from sentinel.faults.catalog import rule
 from sentinel.protocol import Action, Verdict
 
 IDENTITY = {"index", "uuid", "name", "pci_bus_id"}
@@ -342,5 +343,8 @@ def test_thermal_verdict_recovers_after_clear(tmp_path: Path) -> None:
     assert ev.evaluate(sim.sweep(), sim.drain_xids()).unhealthy_gpus == [0]
     inject(faults, {"kind": "clear", "gpu": 0})
     clock.now += 1.0
+    held = ev.evaluate(sim.sweep(), sim.drain_xids())
+    assert held.unhealthy_gpus == [0]  # the hold-down outlasts a brief cool spell
+    clock.now += rule("gpu_temp_unhealthy").hold_s
     node = ev.evaluate(sim.sweep(), sim.drain_xids())
     assert (node.verdict, node.action) == (Verdict.HEALTHY, Action.NONE)

@@ -18,6 +18,9 @@ class HooksConfigError(ValueError):
     pass
 
 
+SDC_EVERY_EXCHANGES = 5  # the default SDC spot check: every fifth gang exchange
+
+
 @dataclass(frozen=True)
 class HooksConfig:
     enabled: bool = True
@@ -33,9 +36,15 @@ class HooksConfig:
     anomaly_policy: str = "robust"
     # Gang exchange (stragglers, SDC and checkpoint consensus) every N steps on a gloo side group.
     exchange_every: int = 20
+    # Stragglers (trainer_hooks.straggler): a rank whose own compute runs `threshold` times its
+    # peers' in `persist` consecutive windows of `window` steps.
     straggler_threshold: float = 1.03
-    straggler_persist: int = 3
-    sdc_every: int = 0  # steps between SDC spot checks; 0 = on command only
+    straggler_persist: int = 4
+    straggler_window: int = 20
+    # Steps between SDC spot checks (a multiple of exchange_every); 0: on command only; unset:
+    # every fifth exchange (100 steps at the defaults). A check costs a small GEMM chain and
+    # a digest per rank, gathered without waiting; silent corruption is caught within it.
+    sdc_every: int | None = None
     sdc_size: int = 256
     sdc_chain: int = 8
     sdc_params: bool = True  # compare parameter digests across data-parallel replicas
@@ -54,11 +63,15 @@ class HooksConfig:
             "report_every",
             "exchange_every",
             "straggler_persist",
+            "straggler_window",
             "sdc_size",
             "sdc_chain",
         ):
             if getattr(self, name) < 1:
                 raise HooksConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sdc_every is None:
+            object.__setattr__(self, "sdc_every", SDC_EVERY_EXCHANGES * self.exchange_every)
+        assert self.sdc_every is not None
         if self.sdc_every < 0 or self.sdc_every % self.exchange_every:
             raise HooksConfigError(
                 f"sdc_every ({self.sdc_every}) must be 0 or a multiple of exchange_every "

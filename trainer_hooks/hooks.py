@@ -49,7 +49,7 @@ from trainer_hooks.config import HooksConfig
 from trainer_hooks.exchange import GangExchange, Gathered
 from trainer_hooks.flight import FlightRecorder, SignalDumper, recorder_enabled
 from trainer_hooks.scalars import ScalarReader
-from trainer_hooks.straggler import StragglerScorer, WindowStats
+from trainer_hooks.straggler import StepLog, StragglerScorer, decode_row
 from trainer_hooks.transport import AgentTransport
 from trainer_hooks.watchdog import HangWatchdog
 
@@ -89,6 +89,7 @@ class SentinelHooks:
         flops_per_token: float | None = None,
         device: torch.device | None = None,
         replica_groups: list[list[int]] | None = None,
+        peer_groups: list[list[int]] | None = None,
         transport: AgentTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -101,11 +102,16 @@ class SentinelHooks:
         self.device = device or _default_device()
         self.model = model
         self.replica_groups = replica_groups
+        # Ranks doing the same work, compared for stragglers (default: the replicas).
+        self.peer_groups = peer_groups or replica_groups
         self.timer = timing.StepTimer(self.device)
         self.scalars = ScalarReader()
         self.anomalies = AnomalyMonitor(cfg.anomaly_policy)
-        self.stragglers = StragglerScorer(cfg.straggler_threshold, cfg.straggler_persist)
-        self.window = WindowStats()
+        self.stragglers = StragglerScorer(
+            cfg.straggler_threshold, cfg.straggler_persist, cfg.straggler_window
+        )
+        # One exchange carries the steps since the last (one more if a GPU timing came late).
+        self.steplog = StepLog(cfg.exchange_every + 1)
         fpt = flops_per_token or cfg.flops_per_token
         if fpt is None and model is not None:
             fpt = mfu.flops_per_token(mfu.non_embedding_params(model))
@@ -209,7 +215,7 @@ class SentinelHooks:
         self.watchdog.progress(step, self._clock() - self._step_wall0)
         self._steps_done += 1
         for t in self.timer.poll():
-            self.window.add(t.compute_s)
+            self.steplog.add(t.step, t.compute_s)
             if t.step % self.config.report_every == 0:
                 self._report_step(t)
         for s in self.scalars.poll():
@@ -342,11 +348,9 @@ class SentinelHooks:
             self._requests["sdc"].clear()
         if ckpt_req:
             self._requests["checkpoint"].clear()
-        sdc_every = self.config.sdc_every
+        sdc_every = self.config.sdc_every or 0
         periodic = bool(sdc_every) and self._steps_done % sdc_every == 0
-        gathered = self.exchange.gather(
-            [self.window.take_median(), float(sdc_req), float(ckpt_req)]
-        )
+        gathered = self.exchange.gather([*self.steplog.take(), float(sdc_req), float(ckpt_req)])
         self._inflight.append(
             (gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
         )
@@ -356,19 +360,20 @@ class SentinelHooks:
         self, step: int, periodic_sdc: bool, rows: list[list[float]], now: int | None
     ) -> None:
         cfg = self.config
-        for found in self.stragglers.update([r[0] for r in rows], self.replica_groups):
+        timings = [decode_row(r[:-2]) for r in rows]
+        for found in self.stragglers.update(timings, self.peer_groups):
             if found.rank == self.exchange.rank:
                 payload = RankStragglerPayload(
                     step=step,
                     slowdown=found.slowdown,
-                    window=cfg.exchange_every * cfg.straggler_persist,
+                    window=cfg.straggler_window * cfg.straggler_persist,
                     compute_s=found.compute_s,
                     median_compute_s=found.median_compute_s,
                 )
                 self._send(EventKind.RANK_STRAGGLER, payload)
-        if any(r[2] for r in rows):
+        if any(r[-1] for r in rows):
             self._checkpoint_due = True
-        if periodic_sdc or any(r[1] for r in rows):
+        if periodic_sdc or any(r[-2] for r in rows):
             if now is None:
                 log.info("sentinel hooks: an SDC check fell due at close; not started")
             else:

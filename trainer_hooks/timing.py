@@ -1,23 +1,35 @@
-"""Step time, split into compute and communication wait, without a host-device sync.
+"""Step time, split into the rank's own compute and the time it waits on others, without a
+host-device sync.
 
-Method. A step is the interval between `begin()` and `end()`. Communication is every interval
-spent inside a *comm region*: either explicit (`with timer.comm(): ...` around a collective or
-its `.wait()`), or the synchronous `torch.distributed` collectives, which `instrument_collectives`
-wraps in a comm region. Because the collectives of a step synchronise the gang, the time a fast
-rank spends in them is mostly waiting for the slowest peer, so `compute = step - comm` is the
-rank's own work and what straggler scoring compares. Collectives issued inside C++ (DDP's bucket
-all-reduce overlapped with backward) are invisible to this method and count as compute; wrap the
-loop's explicit collectives or gradient sync to split them.
+Waiting. A step is the interval between `begin()` and `end()`. Communication is every interval
+the stepping thread spends inside a *comm region*: explicit (`with timer.comm(): ...`), or one
+of the places where torch blocks on other ranks, which `instrument_collectives` wraps in a comm
+region: the synchronous `torch.distributed` collectives and point-to-point calls, every
+`Work.wait()` (pipeline send/receive in `torch.distributed.pipelining`, FSDP2's all-gathers and
+reduce-scatters, any `async_op=True` collective) and the functional collectives' `wait_tensor`
+(DTensor's tensor-parallel all-reduces and all-gathers, forward and backward). That covers
+every layout the reference trainer runs: TP, PP, DP all-reduce and FSDP2. Collectives issued
+and waited inside C++ (DDP's bucket all-reduce overlapped with backward) stay invisible to it.
 
-On CPU both ends are `time.perf_counter()`. On CUDA each boundary records a CUDA event on the
-current stream; durations are read with `Event.elapsed_time` only once `Event.query()` says the
-GPU has passed them, normally a step later, so the host never waits for the device.
+Compute. On a CUDA device each boundary records a CUDA event on the current stream: a wait
+(`Work.wait`, `wait_tensor`) makes that stream wait for the communication kernel, so the events
+around it time the stream's stall, and `compute = step - comm`. Durations are read with
+`Event.elapsed_time` only once `Event.query()` says the GPU has passed them, normally a step
+later, so the host never waits for the device. On a CPU device the rank's compute is the
+stepping thread's own CPU time over the step (`time.thread_time`), less what it spent inside
+comm regions: a thread blocked in a gloo wait uses almost no CPU, but waking from every long
+wait costs it ~0.1 ms, which would otherwise be charged to the ranks that wait for a straggler,
+not to the straggler. Time the scheduler gave to other processes drops out too. On a host shared by several ranks and other work, wall-clock
+`step - comm` charges a rank for every preemption; CPU time charges it only for its work.
+(Torch's intra-op worker threads are not counted: run CPU ranks with one thread, as the
+reference trainer does by default.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -26,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 
 Clock = Callable[[], float]
 
@@ -35,9 +48,13 @@ class StepTiming:
     step: int
     step_s: float
     comm_s: float
+    cpu_s: float | None = None  # the stepping thread's CPU time outside waits (CPU devices)
 
     @property
     def compute_s(self) -> float:
+        """The rank's own work: its CPU time on a CPU device, else the step less its waits."""
+        if self.cpu_s is not None:
+            return self.cpu_s
         return max(0.0, self.step_s - self.comm_s)
 
 
@@ -45,7 +62,10 @@ class StepTiming:
 class _Pending:
     step: int
     start: Any  # float (CPU) or torch.cuda.Event
+    cpu_start: float | None = None
     end: Any = None
+    cpu_s: float | None = None
+    comm_cpu_s: float = 0.0
     comm: list[tuple[Any, Any]] = field(default_factory=list)
 
 
@@ -57,12 +77,16 @@ class StepTimer:
         device: torch.device | None = None,
         clock: Clock = time.perf_counter,
         max_pending: int = 64,
+        cpu_clock: Clock = time.thread_time,
     ) -> None:
         self.cuda = device is not None and device.type == "cuda"
         self._clock = clock
+        self._cpu_clock = None if self.cuda else cpu_clock
         self._current: _Pending | None = None
         self._pending: deque[_Pending] = deque(maxlen=max_pending)
         self._comm_start: Any = None
+        self._comm_cpu_start = 0.0
+        self.thread: int | None = None  # the thread that steps: only its waits are counted
 
     @property
     def in_step(self) -> bool:
@@ -76,24 +100,33 @@ class StepTimer:
         return self._clock()
 
     def begin(self, step: int) -> None:
-        self._current = _Pending(step=step, start=self._mark())
+        self.thread = threading.get_ident()
+        cpu = self._cpu_clock() if self._cpu_clock else None
+        self._current = _Pending(step=step, start=self._mark(), cpu_start=cpu)
 
     def end(self) -> None:
-        if self._current is None:
+        cur = self._current
+        if cur is None:
             return
         if self._comm_start is not None:
             self.comm_end()
-        self._current.end = self._mark()
-        self._pending.append(self._current)
+        cur.end = self._mark()
+        if self._cpu_clock and cur.cpu_start is not None:
+            cur.cpu_s = max(0.0, self._cpu_clock() - cur.cpu_start - cur.comm_cpu_s)
+        self._pending.append(cur)
         self._current = None
 
     def comm_begin(self) -> None:
         if self._current is not None and self._comm_start is None:
+            if self._cpu_clock:
+                self._comm_cpu_start = self._cpu_clock()
             self._comm_start = self._mark()
 
     def comm_end(self) -> None:
         if self._current is not None and self._comm_start is not None:
             self._current.comm.append((self._comm_start, self._mark()))
+            if self._cpu_clock:
+                self._current.comm_cpu_s += self._cpu_clock() - self._comm_cpu_start
         self._comm_start = None
 
     @contextlib.contextmanager
@@ -112,7 +145,8 @@ class StepTimer:
         while self._pending and self._ready(self._pending[0]):
             p = self._pending.popleft()
             comm = sum(self._elapsed(a, b) for a, b in p.comm)
-            out.append(StepTiming(step=p.step, step_s=self._elapsed(p.start, p.end), comm_s=comm))
+            step_s = self._elapsed(p.start, p.end)
+            out.append(StepTiming(step=p.step, step_s=step_s, comm_s=comm, cpu_s=p.cpu_s))
         return out
 
     def _ready(self, p: _Pending) -> bool:
@@ -124,7 +158,7 @@ class StepTimer:
         return max(0.0, b - a)
 
 
-# --- optional: wrap torch.distributed's synchronous collectives in comm regions ---------------
+# --- wrap the places where torch waits on other ranks in comm regions -----------------------
 
 _COLLECTIVES = (
     "all_reduce",
@@ -139,23 +173,38 @@ _COLLECTIVES = (
     "barrier",
     "gather",
     "scatter",
+    "send",
+    "recv",
 )
+
+
+def _wait_points() -> list[tuple[Any, str]]:
+    """(owner, attribute) of every call that blocks on other ranks."""
+    points: list[tuple[Any, str]] = [(dist, n) for n in _COLLECTIVES if hasattr(dist, n)]
+    # Every async collective and p2p op (pipelining, FSDP2, `async_op=True`) ends in a wait on
+    # its work object; DTensor's collectives end in the functional collectives' `wait_tensor`.
+    points += [(dist.Work, "wait"), (funcol, "wait_tensor")]
+    return points
+
+
 _active_timer: list[StepTimer] = []
-_originals: dict[str, Callable[..., Any]] = {}
+_originals: dict[tuple[Any, str], Callable[..., Any]] = {}
 
 
 def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        # Called for every collective of every step: no context manager (a generator per
-        # call), and nothing to do outside a step, inside a comm region already (nested) or
-        # for an async call.
+        # Called for every wait of every step: no context manager (a generator per call), and
+        # nothing to do outside a step, inside a comm region already (nested), on another
+        # thread (a checkpoint writer's collectives are not this step's waits) or for an async
+        # call (its wait is timed).
         timer = _active_timer[0] if _active_timer else None
         if (
             timer is None
             or timer._current is None
             or timer._comm_start is not None
             or kwargs.get("async_op")
+            or timer.thread != threading.get_ident()
         ):
             return fn(*args, **kwargs)
         timer.comm_begin()
@@ -168,20 +217,18 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instrument_collectives(timer: StepTimer) -> None:
-    """Route the synchronous `torch.distributed` collectives' time into `timer`'s comm regions.
-
-    Async calls (`async_op=True`) are left alone: time their `.wait()` with `timer.comm()`.
-    """
+    """Route the time this process's stepping thread waits on other ranks into `timer`'s comm
+    regions (see the module's docstring for the calls covered)."""
     _active_timer[:] = [timer]
-    for name in _COLLECTIVES:
-        if name in _originals or not hasattr(dist, name):
+    for owner, name in _wait_points():
+        if (owner, name) in _originals:
             continue
-        _originals[name] = getattr(dist, name)
-        setattr(dist, name, _wrap(_originals[name]))
+        _originals[(owner, name)] = getattr(owner, name)
+        setattr(owner, name, _wrap(_originals[(owner, name)]))
 
 
 def uninstrument_collectives() -> None:
-    for name, fn in _originals.items():
-        setattr(dist, name, fn)
+    for (owner, name), fn in _originals.items():
+        setattr(owner, name, fn)
     _originals.clear()
     _active_timer.clear()

@@ -1,179 +1,63 @@
-"""Health rules: readings and XIDs in, a verdict and a recommended action per GPU and per node out.
+"""Health: readings, XIDs and node signals in; a verdict and recommended action per GPU and node.
 
-The rules are a table (`RULES`): each row names a condition on one `GpuReading`, the verdict and
-action it implies, and how to describe what it saw. A field a GPU does not report (`None`) never
-fires a rule. XIDs are judged by NVIDIA's catalog (`xid_catalog`) and are stateful: the evaluator
-remembers each (gpu, xid) for `xid_window_s`, keeps the GPU's verdict for that long after the last
-occurrence, and escalates to drain_and_inspect when the same fault repeats `xid_escalate_after`
-times within the window. Pure logic: no I/O, and the clock is injected.
+Every rule goes through the same raise / clear / hold machine (`holds.Holds`) with the catalog's
+hold and the rule's own clear condition (`rules.RULES` per GPU, `node_rules.NODE_RULES` per
+node). PCIe replays, NVLink errors and corrected ECC errors are judged as rates (`rates`), and
+each GPU is compared with its peers (`outliers`). XIDs are judged by the fault catalog
+(`sentinel.faults.catalog`) and are stateful: the evaluator remembers each (gpu, xid) for
+`xid_window_s`, keeps the GPU's verdict for that long after the last occurrence, and escalates
+to drain_and_inspect when the same fault repeats `xid_escalate_after` times within the window.
+An XID or recovery-action value the catalog does not know is counted (`unknown`) and raises
+`unknown_signal`: never healthy. Pure logic: no I/O, and the clock is injected.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from sentinel.agent.holds import Holds
+from sentinel.agent.node_rules import NODE_RULES, NodeRule, NodeSignals, Report
+from sentinel.agent.outliers import PeerOutliers
+from sentinel.agent.rates import CounterRates
 from sentinel.agent.readings import GpuReading, XidEvent
-from sentinel.agent.xid_catalog import describe
+from sentinel.agent.rules import (
+    RULES,
+    THROTTLE_HW_SLOWDOWN,
+    THROTTLE_HW_THERMAL,
+    THROTTLE_SW_THERMAL,
+    GpuRule,
+    GpuView,
+)
 from sentinel.config import HealthThresholds
+from sentinel.faults.catalog import RECOVERY_ACTIONS, describe, is_known_xid
 from sentinel.protocol import ACTION_SEVERITY, VERDICT_SEVERITY, Action, Finding, Verdict
 
-# NVML clocks-event (throttle) reason bits.
-THROTTLE_SW_POWER_CAP = 0x4  # normal under load: the driver holds power at the limit
-THROTTLE_HW_SLOWDOWN = 0x8
-THROTTLE_SW_THERMAL = 0x20
-THROTTLE_HW_THERMAL = 0x40
-THROTTLE_HW_POWER_BRAKE = 0x80
+__all__ = [
+    "RULES",
+    "THROTTLE_HW_SLOWDOWN",
+    "THROTTLE_HW_THERMAL",
+    "THROTTLE_SW_THERMAL",
+    "GpuHealth",
+    "HealthEvaluator",
+    "NodeHealth",
+    "judge",
+]
 
-_H, _D, _U = Verdict.HEALTHY, Verdict.DEGRADED, Verdict.UNHEALTHY
-
-
-@dataclass(frozen=True, slots=True)
-class HealthRule:
-    name: str
-    verdict: Verdict
-    action: Action
-    applies: Callable[[GpuReading, HealthThresholds], bool]
-    detail: Callable[[GpuReading, HealthThresholds], str]
+_H, _U = Verdict.HEALTHY, Verdict.UNHEALTHY
 
 
-def _at_least(value: float | None, limit: float) -> bool:
-    return value is not None and value >= limit
-
-
-def _in_band(value: float | None, low: float, high: float) -> bool:
-    return value is not None and low <= value < high
-
-
-def _bit(r: GpuReading, mask: int) -> bool:
-    return r.throttle_reasons is not None and bool(r.throttle_reasons & mask)
-
-
-def _retired(r: GpuReading) -> int | None:
-    if r.retired_pages_sbe is None and r.retired_pages_dbe is None:
-        return None
-    return (r.retired_pages_sbe or 0) + (r.retired_pages_dbe or 0)
-
-
-# fmt: off
-RULES: tuple[HealthRule, ...] = (
-    HealthRule(
-        "gpu_lost", _U, Action.REBOOT_NODE,
-        lambda r, t: r.lost,
-        lambda r, t: "GPU stopped answering: fallen off the bus",
-    ),
-    HealthRule(
-        "ecc_dbe_volatile", _U, Action.RESET_GPU,
-        lambda r, t: _at_least(r.ecc_dbe_volatile, 1),
-        lambda r, t: f"{r.ecc_dbe_volatile} double-bit ECC error(s) since the last GPU reset",
-    ),
-    HealthRule(
-        "ecc_dbe_aggregate", _D, Action.NONE,
-        lambda r, t: not _at_least(r.ecc_dbe_volatile, 1)
-        and _at_least(r.ecc_dbe_aggregate, t.dbe_aggregate_degraded),
-        lambda r, t: f"{r.ecc_dbe_aggregate} double-bit ECC error(s) over the GPU's lifetime",
-    ),
-    HealthRule(
-        "retired_pages_limit", _U, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _at_least(_retired(r), t.retired_pages_unhealthy),
-        lambda r, t: f"{_retired(r)} retired pages (limit {t.retired_pages_unhealthy})",
-    ),
-    HealthRule(
-        "retired_pages_pending", _D, Action.RESET_GPU,
-        lambda r, t: r.retired_pages_pending is True,
-        lambda r, t: "page retirement pending: takes effect at the next GPU reset",
-    ),
-    HealthRule(
-        "row_remap_failure", _U, Action.DRAIN_AND_INSPECT,
-        lambda r, t: r.remapped_rows_failure is True,
-        lambda r, t: "row remapping failed: no spare rows left in a memory bank",
-    ),
-    HealthRule(
-        "row_remap_pending", _D, Action.RESET_GPU,
-        lambda r, t: r.remapped_rows_pending is True,
-        lambda r, t: "row remapping pending: takes effect at the next GPU reset",
-    ),
-    HealthRule(
-        "remapped_rows_uncorrectable", _D, Action.NONE,
-        lambda r, t: _at_least(
-            r.remapped_rows_uncorrectable, t.remapped_rows_uncorrectable_degraded
-        ),
-        lambda r, t: f"{r.remapped_rows_uncorrectable} row(s) remapped after uncorrectable errors",
-    ),
-    HealthRule(
-        "gpu_temp_unhealthy", _U, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _at_least(r.temp_gpu_c, t.gpu_temp_unhealthy_c),
-        lambda r, t: f"GPU at {r.temp_gpu_c:.0f} C (unhealthy from {t.gpu_temp_unhealthy_c:g} C)",
-    ),
-    HealthRule(
-        "gpu_temp_degraded", _D, Action.NONE,
-        lambda r, t: _in_band(r.temp_gpu_c, t.gpu_temp_degraded_c, t.gpu_temp_unhealthy_c),
-        lambda r, t: f"GPU at {r.temp_gpu_c:.0f} C (degraded from {t.gpu_temp_degraded_c:g} C)",
-    ),
-    HealthRule(
-        "mem_temp_unhealthy", _U, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _at_least(r.temp_mem_c, t.mem_temp_unhealthy_c),
-        lambda r, t: f"HBM at {r.temp_mem_c:.0f} C (unhealthy from {t.mem_temp_unhealthy_c:g} C)",
-    ),
-    HealthRule(
-        "mem_temp_degraded", _D, Action.NONE,
-        lambda r, t: _in_band(r.temp_mem_c, t.mem_temp_degraded_c, t.mem_temp_unhealthy_c),
-        lambda r, t: f"HBM at {r.temp_mem_c:.0f} C (degraded from {t.mem_temp_degraded_c:g} C)",
-    ),
-    HealthRule(
-        "hw_slowdown", _D, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _bit(r, THROTTLE_HW_SLOWDOWN)
-        and not _bit(r, THROTTLE_HW_THERMAL | THROTTLE_HW_POWER_BRAKE),
-        lambda r, t: "hardware slowdown: clocks cut by half or more (power or sensor fault)",
-    ),
-    HealthRule(
-        "hw_thermal_slowdown", _D, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _bit(r, THROTTLE_HW_THERMAL),
-        lambda r, t: "hardware thermal slowdown: the GPU is overheating, check its cooling",
-    ),
-    HealthRule(
-        "hw_power_brake", _D, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _bit(r, THROTTLE_HW_POWER_BRAKE),
-        lambda r, t: "hardware power brake asserted: check the node's power delivery",
-    ),
-    HealthRule(
-        "sw_thermal_slowdown", _D, Action.NONE,
-        lambda r, t: _bit(r, THROTTLE_SW_THERMAL),
-        lambda r, t: "software thermal slowdown: the driver lowers clocks to cool the GPU",
-    ),
-    HealthRule(
-        "ecc_sbe_volatile_high", _D, Action.NONE,
-        lambda r, t: _at_least(r.ecc_sbe_volatile, t.sbe_volatile_degraded),
-        lambda r, t: f"{r.ecc_sbe_volatile} corrected single-bit ECC errors since the last reset",
-    ),
-    HealthRule(
-        "pcie_replays", _D, Action.DRAIN_AND_INSPECT,
-        lambda r, t: _at_least(r.pcie_replay_count, t.pcie_replay_degraded),
-        lambda r, t: f"{r.pcie_replay_count} PCIe replays since driver load: a marginal link",
-    ),
-    HealthRule(
-        "nvlink_crc_errors", _D, Action.RESET_GPU,
-        lambda r, t: _at_least(r.nvlink_crc_errors, t.nvlink_crc_degraded),
-        lambda r, t: f"{r.nvlink_crc_errors} NVLink CRC errors: links need retraining",
-    ),
-)
-# fmt: on
+def _finding(rule: GpuRule, view: GpuView) -> Finding:
+    i = rule.info
+    return Finding(rule=i.name, verdict=i.verdict, action=i.action, detail=rule.detail(view))
 
 
 def judge(reading: GpuReading, thresholds: HealthThresholds) -> tuple[Finding, ...]:
-    """The findings of every rule row that fires on one reading (stateless)."""
-    return tuple(
-        Finding(
-            rule=rule.name,
-            verdict=rule.verdict,
-            action=rule.action,
-            detail=rule.detail(reading, thresholds),
-        )
-        for rule in RULES
-        if rule.applies(reading, thresholds)
-    )
+    """The findings of every rule that raises on one reading alone (no history, no holds)."""
+    view = GpuView(reading, thresholds)
+    return tuple(_finding(rule, view) for rule in RULES if rule.raises(view))
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +86,9 @@ class NodeHealth:
     verdict: Verdict
     action: Action
     gpus: tuple[GpuHealth, ...]
-    findings: tuple[Finding, ...]  # every GPU's findings, each detail prefixed with its GPU
+    findings: tuple[Finding, ...]  # every GPU's findings (detail prefixed with the GPU), node's
     xids: tuple[XidOutcome, ...]  # the XIDs of this evaluation, judged
+    node_findings: tuple[Finding, ...] = ()  # the node-level rules' findings alone
 
     @property
     def unhealthy_gpus(self) -> list[int]:
@@ -219,15 +104,20 @@ def strongest_action(findings: Iterable[Finding]) -> Action:
 
 
 class HealthEvaluator:
-    """Judges one sweep at a time, remembering XIDs across sweeps (see the module docstring)."""
+    """Judges one sweep at a time, remembering holds, rates, peers and XIDs across sweeps."""
 
     def __init__(
         self, thresholds: HealthThresholds, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._thresholds = thresholds
         self._clock = clock
         self._seen: dict[tuple[int, int], deque[float]] = {}  # (gpu, xid) -> arrival times
         self._last: dict[tuple[int, int], XidOutcome] = {}  # (gpu, xid) -> latest judgement
+        self._base: dict[int, tuple[Finding, ...]] = {}  # per GPU, before XIDs
+        self._uuids: dict[int, str | None] = {}
+        self._unknown_recovery: set[tuple[int, int]] = set()
+        self._reports: list[Report] = []  # unknown values found while judging GPUs
+        self.unknown: Counter[str] = Counter()  # inputs the catalog cannot read, by kind
+        self.thresholds = thresholds
 
     @property
     def thresholds(self) -> HealthThresholds:
@@ -235,38 +125,136 @@ class HealthEvaluator:
 
     @thresholds.setter
     def thresholds(self, thresholds: HealthThresholds) -> None:
-        """A config reload: the XID memory stays, the new limits apply from the next sweep."""
+        """A config reload: holds and XID memory stay, the new limits apply from the next sweep;
+        rates restart when their window changes."""
+        old = getattr(self, "_thresholds", None)
         self._thresholds = thresholds
+        self._holds = getattr(self, "_holds", None) or Holds()
+        self._holds.overrides = dict(thresholds.hold_s)
+        if old is None or old.rate_window_s != thresholds.rate_window_s:
+            self._rates = CounterRates(thresholds.rate_window_s)
+        self._outliers = PeerOutliers(thresholds.outlier_z, thresholds.outlier_polls)
 
-    def evaluate(self, readings: Sequence[GpuReading], xids: Sequence[XidEvent]) -> NodeHealth:
+    def evaluate(
+        self,
+        readings: Sequence[GpuReading],
+        xids: Sequence[XidEvent],
+        node: NodeSignals | None = None,
+    ) -> NodeHealth:
         now = self._clock()
+        self._base = self._judge_gpus(readings, now)
+        self._uuids.update({r.index: r.uuid for r in readings})
+        return self._compose(node or NodeSignals(), xids, now)
+
+    def recompose(self, node: NodeSignals, xids: Sequence[XidEvent] = ()) -> NodeHealth:
+        """The node's health from the last GPU judgement, new XIDs and new node signals: for
+        when NVML is stuck and no sweep can finish, yet the node's verdict must move."""
+        return self._compose(node, xids, self._clock())
+
+    def _compose(self, node: NodeSignals, xids: Sequence[XidEvent], now: float) -> NodeHealth:
         self._expire(now)
         outcomes = tuple(self._record(event, now) for event in xids)
-        uuids = {o.gpu: o.uuid for o in self._last.values()}
-        uuids.update({r.index: r.uuid for r in readings})
-        by_gpu = {r.index: judge(r, self._thresholds) for r in readings}
+        self._uuids.update({o.gpu: o.uuid for o in outcomes if o.uuid is not None})
+        by_gpu = dict(self._base)
         for (gpu, _), outcome in sorted(self._last.items()):
             finding = self._xid_finding(outcome)
             if finding is not None:
                 by_gpu[gpu] = (*by_gpu.get(gpu, ()), finding)
         gpus = tuple(
-            GpuHealth(gpu, uuids.get(gpu), worst_verdict(fs), strongest_action(fs), fs)
+            GpuHealth(gpu, self._uuids.get(gpu), worst_verdict(fs), strongest_action(fs), fs)
             for gpu, fs in sorted(by_gpu.items())
         )
-        findings = tuple(
-            f.model_copy(update={"detail": f"gpu {g.gpu}: {f.detail}"})
-            for g in gpus
-            for f in g.findings
+        reports = (*node.reports, *self._reports)
+        self._reports = []
+        signals = NodeSignals(node.stall, node.expected_gpus, node.visible_gpus, reports)
+        node_findings = tuple(
+            f for rule in NODE_RULES if (f := self._node_step(rule, signals, now)) is not None
+        )
+        findings = (
+            *(
+                f.model_copy(update={"detail": f"gpu {g.gpu}: {f.detail}"})
+                for g in gpus
+                for f in g.findings
+            ),
+            *node_findings,
         )
         return NodeHealth(
-            worst_verdict(findings), strongest_action(findings), gpus, findings, outcomes
+            worst_verdict(findings), strongest_action(findings), gpus, findings, outcomes,
+            node_findings,
+        )  # fmt: skip
+
+    def _node_step(self, rule: NodeRule, s: NodeSignals, now: float) -> Finding | None:
+        info, detail = rule.info, rule.raised(s)
+        raised = (
+            None
+            if detail is None
+            else Finding(rule=info.name, verdict=info.verdict, action=info.action, detail=detail)
         )
+        return self._holds.step("node", info, raised, rule.clears(s), now)
+
+    # ---- GPUs -------------------------------------------------------------------------------
+
+    def _judge_gpus(
+        self, readings: Sequence[GpuReading], now: float
+    ) -> dict[int, tuple[Finding, ...]]:
+        views = [self._view(r, now) for r in readings]
+        errors = {
+            v.r.index: sum(x for x in (v.sbe_rate, v.pcie_rate, v.nvlink_rate) if x is not None)
+            for v in views
+            if not v.r.lost
+        }
+        peers = self._outliers.update(readings, errors)
+        out: dict[int, tuple[Finding, ...]] = {}
+        for view in views:
+            why, quiet = peers.get(view.r.index, (None, True))
+            view = GpuView(view.r, view.t, view.pcie_rate, view.nvlink_rate, view.sbe_rate, why,
+                           quiet)  # fmt: skip
+            out[view.r.index] = tuple(
+                f for rule in RULES if (f := self._gpu_step(rule, view, now)) is not None
+            )
+            self._note_unknown_recovery(view.r)
+        return out
+
+    def _view(self, r: GpuReading, now: float) -> GpuView:
+        rates, gpu = self._rates, r.index
+        nvlink = None
+        if r.nvlink_crc_errors is not None or r.nvlink_replay_errors is not None:
+            nvlink = (r.nvlink_crc_errors or 0) + (r.nvlink_replay_errors or 0)
+        return GpuView(
+            r,
+            self._thresholds,
+            pcie_rate=rates.update(gpu, "pcie", r.pcie_replay_count, now),
+            nvlink_rate=rates.update(gpu, "nvlink", nvlink, now),
+            sbe_rate=rates.update(gpu, "sbe", r.ecc_sbe_volatile, now),
+        )
+
+    def _gpu_step(self, rule: GpuRule, view: GpuView, now: float) -> Finding | None:
+        raised = _finding(rule, view) if rule.raises(view) else None
+        return self._holds.step(view.r.index, rule.info, raised, rule.cleared(view), now)
+
+    def _note_unknown_recovery(self, r: GpuReading) -> None:
+        value = r.recovery_action
+        if value is None or value in RECOVERY_ACTIONS:
+            return
+        if (r.index, value) not in self._unknown_recovery:  # counted once per GPU and value
+            self._unknown_recovery.add((r.index, value))
+            self.unknown["recovery_action"] += 1
+        self._reports.append(
+            Report("unknown_signal", f"gpu {r.index}: unknown recovery action value {value}")
+        )
+
+    # ---- XIDs -------------------------------------------------------------------------------
 
     def _record(self, event: XidEvent, now: float) -> XidOutcome:
         key = (event.gpu, event.xid)
         seen = self._seen.setdefault(key, deque())
         seen.append(now)
         info = describe(event.xid)
+        if not is_known_xid(event.xid):
+            self.unknown["xid"] += 1
+            self._reports.append(
+                Report("unknown_signal", f"gpu {event.gpu}: Xid {event.xid} is not in the catalog")
+            )
         escalate = info.escalates and len(seen) >= self._thresholds.xid_escalate_after
         outcome = XidOutcome(
             gpu=event.gpu,

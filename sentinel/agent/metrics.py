@@ -96,6 +96,22 @@ SENTINEL_GPU_SERIES = (
         "sentinel_gpu_tensor_active_ratio", "Tensor-pipe activity (GPM).", _attr("tensor_active")
     ),
     Series("sentinel_gpu_lost", "GPU fell off the bus (1/0).", _attr("lost")),
+    Series(
+        "sentinel_gpu_recovery_action",
+        "Recovery action the driver requests (nvmlDeviceGpuRecoveryAction_t: 0 none, "
+        "1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...).",
+        _attr("recovery_action"),
+    ),
+    Series(
+        "sentinel_gpu_reset_required",
+        "The GPU needs a reset before it can be trusted again (1/0).",
+        _attr("reset_required"),
+    ),
+    Series(
+        "sentinel_gpu_nvlink_links_down",
+        "NVLink links active at agent start that are down now.",
+        lambda r: None if r.nvlink_links_down is None else len(r.nvlink_links_down),
+    ),
 )
 
 # (family, label value, field) — one family with a label rather than one series each.
@@ -275,6 +291,7 @@ class AgentCollector(Collector):
             yield from self._health_families(snap)
             yield from self._host_families(snap)
         yield from self._xid_families()
+        yield from self._input_families()
         if self.extra is not None:
             yield from self.extra()
 
@@ -408,7 +425,37 @@ class AgentCollector(Collector):
             node_verdict.add_metric([self.node_id, v.value], int(snap.health.verdict == v))
         for a in Action:
             node_action.add_metric([self.node_id, a.value], int(snap.health.action == a))
-        yield from (gpu_verdict, gpu_action, findings, node_verdict, node_action)
+        node_findings = GaugeMetricFamily(
+            "sentinel_node_health_finding",
+            "1 for each node-level health rule currently firing (NVML, GPU count, kernel log).",
+            labels=["node", "rule", "verdict"],
+        )
+        for f in snap.health.node_findings:
+            node_findings.add_metric([self.node_id, f.rule, f.verdict.value], 1)
+        yield from (gpu_verdict, gpu_action, findings, node_verdict, node_action, node_findings)
+        yield from self._node_families(snap)
+
+    def _node_families(self, snap: Snapshot) -> Iterator[Metric]:
+        node = [self.node_id]
+        expected = self.monitor.expected_gpus
+        if expected is not None:
+            yield _gauge("sentinel_node_gpus_expected", "GPUs this node should have.",
+                         ["node"], [(node, expected)])  # fmt: skip
+        yield _gauge("sentinel_node_gpus_visible", "GPUs NVML lists.", ["node"],
+                     [(node, len(snap.readings))])  # fmt: skip
+        yield _gauge(
+            "sentinel_agent_last_sweep_timestamp_seconds",
+            "When the last full sweep of every GPU finished (stops moving while NVML hangs).",
+            ["node"],
+            [(node, self.monitor.last_sweep_ts)],
+        )
+        stall = snap.stall
+        yield _gauge(
+            "sentinel_agent_nvml_call_stalled_seconds",
+            "How long the NVML call named by `call` has been running past its deadline.",
+            ["node", "call"],
+            [([self.node_id, stall.call], stall.elapsed_s)] if stall is not None else [],
+        )
 
     def _host_families(self, snap: Snapshot) -> Iterator[Metric]:
         h = snap.host
@@ -450,6 +497,34 @@ class AgentCollector(Collector):
         yield rx
         yield tx
 
+    def _input_families(self) -> Iterator[Metric]:
+        unknown = CounterMetricFamily(
+            "sentinel_agent_unknown_inputs",
+            "Inputs the fault catalog cannot read (unknown XIDs and recovery actions, garbage "
+            "kernel-log lines), by kind; each also raises unknown_signal.",
+            labels=["node", "kind"],
+        )
+        counts = dict(self.monitor.evaluator.unknown)
+        log = self.monitor.kernel_log
+        if log is not None:
+            counts.update({f"kmsg: {why}": n for why, n in log.garbage.items()})
+        for kind in ("xid", "recovery_action"):
+            counts.setdefault(kind, 0)
+        for kind, n in sorted(counts.items()):
+            unknown.add_metric([self.node_id, kind], n)
+        yield unknown
+        xids = CounterMetricFamily(
+            "sentinel_agent_xid_reports",
+            "XID reports admitted by source; one seen by both NVML and the kernel log counts once.",
+            labels=["node", "source"],
+        )
+        for source in ("nvml", "kmsg"):
+            xids.add_metric([self.node_id, source], self.monitor.xids.sources[source])
+        yield xids
+        if log is not None:
+            yield _counter("sentinel_agent_kernel_log_records", "Kernel-log records read.",
+                           ["node"], [([self.node_id], log.records)])  # fmt: skip
+
     def _xid_families(self) -> Iterator[Metric]:
         fam = CounterMetricFamily(
             "sentinel_gpu_xid_errors",
@@ -465,6 +540,15 @@ def _gauge(
     name: str, help_: str, labels: list[str], rows: list[tuple[list[str], float]]
 ) -> GaugeMetricFamily:
     fam = GaugeMetricFamily(name, help_, labels=labels)
+    for label_values, value in rows:
+        fam.add_metric(label_values, float(value))
+    return fam
+
+
+def _counter(
+    name: str, help_: str, labels: list[str], rows: list[tuple[list[str], float]]
+) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, help_, labels=labels)
     for label_values, value in rows:
         fam.add_metric(label_values, float(value))
     return fam

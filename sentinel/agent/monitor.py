@@ -1,19 +1,26 @@
 """One collection pass: sweep the GPUs and the host, judge health, and say what changed.
 
 Pure of I/O beyond the backends it is given, so tests drive it pass by pass with no server.
+Two threads touch it: the sweep thread runs `collect`, the event loop runs `check_stall` and
+`poll_kernel` (the kernel log and a wedged NVML must move the verdict while no sweep can
+finish). A lock orders their judgements; NVML itself is called outside it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sentinel.agent.deadline import Stall
 from sentinel.agent.health import GpuHealth, HealthEvaluator, NodeHealth
 from sentinel.agent.host import HostSource, HostStats
-from sentinel.agent.readings import GpuBackend, GpuReading
+from sentinel.agent.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
+from sentinel.agent.node_rules import NodeSignals, Report
+from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.protocol import (
     Event,
     EventKind,
@@ -35,6 +42,7 @@ class Snapshot:
     health: NodeHealth
     host: HostStats | None
     sweep_s: float
+    stall: Stall | None = None  # an NVML call past its deadline, as of this snapshot
 
 
 @dataclass
@@ -43,6 +51,7 @@ class XidTally:
 
     counts: Counter[tuple[int, int]] = field(default_factory=Counter)  # (gpu, xid) -> n
     last: dict[int, int] = field(default_factory=dict)  # gpu -> last xid
+    sources: Counter[str] = field(default_factory=Counter)  # "nvml" / "kmsg" -> XIDs admitted
 
 
 class NodeMonitor:
@@ -53,28 +62,120 @@ class NodeMonitor:
         host: HostSource | None,
         evaluator: HealthEvaluator,
         clock: Callable[[], float] = time.time,
+        *,
+        expected_gpus: int | None = None,
+        kernel_log: KernelLog | None = None,
     ) -> None:
         self.source = Source(node=node_id)
         self.backend = backend
         self.host = host
         self.evaluator = evaluator
         self.clock = clock
+        self.expected_gpus = expected_gpus
+        self.kernel_log = kernel_log
         self.xids = XidTally()
+        self.pairing = XidPairing()
         self.snapshot: Snapshot | None = None
+        self.last_sweep_ts = 0.0  # wall clock of the last full sweep
         self._gpu_verdicts: dict[int, tuple[Verdict, str]] = {}
         self._node_verdict: tuple[Verdict, str] | None = None
+        self._lock = threading.Lock()
+        self._stall: Stall | None = None
+        self._reports: list[Report] = []  # kernel-log findings not yet judged
+        self._kernel_xids: list[XidEvent] = []
+
+    # ---- the sweep (sweep thread) -------------------------------------------------------------
 
     def collect(self) -> tuple[Snapshot, list[Event]]:
         start = time.perf_counter()
         readings = tuple(self.backend.sweep())
-        xids = self.backend.drain_xids()
+        nvml_xids = self.backend.drain_xids()
         host = self.host.read() if self.host is not None else None
-        health = self.evaluator.evaluate(readings, xids)
-        sweep_s = time.perf_counter() - start
-        snapshot = Snapshot(self.clock(), readings, health, host, sweep_s)
-        events = self._xid_events(health) + self._verdict_events(health)
+        with self._lock:
+            self._stall = None  # every call of a full sweep returned: NVML answers
+            now = self.clock()
+            xids = [
+                x for x in nvml_xids if x.gpu >= 0 and self.pairing.admit("nvml", x.gpu, x.xid, now)
+            ]
+            self._reports += [
+                Report("unknown_signal", f"Xid {x.xid} from a device NVML did not name")
+                for x in nvml_xids
+                if x.gpu < 0
+            ]
+            self.xids.sources["nvml"] += len(xids)
+            xids += self._kernel_xids
+            self._kernel_xids = []
+            health = self.evaluator.evaluate(readings, xids, self._signals(len(readings)))
+            snapshot = Snapshot(now, readings, health, host, time.perf_counter() - start)
+            self.last_sweep_ts = now
+            return snapshot, self._publish(snapshot)
+
+    # ---- between sweeps (event loop) ----------------------------------------------------------
+
+    def check_stall(self, stall: Stall | None) -> list[Event]:
+        """A call past its deadline turns the node unhealthy now, naming the call."""
+        with self._lock:
+            if stall is None or self.snapshot is None:
+                return []
+            self._stall = stall
+            return self._recompose()
+
+    def poll_kernel(self) -> list[Event]:
+        """Read the kernel log; its host findings move the verdict at once, its XIDs join the
+        next sweep (or judge now when NVML is stuck)."""
+        if self.kernel_log is None:
+            return []
+        kernel_xids, reports = self.kernel_log.poll()
+        with self._lock:
+            self._reports += reports
+            self._kernel_xids += self._admit_kernel_xids(kernel_xids)
+            if self.snapshot is None or not (reports or self._stall):
+                return []
+            return self._recompose()
+
+    def _admit_kernel_xids(self, found: list[KernelXid]) -> list[XidEvent]:
+        by_bus = {
+            normal_bus_id(r.pci_bus_id): r for r in self._readings() if r.pci_bus_id is not None
+        }
+        now, admitted = self.clock(), []
+        for k in found:
+            reading = by_bus.get(k.pci_bus_id)
+            if reading is None:  # a GPU NVML does not list (see gpu_missing)
+                self._reports.append(
+                    Report("unknown_signal", f"Xid {k.xid} on PCI {k.pci_bus_id}, not an NVML GPU")
+                )
+                continue
+            if self.pairing.admit("kmsg", reading.index, k.xid, now):
+                self.xids.sources["kmsg"] += 1
+                admitted.append(XidEvent(reading.index, k.xid, reading.uuid, now))
+        return admitted
+
+    def _readings(self) -> tuple[GpuReading, ...]:
+        return self.snapshot.readings if self.snapshot is not None else ()
+
+    def _recompose(self) -> list[Event]:
+        assert self.snapshot is not None
+        xids, self._kernel_xids = self._kernel_xids, []
+        health = self.evaluator.recompose(self._signals(len(self.snapshot.readings)), xids)
+        snap = self.snapshot
+        snapshot = Snapshot(self.clock(), snap.readings, health, snap.host, snap.sweep_s)
+        return self._publish(snapshot)
+
+    def _signals(self, visible: int) -> NodeSignals:
+        reports, self._reports = tuple(self._reports), []
+        return NodeSignals(self._stall, self.expected_gpus, visible, reports)
+
+    def _publish(self, snapshot: Snapshot) -> list[Event]:
+        if self._stall is not None:
+            snapshot = Snapshot(
+                snapshot.ts, snapshot.readings, snapshot.health, snapshot.host,
+                snapshot.sweep_s, self._stall,
+            )  # fmt: skip
+        events = self._xid_events(snapshot.health) + self._verdict_events(snapshot.health)
         self.snapshot = snapshot
-        return snapshot, events
+        return events
+
+    # ---- events ------------------------------------------------------------------------------
 
     def _xid_events(self, health: NodeHealth) -> list[Event]:
         events = []
@@ -108,7 +209,11 @@ class NodeMonitor:
             log.info(
                 "node verdict %s",
                 health.verdict.value,
-                extra={"previous": previous, "action": health.action.value},
+                extra={
+                    "previous": previous,
+                    "action": health.action.value,
+                    "reasons": "; ".join(f.detail for f in health.node_findings),
+                },
             )
             payload = NodeVerdictPayload(
                 verdict=health.verdict,

@@ -6,6 +6,10 @@ sweep for what it lacks. A GPU that has fallen off the bus reads as `lost=True`;
 `read()` raises for one GPU's trouble. XIDs come from an NVML event set polled with a zero
 timeout, so collection never blocks on them.
 
+Every pynvml function goes through `deadline.TracedLibrary`, so the agent can see a call that
+has not returned and name it (a driver wedged under an error storm), without touching the call.
+The driver's requested recovery action and the NVLink link states ride in the field-value batch.
+
 Cost matters (the target is a full 8-GPU sweep in a few milliseconds): handles, identity, the
 active NVLink links and GPM sample buffers are set up once in `__init__`; NVLink counters for
 all links come from one `nvmlDeviceGetFieldValues` call per GPU where the driver supports the
@@ -22,14 +26,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import pynvml as nvml
+import pynvml
 
+from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary
 from sentinel.agent.nvml_fields import FieldBatch
 from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# One NVML per process, so one watch: what call is in flight, read by the agent's event loop.
+WATCH = CallWatch()
+nvml: Any = TracedLibrary(pynvml, WATCH)
 
 # Answers that mean "this GPU or driver cannot give this field": stop asking for it.
 UNSUPPORTED_CODES = frozenset(
@@ -41,6 +50,7 @@ UNSUPPORTED_CODES = frozenset(
     }
 )
 GPU_IS_LOST = nvml.NVML_ERROR_GPU_IS_LOST
+RESET_REQUIRED = nvml.NVML_ERROR_RESET_REQUIRED
 
 _NVLINK_DL_FIELDS = (  # (reading field, NVML field id), per link through scopeId
     ("nvlink_replay_errors", nvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY),
@@ -54,6 +64,17 @@ _NVLINK_COUNTERS = (  # the fallback: per-link error counters; CRC is flit + dat
 )
 _NVLINK_KEYS = tuple(key for key, _ in _NVLINK_DL_FIELDS)
 _MEM_TEMP = "temp_mem_c"
+_LINK_STATE = "nvlink_state"
+# Sleeping (low power) links are up; inactive ones and links with traffic disabled are not.
+_LINK_DOWN_STATES = (
+    nvml.NVML_NVLINK_STATE_INACTIVE,
+    nvml.NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED,
+)
+# Per-GPU values in the batch; one the driver lacks is dropped from it for good.
+_SCALAR_FIELDS = (
+    (_MEM_TEMP, nvml.NVML_FI_DEV_MEMORY_TEMP),
+    ("recovery_action", nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
+)
 _MAX_XIDS_PER_DRAIN = 1024
 
 
@@ -90,6 +111,7 @@ class _Gpu:
     nvlink_by_fields: bool = True  # False: the driver lacks the DL fields, use per-link calls
     fields: FieldBatch | None = None  # memory temperature + NVLink DL counters, one call
     field_keys: list[str] = field(default_factory=list)  # the reading field of each request
+    reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
     gpm: _Gpm | None = None
 
 
@@ -135,6 +157,9 @@ class NvmlBackend(GpuBackend):
             except _GpuLost:
                 self._lost_reading(gpu)
         self._events = self._create_event_set()
+        self._pending_xids: list[XidEvent] = []  # seen between sweeps, for the next drain
+        self._urgent_seen: dict[int, tuple[int, bool]] = {}  # (volatile DBE, hot) per GPU
+        self.watch = WATCH
         log.info("NVML ready", extra={"gpus": count, "driver": self._driver_version()})
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -144,6 +169,9 @@ class NvmlBackend(GpuBackend):
 
     def field_errors(self) -> Mapping[str, int]:
         return self.errors
+
+    def stalled(self, deadline_s: float) -> Stall | None:
+        return self.watch.stalled(deadline_s)
 
     def unsupported(self, index: int) -> frozenset[str]:
         """The fields this GPU or its driver cannot give, found so far; never asked again."""
@@ -243,6 +271,8 @@ class NvmlBackend(GpuBackend):
     def _note_failure(self, gpu: _Gpu, key: str, code: int) -> None:
         if code == GPU_IS_LOST:
             raise _GpuLost
+        if code == RESET_REQUIRED:  # the driver refuses until the GPU is reset: a finding
+            gpu.reset_required = True
         unsupported = code in UNSUPPORTED_CODES
         if unsupported:
             gpu.skip.add(key)
@@ -262,6 +292,8 @@ class NvmlBackend(GpuBackend):
     def read(self, index: int) -> GpuReading:
         gpu = self._gpus[index]
         out: dict[str, Any] = {}
+        self.watch.gpu = index
+        gpu.reset_required = False
         try:
             if gpu.handle is None and not self._attach(gpu):
                 return GpuReading(index=index)
@@ -275,6 +307,9 @@ class NvmlBackend(GpuBackend):
             )
         except _GpuLost:
             return self._lost_reading(gpu)
+        finally:
+            self.watch.gpu = None
+        self._judge_reset(gpu, out)
         if gpu.lost:
             gpu.lost = False
             log.warning("gpu %d answers again after being lost", index, extra={"uuid": gpu.uuid})
@@ -283,6 +318,18 @@ class NvmlBackend(GpuBackend):
         return GpuReading(
             index=index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, **out
         )
+
+    def _judge_reset(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        """Reset required: a call said so this sweep, or the driver's recovery action asks for
+        a reset; unknown (None) when neither source answered."""
+        action = out.get("recovery_action")
+        if gpu.reset_required:
+            out["reset_required"] = True
+        elif action is not None:
+            out["reset_required"] = action in (
+                nvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+                nvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+            )
 
     def _lost_reading(self, gpu: _Gpu) -> GpuReading:
         if gpu.gpm is not None:  # a sample from before the loss means nothing after it
@@ -377,40 +424,71 @@ class NvmlBackend(GpuBackend):
         """
         requests: list[tuple[int, int]] = []
         gpu.field_keys = []
-        if _MEM_TEMP not in gpu.skip:
-            requests.append((nvml.NVML_FI_DEV_MEMORY_TEMP, 0))
-            gpu.field_keys.append(_MEM_TEMP)
+        for key, field_id in _SCALAR_FIELDS:
+            if key not in gpu.skip:
+                requests.append((field_id, 0))
+                gpu.field_keys.append(key)
         if gpu.nvlink_by_fields:
             for link in gpu.links:
-                for key, field_id in _NVLINK_DL_FIELDS:
+                for key, field_id in (
+                    *_NVLINK_DL_FIELDS,
+                    (_LINK_STATE, nvml.NVML_FI_DEV_NVLINK_GET_STATE),
+                ):
                     requests.append((field_id, link))
                     gpu.field_keys.append(key)
         gpu.fields = FieldBatch(requests) if requests else None
 
+    def _read_batch(self, gpu: _Gpu, batch: FieldBatch) -> list[tuple[int, int | float]]:
+        self.watch.begin("nvmlDeviceGetFieldValues")  # called past pynvml: see nvml_fields
+        try:
+            return batch.read(gpu.handle)
+        except pynvml.NVMLError as exc:  # the whole call: every field in it is missing
+            return [(exc.value, 0)] * len(gpu.field_keys)
+        finally:
+            self.watch.end()
+
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         if gpu.fields is not None:
-            try:
-                results = gpu.fields.read(gpu.handle)
-            except nvml.NVMLError as exc:  # the whole call: every field in it is missing
-                results = [(exc.value, 0)] * len(gpu.field_keys)
+            results = self._read_batch(gpu, gpu.fields)
             totals = dict.fromkeys(_NVLINK_KEYS, 0)
+            down: list[int] = []
             nvlink_code = nvml.NVML_SUCCESS
+            links = iter(gpu.links)
             for key, (code, value) in zip(gpu.field_keys, results, strict=True):
-                if key == _MEM_TEMP:
+                if key == _MEM_TEMP or key == "recovery_action":
                     if code:
                         self._note_failure(gpu, key, code)
                     else:
-                        out[key] = float(value)
+                        out[key] = float(value) if key == _MEM_TEMP else int(value)
+                elif key == _LINK_STATE:
+                    link = next(links)
+                    if not code and value in _LINK_DOWN_STATES:
+                        down.append(link)
+                    nvlink_code = nvlink_code or code
                 elif code:
                     nvlink_code = nvlink_code or code
                 else:
                     totals[key] += int(value)
             if gpu.nvlink_by_fields and gpu.links:
                 self._nvlink_fields_done(gpu, nvlink_code, totals, out)
-            if _MEM_TEMP in gpu.skip and _MEM_TEMP in gpu.field_keys:
+                if nvlink_code == nvml.NVML_SUCCESS:
+                    out["nvlink_links_down"] = tuple(down)
+            if any(k in gpu.skip for k, _ in _SCALAR_FIELDS if k in gpu.field_keys):
                 self._build_fields(gpu)
         if gpu.links and not gpu.nvlink_by_fields:
             self._read_link_counters(gpu, out)
+            out["nvlink_links_down"] = self._links_down(gpu)
+
+    def _links_down(self, gpu: _Gpu) -> tuple[int, ...] | None:
+        """Per-link state calls, for drivers without the state field (older than R530)."""
+        down = []
+        for link in gpu.links:
+            state = self._call(gpu, _LINK_STATE, nvml.nvmlDeviceGetNvLinkState, gpu.handle, link)
+            if state is None:
+                return None
+            if state != nvml.NVML_NVLINK_STATE_ACTIVE:
+                down.append(link)
+        return tuple(down)
 
     def _nvlink_fields_done(
         self, gpu: _Gpu, code: int, totals: dict[str, int], out: dict[str, Any]
@@ -487,7 +565,34 @@ class NvmlBackend(GpuBackend):
                 log.warning("gpu %d: XID events unavailable (%s)", gpu.index, exc)
         return events
 
+    def urgent(self, critical_c: float) -> str | None:
+        """XID events (kept for the next `drain_xids`), the volatile double-bit ECC count and
+        the temperature: one event wait and two reads per GPU, through the deadline watch."""
+        self._pending_xids += self._wait_xids()
+        if self._pending_xids:
+            x = self._pending_xids[-1]
+            return f"xid {x.xid} on gpu {x.gpu}"
+        dbe, vol = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+        found = None
+        for gpu in self._gpus:
+            if gpu.handle is None:
+                continue
+            count = self._call(gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors,
+                               gpu.handle, dbe, vol)  # fmt: skip
+            temp = self._call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, gpu.handle,
+                              nvml.NVML_TEMPERATURE_GPU)  # fmt: skip
+            hot = temp is not None and temp >= critical_c
+            seen = self._urgent_seen.get(gpu.index, (count or 0, hot))
+            self._urgent_seen[gpu.index] = (count or 0, hot)
+            if found is None and ((count or 0) > seen[0] or (hot and not seen[1])):
+                found = f"gpu {gpu.index}: dbe {count}, {temp} C"
+        return found
+
     def drain_xids(self) -> list[XidEvent]:
+        found, self._pending_xids = self._pending_xids + self._wait_xids(), []
+        return found
+
+    def _wait_xids(self) -> list[XidEvent]:
         if self._events is None:
             return []
         by_address: dict[int | None, _Gpu] = {

@@ -1,8 +1,10 @@
 """The local Unix socket training ranks write JSON-line protocol events to.
 
-The agent relays what it receives like its own events and re-exports rank metrics. A line that
-is not a valid event for this node is counted and dropped, never fatal, and never closes the
-connection: a rank's bug must not cost the node its monitoring.
+The agent relays what it receives like its own events and re-exports rank metrics. A rank may
+also register which GPU it owns (`rank_registry`); the registration lasts while its connection
+is open. A line that is not a valid event or registration for this node is counted and
+dropped, never fatal, and never closes the connection: a rank's bug must not cost the node its
+monitoring.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from sentinel.agent.rank_registry import RankRegistry, is_registration, parse_registration
 from sentinel.protocol import Event, ProtocolError, decode_batch, decode_event
 
 log = logging.getLogger("sentinel.agent.ranks")
@@ -28,6 +31,7 @@ class RankSocketServer:
         self.on_event = on_event
         self.received = 0
         self.garbage = 0
+        self.registry = RankRegistry()
         self._server: asyncio.AbstractServer | None = None
         self._logged_reasons: set[str] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -49,11 +53,18 @@ class RankSocketServer:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    def handle_line(self, line: bytes) -> list[Event]:
+    def handle_line(self, line: bytes, conn: object = None) -> list[Event]:
         """Validate one line — an event or a batch of them — and relay it if every event comes
-        from a rank on this node. A line is accepted or dropped whole."""
+        from a rank on this node; or record a registration for the connection `conn`. A line
+        is accepted or dropped whole."""
         line = line.strip()
         if not line:
+            return []
+        if is_registration(line):
+            try:
+                self.registry.register(conn, parse_registration(line))
+            except ProtocolError as e:
+                self._drop(f"registration refused: {e}")
             return []
         try:
             events = decode_batch(line).events if b'"events"' in line else [decode_event(line)]
@@ -100,9 +111,10 @@ class RankSocketServer:
                     continue
                 if not line:
                     break
-                self.handle_line(line)
+                self.handle_line(line, writer)
         except (ConnectionResetError, BrokenPipeError):
             pass
         finally:
+            self.registry.release(writer)  # the rank is gone: so is its claim on a GPU
             self._writers.discard(writer)
             writer.close()

@@ -9,6 +9,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sentinel.agent.deadline import Stall
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,9 @@ class GpuReading:
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
     tensor_active: float | None = None  # GPM tensor-pipe activity, 0..1 (Hopper and later)
+    nvlink_links_down: tuple[int, ...] | None = None  # links active at start, inactive now
+    recovery_action: int | None = None  # nvmlDeviceGpuRecoveryAction_t the driver requests
+    reset_required: bool | None = None  # a call answered RESET_REQUIRED, or the action says so
 
     processes: tuple[GpuProcess, ...] = ()
 
@@ -95,8 +102,19 @@ class GpuBackend(abc.ABC):
         """Reads that failed (not unsupported: those are absent fields), by field, since start."""
         return {}
 
+    def stalled(self, deadline_s: float) -> Stall | None:
+        """The backend call in flight for longer than `deadline_s`, if any (see deadline.py)."""
+        return None
+
     def sweep(self) -> list[GpuReading]:
         return [self.read(i) for i in range(self.gpu_count())]
+
+    def urgent(self, critical_c: float) -> str | None:
+        """Between sweeps, a few cheap reads of the signals that cannot wait for the next one:
+        an XID event pending (kept for `drain_xids`), a new double-bit ECC error, a GPU at or
+        past `critical_c`. What was found (for the log), or None. Backends without a cheap way
+        to tell answer None and are judged at their sweeps."""
+        return None
 
     def close(self) -> None:  # noqa: B027  (optional hook; most backends hold nothing)
         """Release the library or files the backend holds."""

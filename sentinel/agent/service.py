@@ -1,8 +1,12 @@
 """The agent daemon: wires collection, health, /metrics, rank socket and delivery together.
 
 Lifecycle is explicit: `start()` brings every part up, `stop()` takes them down in reverse.
-Collection runs in one dedicated thread so that a slow NVML call (a GPU falling off the bus can
-stall the driver for seconds) never stalls /metrics or the rank socket.
+Collection runs in one dedicated daemon thread so that a slow NVML call (a GPU falling off the
+bus can stall the driver for seconds, an error storm for minutes) never stalls /metrics or the
+rank socket. The event loop watches that thread: a call past `nvml_call_deadline_s` makes the
+node unhealthy (`nvml_unresponsive`, naming the call) while the agent itself stays healthy and
+keeps pinging systemd's watchdog: the driver is broken, not the agent, and a restart would not
+help. When the call returns, the next full sweep clears the finding.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import logging
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -22,10 +25,13 @@ from prometheus_client.core import Metric
 
 from sentinel import __version__
 from sentinel.agent.commands import CommandRelay
+from sentinel.agent.deadline import SweepThread
 from sentinel.agent.delivery import Deliverer
+from sentinel.agent.expected import expected_gpus
 from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
 from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.host import HostSource
+from sentinel.agent.kmsg import KernelLog, watched_devices
 from sentinel.agent.metrics import AgentCollector
 from sentinel.agent.monitor import NodeMonitor
 from sentinel.agent.pipeline_metrics import (
@@ -39,7 +45,7 @@ from sentinel.agent.readings import GpuBackend
 from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
 from sentinel.config import AgentConfig, ConfigError, load_config
-from sentinel.protocol import AgentHeartbeatPayload, Event, EventKind, make_event
+from sentinel.protocol import AgentHeartbeatPayload, Event, EventKind, Verdict, make_event
 
 log = logging.getLogger("sentinel.agent")
 
@@ -73,6 +79,15 @@ class AgentMetrics:
         self.build.labels(__version__).set(1)
 
 
+def kernel_log_of(cfg: AgentConfig) -> KernelLog | None:
+    """The kernel log to watch: /dev/kmsg on a real node, nothing for simulated GPUs."""
+    if cfg.kmsg == "off" or (cfg.kmsg == "auto" and cfg.sim is not None):
+        return None
+    path = Path("/dev/kmsg") if cfg.kmsg == "auto" else Path(cfg.kmsg)
+    watched = watched_devices(cfg.mounts_file, [Path("/"), *cfg.checkpoint_dirs])
+    return KernelLog(path, watched)
+
+
 class Agent:
     def __init__(
         self,
@@ -91,7 +106,15 @@ class Agent:
         self.registry = registry or CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self.evaluator = HealthEvaluator(cfg.thresholds)
-        self.monitor = NodeMonitor(cfg.node_id, backend, host, self.evaluator)
+        self.kernel_log = kernel_log_of(cfg)
+        self.monitor = NodeMonitor(
+            cfg.node_id,
+            backend,
+            host,
+            self.evaluator,
+            expected_gpus=expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
+            kernel_log=self.kernel_log,
+        )
         self.ranks = RankMetrics()
         self.spool: Spool | None = None
         self.deliverer: Deliverer | None = None
@@ -109,7 +132,8 @@ class Agent:
                 self.relay = CommandRelay(cfg.coordinator_url, token, cfg.node_id, self.rank_server)
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collect")
+        self._sweeper = SweepThread()
+        self._urgent_sweeps: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
@@ -118,14 +142,18 @@ class Agent:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.collect_once()  # /metrics has data from the first scrape on
+        first = asyncio.ensure_future(self.collect_once())
+        # /metrics has data from the first scrape on, unless NVML wedges on the very first sweep
+        await asyncio.wait([first], timeout=self.cfg.nvml_call_deadline_s)
         await self._start_http()
         if self.rank_server is not None:
             await self.rank_server.start()
         self._tasks = [
-            asyncio.create_task(self._collect_loop(), name="collect"),
+            asyncio.create_task(self._collect_loop(first), name="collect"),
+            asyncio.create_task(self._watch_loop(), name="watch"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
         ]
+        self._watch_urgent(asyncio.get_running_loop())
         if self.deliverer is not None:
             self._tasks.append(asyncio.create_task(self.deliverer.run(), name="deliver"))
         if self.relay is not None:
@@ -142,19 +170,25 @@ class Agent:
 
     async def stop(self) -> None:
         self.notifier.stopping()
-        for task in self._tasks:
+        self._sweeper.when_idle(0.0, None)  # no more checks between sweeps
+        for task in [*self._tasks, *self._urgent_sweeps]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._urgent_sweeps]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.rank_server is not None:
             await self.rank_server.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        self._executor.shutdown(wait=True)
         if self.spool is not None:
             self.spool.close()  # events not yet delivered stay on disk for the next start
-        self.backend.close()
+        if self.kernel_log is not None:
+            self.kernel_log.close()
+        stall = self.backend.stalled(0.0)
+        if stall is None:
+            self.backend.close()
+        else:  # shutting NVML down under a call still inside it is asking for a crash
+            log.warning("leaving NVML as it is: %s", stall.describe())
         log.info("agent stopped")
 
     async def run_until_signalled(self) -> None:
@@ -191,9 +225,8 @@ class Agent:
     # --- work -----------------------------------------------------------------------------
 
     async def collect_once(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            snapshot, events = await loop.run_in_executor(self._executor, self.monitor.collect)
+            snapshot, events = await self._sweeper.submit(self.monitor.collect)
         except Exception:
             self.metrics.collection_errors.inc()
             log.exception("collection sweep failed")
@@ -216,7 +249,8 @@ class Agent:
         self.ranks.observe(event)
         self.emit([event])
 
-    async def _collect_loop(self) -> None:
+    async def _collect_loop(self, first: asyncio.Future[None]) -> None:
+        await first  # a first sweep wedged in NVML: no second one queued behind it
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
@@ -225,7 +259,43 @@ class Agent:
             next_at = max(next_at + self.cfg.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
             await self.collect_once()
+
+    def _watch_urgent(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Between sweeps, every `urgent_poll_s` of the sweep thread's idle time, a cheap look
+        at what cannot wait for the next sweep (an XID, a double-bit ECC error, a GPU past its
+        critical temperature); when one shows, a full sweep runs at once, so a hardware fault
+        is judged within a fraction of the interval instead of up to a whole one. It runs on
+        the sweep thread like every NVML call: a wedged driver stops it, never the event loop."""
+        critical = self.cfg.thresholds.gpu_temp_unhealthy_c
+
+        def check() -> None:
+            try:
+                found = self.backend.urgent(critical)
+            except Exception:
+                log.exception("urgent check failed")
+                return
+            if found is not None:
+                loop.call_soon_threadsafe(self._sweep_now, found)
+
+        self._sweeper.when_idle(self.cfg.urgent_poll_s, check)
+
+    def _sweep_now(self, found: str) -> None:
+        log.info("urgent signal: sweeping now", extra={"signal": found})
+        task = asyncio.create_task(self.collect_once(), name="urgent-sweep")
+        self._urgent_sweeps.add(task)
+        task.add_done_callback(self._urgent_sweeps.discard)
+
+    async def _watch_loop(self) -> None:
+        """Deadline on NVML calls, the kernel log, and the watchdog ping: none of it waits on
+        a sweep, so a wedged driver changes the verdict and does not get the agent restarted."""
+        tick = min(0.25, self.cfg.nvml_call_deadline_s / 4, self.cfg.interval_s)
+        while True:
+            stall = self.backend.stalled(self.cfg.nvml_call_deadline_s)
+            if stall is not None:
+                self.emit(self.monitor.check_stall(stall))
+            self.emit(self.monitor.poll_kernel())
             self.notifier.watchdog()
+            await asyncio.sleep(tick)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -244,6 +314,7 @@ class Agent:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         host, port = parse_listen(self.cfg.listen)
@@ -258,15 +329,38 @@ class Agent:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        """Liveness of the agent itself: fresh sweeps, or a stall it knows about and reports.
+        A wedged driver is the node's problem (see /readyz), not a reason to restart the agent."""
         snap = self.monitor.snapshot
         age = time.time() - snap.ts if snap else None
         fresh = age is not None and age < 5 * self.cfg.interval_s + 5
+        stall = self.backend.stalled(self.cfg.nvml_call_deadline_s)
+        ok = fresh or stall is not None
         body = {
-            "ok": fresh,
+            "ok": ok,
             "last_sweep_age_s": age,
             "verdict": snap.health.verdict.value if snap else None,
+            "nvml_unresponsive": stall.describe() if stall else None,
         }
-        return web.json_response(body, status=200 if fresh else 503)
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        """Whether this node can take work: 503 with the reasons while it is unhealthy."""
+        snap = self.monitor.snapshot
+        if snap is None:
+            return web.json_response({"ready": False, "reasons": ["no sweep yet"]}, status=503)
+        health = snap.health
+        ready = health.verdict is not Verdict.UNHEALTHY
+        body = {
+            "ready": ready,
+            "verdict": health.verdict.value,
+            "expected_gpus": self.monitor.expected_gpus,
+            "visible_gpus": len(snap.readings),
+            "reasons": [
+                f"{f.rule}: {f.detail}" for f in health.findings if f.verdict is not Verdict.HEALTHY
+            ],
+        }
+        return web.json_response(body, status=200 if ready else 503)
 
     def _extra_metrics(self) -> Iterator[Metric]:
         yield from self.ranks.collect(self.cfg.node_id)
@@ -275,3 +369,6 @@ class Agent:
             yield from delivery_families(self.spool, self.deliverer)
         if self.rank_server is not None:
             yield from rank_socket_families(self.rank_server)
+            snap = self.monitor.snapshot
+            readings = snap.readings if snap is not None else ()
+            yield from self.rank_server.registry.collect(self.cfg.node_id, readings)

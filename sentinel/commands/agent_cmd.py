@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spool-dir", type=Path, help="where undelivered events wait")
     p.add_argument("--rank-socket", type=Path, help="Unix socket for training ranks")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="collection interval")
+    p.add_argument(
+        "--expected-gpus", type=int, metavar="N", help="GPUs this node should have (default: PCI)"
+    )
+    p.add_argument(
+        "--kmsg", metavar="PATH|off|auto", help="kernel log to watch (agent.kmsg; default auto)"
+    )
     sim = p.add_argument_group("simulated GPUs (no NVML needed)")
     sim.add_argument("--sim", action="store_true", help="simulate GPUs instead of NVML")
     sim.add_argument("--gpus", type=int, default=None, help="number of simulated GPUs")
@@ -50,6 +56,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
         "spool_dir": args.spool_dir,
         "rank_socket": args.rank_socket,
         "interval_s": args.interval,
+        "expected_gpus": args.expected_gpus,
+        "kmsg": args.kmsg,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 

@@ -43,6 +43,8 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 def render(r: dict[str, Any]) -> str:
     lines = [f"verdict:        {r['verdict']}  ({r['ranks_analyzed']} dumps)"]
+    if r.get("evidence") == "missing_dump":
+        lines.append("evidence:       the missing dumps (no recorded collective names the culprit)")
     lines.append(f"culprit ranks:  {_ranks(r['culprit_ranks'])}")
     lines.append(f"waiting ranks:  {_ranks(r['waiting_ranks'])}")
     c = r.get("collective")

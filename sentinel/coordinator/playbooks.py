@@ -7,8 +7,8 @@ priority: 100                  # the highest-priority matching playbook classifi
 incident: {fault: gpu_hardware, scope: node}    # correlation: one incident per fault + node
 trigger:                       # any clause matching opens (or joins) the incident
   - kinds: [gpu.xid]
-    when:
-      - {field: payload.xid, op: in, value: [48, 79]}
+    when:                      # an XID whose catalog action is one of these
+      - {field: payload.xid, op: asks, value: [reset_gpu, reboot_node]}
     min_count: 1               # this many matching events from the same node ...
     window_s: 0                # ... within this window (0: within the event retention)
 steps:                         # run in order; each step's state is persisted
@@ -17,7 +17,10 @@ steps:                         # run in order; each step's state is persisted
 guards: {cooldown_s: 600, require_approval: false, dry_run: false}
 ```
 Condition fields are dotted paths into the event (`payload.xid`, `source.node`); `*` walks a list
-(`payload.findings.*.rule`) and the condition holds when any element satisfies it.
+(`payload.findings.*.rule`) and the condition holds when any element satisfies it. The `asks`
+op reads the fault catalog (`sentinel.faults.catalog`): it holds when the XID code or rule name
+at the field asks for one of the listed actions, so a playbook follows the catalog's meaning of
+a fault instead of repeating a list of codes.
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ from pydantic import (
 )
 
 from sentinel.coordinator.actions import ACTIONS
-from sentinel.protocol import Event, EventKind
+from sentinel.faults.catalog import asks
+from sentinel.protocol import Action, Event, EventKind
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "exists"]
+Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "exists", "asks"]
 
 
 class Condition(_Strict):
@@ -59,6 +63,10 @@ class Condition(_Strict):
             raise ValueError(f"op {self.op!r} needs a list value")
         if self.op in ("gt", "ge", "lt", "le") and not isinstance(self.value, int | float):
             raise ValueError(f"op {self.op!r} needs a number value")
+        if self.op == "asks":
+            known = {a.value for a in Action}
+            if not isinstance(self.value, list) or not set(self.value) <= known:
+                raise ValueError(f"op 'asks' needs a list of catalog actions: {sorted(known)}")
         return self
 
     def holds(self, doc: dict[str, Any]) -> bool:
@@ -69,6 +77,9 @@ class Condition(_Strict):
         path, op, want = self.field.split("."), self.op, self.value
         if op == "exists":
             return lambda doc: bool(_resolve(doc, path)) == (want is not False)
+        if op == "asks":
+            wanted = frozenset(Action(a) for a in want)
+            return lambda doc: any(asks(v) in wanted for v in _resolve(doc, path))
         if "*" not in path and op == "eq":  # the common case, without the generic walk
             get = compile_getter(path)
             return lambda doc: get(doc) == want

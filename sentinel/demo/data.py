@@ -34,13 +34,16 @@ class RankSample:
 
 @dataclass(frozen=True)
 class TimelineEntry:
-    """One thing that happened; `kind` is one of `TIMELINE_KINDS`."""
+    """One thing that happened; `kind` is one of `TIMELINE_KINDS`. `step` is the training step
+    in progress when it happened; `ref` names what it is about (`fault:INDEX` in the
+    scenario's fault list, `incident:ID`), so the report can give it the result's own step."""
 
     t: float
     step: int | None
     kind: str
     target: str | None
     text: str
+    ref: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TIMELINE_KINDS:

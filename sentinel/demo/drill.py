@@ -3,18 +3,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sentinel.demo.data import DemoData, RankSample, StepPoint
+from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
+from sentinel.demo.account import time_account
+from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
+from sentinel.demo.feasibility import repair_warnings
+from sentinel.demo.inject import MetricsTail
 from sentinel.demo.reference import reference_run
-from sentinel.demo.result import Evidence, build_result, goodput_input
-from sentinel.demo.run import Demo, quick, trainer_args, write_scenario
+from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
+from sentinel.demo.run import (
+    AGENT_INTERVAL_S,
+    DRILL_COMPRESSION,
+    Demo,
+    drill_hooks,
+    quick,
+    trainer_args,
+    write_scenario,
+)
 from sentinel.scenario import Scenario
 
 
@@ -29,18 +42,36 @@ def skip_list(incidents: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return sorted(out)
 
 
-def lr_windows(supervisor_log: Path) -> list[str]:
-    """The learning-rate scale windows the restarts applied, as `FACTOR:STEPS@FROM`: each
-    generation the supervisor launched with `--lr-scale F:N` scales from the step it resumed at
-    (its `--resume-from` checkpoint's step; 0 when it started over)."""
-    out: list[str] = []
+def _log_records(supervisor_log: Path) -> Iterator[dict[str, Any]]:
+    """The supervisor's JSON log records (anything else in the file is passed over)."""
     lines = supervisor_log.read_text().splitlines() if supervisor_log.exists() else []
     for line in lines:
         try:
             rec = json.loads(line)
         except ValueError:
             continue
-        argv = rec.get("argv") if isinstance(rec, dict) else None
+        if isinstance(rec, dict):
+            yield rec
+
+
+def generations(supervisor_log: Path, t0: float) -> list[Generation]:
+    """Each gang generation the supervisor launched: when (demo seconds) and on which nodes."""
+    return [
+        Generation(
+            t=float(rec["ts"]) - t0, number=int(rec["generation"]), nodes=tuple(rec["nodes"])
+        )
+        for rec in _log_records(supervisor_log)
+        if "generation" in rec and isinstance(rec.get("nodes"), list)
+    ]
+
+
+def lr_windows(supervisor_log: Path) -> list[str]:
+    """The learning-rate scale windows the restarts applied, as `FACTOR:STEPS@FROM`: each
+    generation the supervisor launched with `--lr-scale F:N` scales from the step it resumed at
+    (its `--resume-from` checkpoint's step; 0 when it started over)."""
+    out: list[str] = []
+    for rec in _log_records(supervisor_log):
+        argv = rec.get("argv")
         if not isinstance(argv, list) or "--lr-scale" not in argv:
             continue
         scale = str(argv[argv.index("--lr-scale") + 1])
@@ -67,6 +98,9 @@ def run_drill(
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
     demo = Demo(scenario, out, echo, progress)
+    warnings = repair_warnings(scenario, load_playbooks(default_playbooks_dir()))
+    for warning in warnings:
+        demo.note("info", None, f"WARNING: {warning}")
     budget = timeout_s if timeout_s is not None else 300.0 + 3.0 * scenario.trainer.steps
     observer, tail = demo.train(budget, stall_s)
     incidents = list(observer.seen.incident_details.values())
@@ -98,12 +132,51 @@ def run_drill(
         reference_digest=reference,
         burnin_exclude=demo.rec.burnin_exclude,
         reference_has_lr_scale=lr is not None,
+        generations=generations(out / "supervisor.log", demo.rec.t0),
+        timing=demo.timing,
     )
     result = build_result(evidence)
+    result["warnings"] = warnings
+    result["drill_settings"] = {
+        "compression": DRILL_COMPRESSION,
+        "hooks": drill_hooks(),
+        "agent_interval_s": AGENT_INTERVAL_S,
+    }
+    result["time_account"] = account_of(demo, tail, evidence)
+    demo.rec.timeline = align_timeline(demo.rec.timeline, result)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
     write_report_for(out, demo, result, ref_steps)
     return result
+
+
+def account_of(demo: Demo, tail: MetricsTail, ev: Evidence) -> dict[str, Any]:
+    """The run's wall time by category (account.py): each line belongs to the generation the
+    supervisor had launched last when the line was seen."""
+    starts = [(g.t, g.number) for g in ev.generations]
+    lines = []
+    for line, _gen in demo.rec.lines:
+        k = max((i for i, (t, _n) in enumerate(starts) if t <= line.t), default=0)
+        lines.append((line, k))
+    detections = [inc["opened_at"] - ev.t0 for inc in ev.incidents]
+    return time_account(lines, starts, tail.launches, tail.saves, detections, demo.rec.burnin_span)
+
+
+def align_timeline(timeline: list[TimelineEntry], result: dict[str, Any]) -> list[TimelineEntry]:
+    """Give each fault's and each detection's timeline entry the step the result states for it,
+    so the timeline and the table say the same thing (the live entry was stamped as it was
+    seen; a detection's evidence can name its own step)."""
+    steps: dict[str, int | None] = {}
+    for index, f in enumerate(result["faults"]):
+        steps[f"fault:{index}"] = f.get("injected_step")
+    for inc in result["incidents"]:
+        steps[f"incident:{inc['id']}"] = inc.get("detected_step")
+    return [
+        dataclasses.replace(e, step=steps[e.ref])
+        if e.ref in steps and steps[e.ref] is not None
+        else e
+        for e in timeline
+    ]
 
 
 def rank_samples(db: Path) -> list[RankSample]:
@@ -147,10 +220,12 @@ def write_report_for(
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
+    """The verdict, then why it failed (first, where a person reads), then one line a fault."""
     lines = [f"verdict: {result['verdict'].upper()}  scenario {result['scenario']}, "
              f"{result['completed_steps']} steps"]  # fmt: skip
+    lines += [f"  FAIL: {p}" for p in result.get("problems", [])]
     for f in result["faults"]:
-        state = "detected" if f["detected"] else "MISSED"
+        state = "MISSED" if not f["detected"] else "repaired" if f["repaired"] else "UNREPAIRED"
         ttd = f"detect {f['time_to_detect_s']}s" if f["time_to_detect_s"] is not None else ""
         ttr = f"resume {f['time_to_resume_s']}s" if f["time_to_resume_s"] is not None else ""
         lines.append(f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "

@@ -35,11 +35,15 @@ LANES = (
     ("Burn-in", ("burnin",), "#E69F00"),
     ("Info", ("info",), "#57606a"),
 )
+# The time account's categories (account.py), in the order they are stacked.
 GOODPUT_PARTS = (
-    ("useful_s", "useful steps", "#009E73"),
-    ("rollback_s", "lost to rollback", "#E69F00"),
-    ("restart_s", "restart", "#D55E00"),
-    ("detection_s", "detection", "#CC79A7"),
+    ("productive", "productive steps", "#009E73"),
+    ("rollback", "lost to rollback", "#E69F00"),
+    ("detection", "detection", "#CC79A7"),
+    ("repair", "repair", "#D55E00"),
+    ("checkpoint", "checkpoint stalls", "#56B4E9"),
+    ("burnin", "burn-in", "#F0E442"),
+    ("startup", "start-up", "#8c959f"),
 )
 
 
@@ -289,6 +293,7 @@ def repair_spans(
     return out
 
 
-def goodput_chart(goodput: dict[str, Any]) -> str:
-    parts = [(label, float(goodput.get(key) or 0.0), c) for key, label, c in GOODPUT_PARTS]
+def goodput_chart(account: dict[str, Any]) -> str:
+    seconds = account.get("seconds") or {}
+    parts = [(label, float(seconds.get(key) or 0.0), c) for key, label, c in GOODPUT_PARTS]
     return stacked_bar(parts, title="Where the run's time went", unit="s")

@@ -27,6 +27,28 @@ class StepLine:
     loss: float
     batch: int | None
     step_s: float
+    ckpt_stall_s: float = 0.0  # of step_s, waiting for a checkpoint's staging copy
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A generation's start-up as its rank 0 reported it (demo seconds): its code running
+    from `main_t`, rendezvous seconds, checkpoint-load seconds, first step from `ready_t`."""
+
+    main_t: float
+    rendezvous_s: float
+    load_s: float
+    ready_t: float
+    resume_step: int
+
+
+@dataclass(frozen=True)
+class CheckpointSave:
+    """A save started after step `step`'s line: seconds training was held up by it."""
+
+    t: float
+    step: int
+    held_s: float
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,8 @@ class MetricsTail:
     _buf: str = ""
     digest: str | None = None
     final_step: int | None = None
+    launches: list[Launch] = field(default_factory=list)
+    saves: list[CheckpointSave] = field(default_factory=list)
 
     def poll(self) -> list[StepLine]:
         if not self.path.exists():
@@ -65,6 +89,20 @@ class MetricsTail:
             rec: dict[str, Any] = json.loads(raw)
             if "digest" in rec:
                 self.digest, self.final_step = str(rec["digest"]), int(rec["final_step"])
+            elif "launch" in rec:
+                la = rec["launch"]
+                self.launches.append(
+                    Launch(
+                        main_t=float(la["main_at"]) - self.t0,
+                        rendezvous_s=float(la["rendezvous_s"]),
+                        load_s=float(la["load_s"]),
+                        ready_t=float(la["ready_at"]) - self.t0,
+                        resume_step=int(la["resume_step"]),
+                    )
+                )
+            elif "checkpoint" in rec:
+                held = float(rec.get("wait_s", 0.0)) + float(rec.get("block_s", 0.0))
+                self.saves.append(CheckpointSave(t=now, step=int(rec["checkpoint"]), held_s=held))
             elif "step" in rec and "loss" in rec:
                 out.append(
                     StepLine(
@@ -73,6 +111,7 @@ class MetricsTail:
                         loss=float(rec["loss"]),
                         batch=rec.get("batch"),
                         step_s=float(rec.get("step_s", 0.0)),
+                        ckpt_stall_s=float(rec.get("ckpt_stall_s") or 0.0),
                     )
                 )
         return out
@@ -105,6 +144,29 @@ class Injector:
         return fired
 
 
+@dataclass
+class MarkerWatch:
+    """The fault markers the trainer writes when a rank fault strikes (`KIND-rankR-stepS.fired`,
+    holding the node it struck): each is reported once, so the run's account shows every
+    fault as it strikes, not only the node faults written here."""
+
+    directory: Path
+    seen: set[str] = field(default_factory=set)
+
+    def poll(self) -> list[tuple[str, str]]:
+        """New markers: (file name, node)."""
+        if not self.directory.is_dir():
+            return []
+        new = []
+        for marker in sorted(self.directory.glob("*.fired")):
+            if marker.name not in self.seen:
+                node = marker.read_text().strip()
+                if node:  # written whole before it counts
+                    self.seen.add(marker.name)
+                    new.append((marker.name, node))
+        return new
+
+
 class Follower(threading.Thread):
     """Polls the metrics file, feeds the injector and hands every step line to `on_line`."""
 
@@ -114,11 +176,12 @@ class Follower(threading.Thread):
         injector: Injector,
         on_line: Callable[[StepLine], None],
         on_inject: Callable[[Injection], None],
+        on_tick: Callable[[], None] = lambda: None,
         interval_s: float = 0.1,
     ) -> None:
         super().__init__(name="demo-follower", daemon=True)
         self.tail, self.injector = tail, injector
-        self.on_line, self.on_inject = on_line, on_inject
+        self.on_line, self.on_inject, self.on_tick = on_line, on_inject, on_tick
         self.interval_s = interval_s
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -137,6 +200,7 @@ class Follower(threading.Thread):
             self.on_line(line)
             for inj in self.injector.on_step(line.step, line.t):
                 self.on_inject(inj)
+        self.on_tick()
 
     def stop(self) -> None:
         self.stopping.set()

@@ -52,14 +52,15 @@ class Seen:
 
 class Observer(threading.Thread):
     """Polls incidents, actions and the job every `interval_s`; reports changes through
-    `on_change(kind, target, text)` where kind is a timeline kind."""
+    `on_change(kind, target, text, ref=...)` where kind is a timeline kind and `ref` names the
+    incident a detection is about."""
 
     def __init__(
         self,
         client: CoordinatorClient,
         job_id: str,
         t0: float,
-        on_change: Callable[[str, str | None, str], None],
+        on_change: Callable[..., None],
         interval_s: float = 0.25,
     ) -> None:
         super().__init__(name="demo-observer", daemon=True)
@@ -112,7 +113,7 @@ class Observer(threading.Thread):
                 where = _where(detail)
                 self.on_change(
                     "detect", where, f"incident #{inc['id']} {inc['fault']} on {where} "
-                    f"-> playbook {inc.get('playbook') or 'none'}",
+                    f"-> playbook {inc.get('playbook') or 'none'}", ref=f"incident:{inc['id']}",
                 )  # fmt: skip
             else:
                 inc["seen_t"] = old["seen_t"]

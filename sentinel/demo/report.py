@@ -68,7 +68,7 @@ def render_report(data: DemoData) -> str:
             _burnin(data.burnin),
             _timeline(data),
             _correctness(data.result),
-            _goodput(data.result.get("goodput")),
+            _goodput(data.result.get("time_account")),
             _how_to_read(),
         ]
     )
@@ -164,8 +164,51 @@ def _header(data: DemoData) -> str:
         '<header class="top">'
         f'<div class="verdict verdict-{kind}" id="verdict">{esc(verdict)}</div>'
         f"<div><h1>Sentinel demo · {esc(data.result.get('scenario', 'unnamed scenario'))}</h1>"
-        f'<p id="summary">{esc(summary_line(data))}</p></div></header>'
+        f'<p id="summary">{esc(summary_line(data))}</p>{_problems(data.result)}</div></header>'
     )
+
+
+def _problems(r: dict[str, Any]) -> str:
+    """Why the drill failed, and what the demo warned before it started: on the first screen."""
+    parts = []
+    problems = r.get("problems") or []
+    if problems:
+        items = "".join(f"<li>{esc(p)}</li>" for p in problems)
+        parts.append(
+            f'<p class="bad"><b>Why it failed:</b></p><ul class="bad" id="problems">{items}</ul>'
+        )
+    settings = r.get("drill_settings") or {}
+    if settings:
+        hooks = ", ".join(f"{k} {v:g}" for k, v in (settings.get("hooks") or {}).items())
+        parts.append(
+            f'<p id="compression">Time compressed {esc(settings.get("compression"))}x for the '
+            f"drill, the same for every drill: the hooks run at the shipped defaults divided by "
+            f"it ({esc(hooks)}); agents sweep every {esc(settings.get('agent_interval_s'))} s, "
+            "thresholds and playbooks are the shipped ones.</p>"
+        )
+    warnings = r.get("warnings") or []
+    if warnings:
+        items = "".join(f"<li>{esc(w)}</li>" for w in warnings)
+        parts.append(f'<p><b>Warned before the run:</b></p><ul id="warnings">{items}</ul>')
+    return "".join(parts)
+
+
+def _repaired(f: dict[str, Any]) -> str:
+    if not f.get("detected"):
+        return '<span class="bad">no</span>'
+    if f.get("repaired", True):
+        return '<span class="ok">yes</span>'
+    return f'<span class="bad">no: {esc(f.get("repair_problem") or "")}</span>'
+
+
+def _targets(f: dict[str, Any]) -> str:
+    """Each time target the fault was held to, with its measured figure."""
+    out = []
+    for c in f.get("targets") or []:
+        got = "—" if c.get("value") is None else f"{c['value']} {c.get('unit', 's')}"
+        mark = '<span class="ok">met</span>' if c.get("met") else '<span class="bad">MISSED</span>'
+        out.append(f"{mark} {esc(c.get('target'))} (limit {esc(c.get('limit'))}, got {esc(got)})")
+    return "<br>".join(out) or "—"
 
 
 def _what_happened(r: dict[str, Any]) -> str:
@@ -187,10 +230,13 @@ def _what_happened(r: dict[str, Any]) -> str:
                 _val(f.get("incident")),
                 _actions(f.get("actions")),
                 _secs(f.get("time_to_resume_s")),
+                _repaired(f),
+                _targets(f),
             ]
         )
     headers = ["Fault", "Target", "Injected at step", "Detected at step", "Time to detect"]
     headers += ["Incident", "Playbook actions", "Time to resume (after detection)"]
+    headers += ["Repaired", "Time targets"]
     parts = [
         _table(headers, rows, numeric=(2, 4, 7))
         if rows
@@ -230,7 +276,11 @@ def _what_happened(r: dict[str, Any]) -> str:
     parts.append(
         f"<p>Evicted nodes: {esc(', '.join(map(str, evicted))) if evicted else 'none'}.</p>"
     )
-    lead = "One row per injected fault: where and when it struck, when Sentinel noticed, and how it was repaired."
+    lead = (
+        "One row per injected fault: where and when it struck, when Sentinel noticed, and how it "
+        "was repaired. Every step is the training step in progress when the thing happened "
+        "(the trainer's metrics line `step N` closes step N)."
+    )
     return _section("what-happened", "What happened", lead, *parts)
 
 
@@ -398,25 +448,34 @@ def _correctness(r: dict[str, Any]) -> str:
     return _section("correctness", "Correctness", lead, verdict, digests)
 
 
-def _goodput(goodput: dict[str, Any] | None) -> str:
+def _goodput(account: dict[str, Any] | None) -> str:
     title = "Goodput"
-    if not goodput or not any(
-        isinstance(v, int | float) and v > 0
-        for v in (goodput.get(k) for k, _, _ in figures.GOODPUT_PARTS)
-    ):
+    seconds = (account or {}).get("seconds") or {}
+    if not any(isinstance(v, int | float) and v > 0 for v in seconds.values()):
         return _section(
             "goodput", title, "", not_available("time accounting was not recorded for this run.")
         )
-    ratio = goodput.get("ratio")
-    shown = f"{100 * ratio:.1f}%" if isinstance(ratio, int | float) and ratio <= 1 else _val(ratio)
-    lead = "The run's wall time by category. The effective training time ratio is the useful share."
-    big = f'<p>Effective training time ratio: <span class="big" id="goodput-ratio">{esc(shown)}</span></p>'
-    return _section("goodput", title, lead, big, _chart(figures.goodput_chart(goodput)))
+    ratio = account.get("effective_ratio") if account else None
+    shown = f"{100 * ratio:.1f}%" if isinstance(ratio, int | float) else "—"
+    lead = (
+        "The run's wall time, every second in one category: productive steps, steps lost to "
+        "rollback, detection (standing still before a fault was found), repair (stop, "
+        "relaunch, rendezvous, checkpoint load, build), checkpoint stalls, burn-in and start-up. "
+        "The effective training time ratio is the productive share."
+    )
+    big = f'<p>Effective training time ratio: <span class="big" id="goodput-ratio">{esc(shown)}</span> of {_secs(account.get("wall_s") if account else None)}</p>'
+    rows = [[esc(label), _secs(seconds.get(key))] for key, label, _c in figures.GOODPUT_PARTS]
+    stages = (account or {}).get("repair_stages_s") or {}
+    rows += [[esc(f"repair: {name.replace('_', ' ')}"), _secs(v)] for name, v in stages.items()]
+    table = _table(["Category", "Seconds"], rows, numeric=(1,))
+    return _section(
+        "goodput", title, lead, big, _chart(figures.goodput_chart(account or {})), table
+    )
 
 
 def _how_to_read() -> str:
     items = [
-        "<b>Verdict</b>: pass when every injected fault was detected on the right node or rank, repaired, training finished, and there were no false incidents.",
+        "<b>Verdict</b>: pass when every injected fault was detected on the right node or rank and repaired (its playbook finished, training resumed, and the faulty hardware no longer trains), met its time targets, training finished, and there were no false incidents. A failed drill lists why at the top.",
         "<b>What happened</b>: the drill's own account of each fault next to what Sentinel saw. “Missed” in red means a fault went undetected.",
         "<b>Loss curve</b>: a healthy repair looks like a dashed stretch (the rolled-back steps) followed by a new colour retracing it and landing back on the grey reference line.",
         "<b>Per-rank step time</b>: compare rows; a uniformly brighter row is a straggler, a cut-off row a hang or crash.",

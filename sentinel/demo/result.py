@@ -4,6 +4,14 @@ Detection never reads the scenario; only this after-the-fact report does, to gra
 counts as detected when an incident of a matching class names the node the fault struck (for a
 rank fault: the node hosting that rank when it struck) or the rank itself. Incidents that no
 fault explains are false incidents.
+
+A fault counts as repaired only when its incident's playbook finished, training resumed after
+it, and, for a fault of the hardware, the struck node trained in no generation launched after
+the detection. Each fault's time targets are checked, not only printed (`TARGETS`).
+
+Every step field (`injected_step`, `detected_step`, a timeline entry's step) names the same
+thing: the training step in progress when it happened, numbered as the trainer reports it
+(the metrics line `step N` closes step N). See `step_in_progress`.
 """
 
 from __future__ import annotations
@@ -27,6 +35,16 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "hang": frozenset({"collective_hang"}),
     "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
 }
+# Faults of the hardware: repaired only once the node they struck no longer trains.
+HARDWARE_FAULTS = frozenset({"ecc_dbe", "xid", "thermal", "sdc", "straggler"})
+# Faults detected from a training step's own numbers: detected at the step that produced them.
+AT_THEIR_STEP = frozenset({"corrupt_batch"})
+# Event kinds whose `step` is the step they measured.
+STEP_EVIDENCE = frozenset({"rank.anomaly", "rank.sdc"})
+# Resumed within this long of detection, for every fault repaired during training.
+RESUME_TARGET_S = 60.0
+# A hang is detected within the watchdog's timeout plus this much.
+HANG_SLACK_S = 10.0
 # Repairs after which the run ends bit-identical to a clean run only if the reference replays
 # them too (a learning-rate scale window: the drill passes it to the reference when there is one);
 # every other repair is rollback-and-resume, possibly skipping batches the reference skips too.
@@ -41,6 +59,24 @@ class Strike:
     step: int | None
     node: str | None
     rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One launch of the gang: demo time of the launch, its number and the nodes it ran on."""
+
+    t: float
+    number: int
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The settings the time targets are judged against (the drill's, after its time scale)."""
+
+    agent_interval_s: float = 1.0
+    hang_timeout_s: float = 60.0
+    resume_s: float = RESUME_TARGET_S
 
 
 @dataclass
@@ -58,6 +94,8 @@ class Evidence:
     burnin_exclude: list[str] = field(default_factory=list)
     # The reference replayed the learning-rate scale windows the repairs set (see drill.py).
     reference_has_lr_scale: bool = False
+    generations: list[Generation] = field(default_factory=list)
+    timing: Timing = field(default_factory=Timing)
 
 
 def incident_nodes(inc: dict[str, Any]) -> set[str]:
@@ -109,10 +147,23 @@ def fault_target(fault: Any) -> str:
     return str(fault.node)
 
 
-def step_at(steps: list[tuple[float, int, int]], t: float) -> int | None:
-    """The last step the trainer had reported by demo time `t`."""
+def step_in_progress(steps: list[tuple[float, int, int]], t: float) -> int:
+    """The step being trained at demo time `t`: one past the last step reported by then."""
     before = [s for (st, s, _g) in steps if st <= t]
-    return before[-1] if before else None
+    return (before[-1] if before else 0) + 1
+
+
+def detected_step(inc: dict[str, Any], ev: Evidence) -> int:
+    """The step whose own numbers gave the incident away, when its first evidence is a step's
+    measurement (a loss anomaly, an SDC digest; the hooks number steps from 0 as the trainer's
+    loop does, so hooks step s is the trainer's step s + 1); otherwise the step in progress
+    when the incident opened (a hang's report names the last step that finished, not the one
+    that hung)."""
+    first = inc.get("first_step")
+    events = inc.get("events") or []
+    if first is not None and events and events[0].get("kind") in STEP_EVIDENCE:
+        return int(first) + 1
+    return step_in_progress(ev.steps, inc["opened_at"] - ev.t0)
 
 
 def resumed_at(steps: list[tuple[float, int, int]], t: float) -> float | None:
@@ -155,6 +206,66 @@ def _resolution(inc: dict[str, Any]) -> str:
     return f"{inc.get('state')} (playbook {inc.get('playbook') or 'none'}: {status})"
 
 
+def _failed_step_reason(inc: dict[str, Any]) -> str | None:
+    """Why a playbook stopped short: the reason its escalated or failed action gave."""
+    for a in inc.get("actions", []):
+        if a.get("state") in ("escalated", "failed"):
+            why = (a.get("result") or {}).get("reason") or (a.get("result") or {}).get("error")
+            return f"{a['action']} {a['state']}" + (f": {why}" if why else "")
+    return None
+
+
+def repair_problem(
+    fault: Any, strike: Strike | None, inc: dict[str, Any] | None, ev: Evidence
+) -> str | None:
+    """None when the fault was repaired, else why not (one line a person can act on)."""
+    if inc is None:
+        return "not detected"
+    runs = inc.get("runs") or []
+    status = runs[-1]["status"] if runs else None
+    if status != "done":
+        why = _failed_step_reason(inc)
+        return f"playbook {inc.get('playbook') or 'none'} {status or 'never ran'}" + (
+            f" ({why})" if why else ""
+        )
+    detect_t = inc["opened_at"] - ev.t0
+    if resumed_at(ev.steps, detect_t) is None:
+        return "training never resumed after the repair"
+    node = strike.node if strike else None
+    if fault.kind in HARDWARE_FAULTS and node:
+        still = [g.number for g in ev.generations if g.t > detect_t and node in g.nodes]
+        if still:
+            gens = ", ".join(map(str, still))
+            return f"{node} still trained after the repair (generation {gens})"
+    return None
+
+
+def time_checks(fault: Any, entry: dict[str, Any], timing: Timing) -> list[dict[str, Any]]:
+    """The fault's time targets, each with its limit, its measured figure and whether it held."""
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, value: float | None, limit: float, unit: str = "s") -> None:
+        met = value is not None and value <= limit
+        checks.append({"target": name, "limit": limit, "value": value, "unit": unit, "met": met})
+
+    ttd = entry["time_to_detect_s"]
+    if isinstance(fault, NODE_FAULTS):
+        check("detected within one agent interval", ttd, timing.agent_interval_s)
+    if fault.kind == "hang":
+        check(
+            "detected within the watchdog timeout + 10 s", ttd, timing.hang_timeout_s + HANG_SLACK_S
+        )
+    if fault.kind in AT_THEIR_STEP:
+        late = (
+            entry["detected_step"] - entry["injected_step"]
+            if entry["detected_step"] is not None and entry["injected_step"] is not None
+            else None
+        )
+        check("detected at its step", late, 0, unit="steps late")
+    check("resumed within 60 s of detection", entry["time_to_resume_s"], timing.resume_s)
+    return checks
+
+
 def build_result(ev: Evidence) -> dict[str, Any]:
     incidents = sorted(ev.incidents, key=lambda i: i["opened_at"])
     explained: set[int] = set()
@@ -174,14 +285,10 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         set(_kinds(i)) & CHANGES_NUMERICS for i in incidents
     )
     completed = ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
-    ok = (
-        all(f["detected"] for f in faults)
-        and completed
-        and not false
-        and (bit_identical or not must_match)
-    )
+    problems = _problems(faults, false, completed, ev, bit_identical or not must_match)
     return {
-        "verdict": "pass" if ok else "fail",
+        "verdict": "fail" if problems else "pass",
+        "problems": problems,
         "scenario": ev.scenario.name,
         "completed_steps": ev.completed_steps,
         "incidents": [_incident_entry(i, ev) for i in incidents],
@@ -196,19 +303,47 @@ def build_result(ev: Evidence) -> dict[str, Any]:
     }
 
 
+def _problems(
+    faults: list[dict[str, Any]],
+    false: list[dict[str, Any]],
+    completed: bool,
+    ev: Evidence,
+    digest_ok: bool,
+) -> list[str]:
+    """Every reason the drill fails, most important first, one line each."""
+    out = []
+    for f in faults:
+        where = f"{f['kind']} on {f['target']}"
+        if not f["detected"]:
+            out.append(f"{where}: not detected")
+        elif not f["repaired"]:
+            out.append(f"{where}: not repaired: {f['repair_problem']}")
+        for c in f["targets"]:
+            if not c["met"]:
+                got = "none" if c["value"] is None else f"{c['value']} {c['unit']}"
+                out.append(
+                    f"{where}: missed '{c['target']}' (limit {c['limit']} {c['unit']}, got {got})"
+                )
+    out += [f"false incident #{i['id']} {i['fault']} on {incident_target(i)}" for i in false]
+    if not completed:
+        out.append(
+            f"training did not complete ({ev.completed_steps} of {ev.scenario.trainer.steps} steps)"
+        )
+    elif not digest_ok:
+        out.append("the final model is not bit-identical to the clean reference run")
+    return out
+
+
 def _kinds(inc: dict[str, Any]) -> list[str]:
     return [a["action"] for a in inc.get("actions", [])]
 
 
 def _incident_entry(inc: dict[str, Any], ev: Evidence) -> dict[str, Any]:
-    first = inc.get("first_step")
     return {
         "id": inc["id"],
         "kind": inc["fault"],
         "target": incident_target(inc),
-        "detected_step": first
-        if first is not None
-        else step_at(ev.steps, inc["opened_at"] - ev.t0),
+        "detected_step": detected_step(inc, ev),
         "actions": _actions(inc),
         "resolution": _resolution(inc),
     }
@@ -219,7 +354,8 @@ def _fault_entry(
 ) -> dict[str, Any]:
     detect_t = inc["opened_at"] - ev.t0 if inc is not None else None
     resume_t = resumed_at(ev.steps, detect_t) if detect_t is not None else None
-    return {
+    problem = repair_problem(fault, strike, inc, ev)
+    entry: dict[str, Any] = {
         "kind": fault.kind,
         "target": fault_target(fault),
         "struck_node": strike.node if strike else None,
@@ -234,7 +370,11 @@ def _fault_entry(
         "time_to_resume_s": _round(resume_t - detect_t)
         if resume_t is not None and detect_t is not None
         else None,
+        "repaired": problem is None,
+        "repair_problem": problem,
     }
+    entry["targets"] = time_checks(fault, entry, ev.timing)
+    return entry
 
 
 def _burnin_fault(fault: Any, ev: Evidence) -> dict[str, Any]:
@@ -250,6 +390,9 @@ def _burnin_fault(fault: Any, ev: Evidence) -> dict[str, Any]:
         "actions": ["burnin.exclude"] if caught else [],
         "time_to_detect_s": None,
         "time_to_resume_s": None,
+        "repaired": caught,  # kept out of the job before it started
+        "repair_problem": None if caught else "burn-in did not exclude the node",
+        "targets": [],
     }
 
 

@@ -19,11 +19,19 @@ from typing import Any
 
 import yaml
 
+from sentinel.config import AgentConfig
 from sentinel.demo.data import StepPoint, TimelineEntry
-from sentinel.demo.inject import Follower, Injection, Injector, MetricsTail, StepLine
+from sentinel.demo.inject import (
+    Follower,
+    Injection,
+    Injector,
+    MarkerWatch,
+    MetricsTail,
+    StepLine,
+)
 from sentinel.demo.observe import CoordinatorClient, Observer
 from sentinel.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
-from sentinel.demo.result import Strike
+from sentinel.demo.result import Strike, Timing
 from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
 from sentinel.sim.fleet import SimFleet
 
@@ -33,34 +41,40 @@ MODEL_FLAGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "-
                "--corpus-tokens", "32768", "--mbs", "2", "--accum", "2", "--warmup", "2"]  # fmt: skip
 
 
-def hooks_env(out: Path, pipeline_stages: int = 1) -> dict[str, str]:
-    """The trainer hooks' settings for a drill of a few dozen 0.3 s steps: a step report and a
-    gang exchange (straggler and SDC comparison) every few steps, a hang declared after a
-    stall of several seconds instead of a minute, flight recorders dumped where `sentinel run`
-    analyzes them. The loss-spike detector is the shipped default (median/MAD over a short
-    window), which follows the tiny model's fast-falling loss. Stragglers are judged from a
-    30% slowdown, not 3%: eight ranks share two cores here (and other work often shares them
-    too), so a rank's step time next to its replica's swings by 20% on scheduling alone.
+# The agents sweep at the shipped default interval: hardware faults are judged against it.
+AGENT_INTERVAL_S: float = AgentConfig.model_fields["interval_s"].default
 
-    With pipeline parallelism straggler scoring is off (threshold `inf`): a rank's measured
-    compute then includes its waits in pipeline receives and DTensor's functional collectives,
-    which the hooks do not time as communication, so the ranks a slow rank holds up look as
-    slow as it does, and the replica whose ranks write the checkpoint (DCP deduplicates
-    replicated shards onto the lowest ranks) runs up to 2x slower for a whole generation on two
-    shared cores; scored on that, healthy nodes get evicted.
+# Drills compress time. A drill's steps take ~0.3 s on two shared CPU cores and it runs 40 to
+# 100 of them where a real run takes thousands of multi-second steps, so every trainer-hooks
+# setting counted in steps or in seconds is divided by this one factor, the same for every
+# drill; every other setting (thresholds, the playbooks, the agents) is the shipped default.
+DRILL_COMPRESSION = 4
+# The hooks' shipped defaults the compression divides (trainer_hooks.config.HooksConfig;
+# `sentinel` does not import `trainer_hooks`: a test checks these match).
+SHIPPED_HOOKS_STEPS = {"report_every": 10, "exchange_every": 20, "straggler_window": 20,
+                       "sdc_every": 100}  # fmt: skip
+SHIPPED_HOOKS_SECONDS = {"hang_floor_s": 60.0, "hang_first_step_s": 900.0}
 
-    The SDC spot check runs at every exchange (a real run spaces it out more: it costs a host
-    sync and a small GEMM chain), so that corruption is caught within a checkpoint interval of
-    a short drill."""
-    return {
-        "SENTINEL_HOOKS_REPORT_EVERY": "1",
-        "SENTINEL_HOOKS_EXCHANGE_EVERY": "5",
-        "SENTINEL_HOOKS_SDC_EVERY": "5",
-        "SENTINEL_HOOKS_STRAGGLER_THRESHOLD": "1.3" if pipeline_stages == 1 else "inf",
-        "SENTINEL_HOOKS_HANG_FLOOR_S": "8",
-        "SENTINEL_HOOKS_HANG_FIRST_STEP_S": "120",
-        "SENTINEL_HOOKS_FR_DIR": str(out / "fr"),
+
+def drill_hooks(compression: int = DRILL_COMPRESSION) -> dict[str, float | int]:
+    """The compressed hooks settings: steps divided and rounded (at least 1), seconds divided."""
+    out: dict[str, float | int] = {
+        k: max(1, round(v / compression)) for k, v in SHIPPED_HOOKS_STEPS.items()
     }
+    out |= {k: v / compression for k, v in SHIPPED_HOOKS_SECONDS.items()}
+    return out
+
+
+HANG_FLOOR_S = float(drill_hooks()["hang_floor_s"])
+
+
+def hooks_env(out: Path) -> dict[str, str]:
+    """The trainer hooks' settings for a drill: the shipped defaults, with every cadence
+    compressed by `DRILL_COMPRESSION` (a step report every 2 steps, a gang exchange and a
+    straggler window of 5, an SDC spot check every 25, a hang after a 15 s stall), and flight
+    recorders dumped where `sentinel run` analyzes them."""
+    env = {f"SENTINEL_HOOKS_{k.upper()}": str(v) for k, v in drill_hooks().items()}
+    return env | {"SENTINEL_HOOKS_FR_DIR": str(out / "fr")}
 
 
 def trainer_args(scenario: Scenario) -> list[str]:
@@ -92,6 +106,7 @@ class Recording:
     timeline: list[TimelineEntry] = field(default_factory=list)
     burnin: dict[str, Any] | None = None
     burnin_exclude: list[str] = field(default_factory=list)
+    burnin_span: tuple[float, float] | None = None  # (start, end)
 
 
 class Demo:
@@ -106,14 +121,26 @@ class Demo:
         self.progress = progress  # (step, steps in all) for a live display
         self.rec = Recording(t0=time.time())
         self.print_every = max(1, scenario.trainer.steps // 12)
+        self.markers = MarkerWatch(self.out / "run" / "faults")
+        self._noted: set[str] = set()  # `fault:INDEX` refs already on the timeline
+        # What the time targets are judged against (result.py).
+        self.timing = Timing(agent_interval_s=AGENT_INTERVAL_S, hang_timeout_s=HANG_FLOOR_S)
 
     # --- the live timeline -------------------------------------------------------------------
 
-    def note(self, kind: str, target: str | None, text: str, step: int | None = None) -> None:
+    def note(
+        self,
+        kind: str,
+        target: str | None,
+        text: str,
+        step: int | None = None,
+        ref: str | None = None,
+    ) -> None:
+        """One timeline entry, echoed; `step` defaults to the step in progress (result.py)."""
         t = time.time() - self.rec.t0
         if step is None and self.rec.lines:
-            step = self.rec.lines[-1][0].step
-        entry = TimelineEntry(t=t, step=step, kind=kind, target=target, text=text)
+            step = self.rec.lines[-1][0].step + 1
+        entry = TimelineEntry(t=t, step=step, kind=kind, target=target, text=text, ref=ref)
         self.rec.timeline.append(entry)
         # Saved as it happens: `tail -f timeline.jsonl` follows a run, and it stays after one.
         with (self.out / "timeline.jsonl").open("a") as f:
@@ -127,13 +154,33 @@ class Demo:
         self.rec.lines.append((line, gen))
         if self.progress is not None:
             self.progress(line.step, self.scenario.trainer.steps)
+        for index, f in enumerate(self.scenario.faults):
+            ref = f"fault:{index}"
+            if (
+                isinstance(f, CorruptBatchFault)
+                and line.batch == f.batch
+                and ref not in self._noted
+            ):
+                self._noted.add(ref)
+                self.note("fault", None, f"injected corrupt_batch: batch {f.batch} in step "
+                          f"{line.step}", step=line.step, ref=ref)  # fmt: skip
         if replay or line.step % self.print_every == 0 or line.step == 1:
             tag = " (replayed after rollback)" if replay else ""
             self.echo(f"[{line.t:7.1f}s]    step {line.step:4d}  loss {line.loss:.4f}{tag}")
 
     def on_inject(self, inj: Injection) -> None:
         fault = self.scenario.faults[inj.index]
-        self.note("fault", inj.node, f"injected {fault.kind} on {inj.node}", step=inj.step)
+        self.note("fault", inj.node, f"injected {fault.kind} on {inj.node}", step=inj.step + 1,
+                  ref=f"fault:{inj.index}")  # fmt: skip
+
+    def on_tick(self) -> None:
+        """Rank faults as they strike, from the markers the trainer writes."""
+        for name, node in self.markers.poll():
+            for index, f in enumerate(self.scenario.faults):
+                if isinstance(f, RANK_FAULTS) and name == marker_name(f):
+                    self._noted.add(f"fault:{index}")
+                    self.note("fault", node, f"injected {f.kind} on rank-{f.rank} ({node})",
+                              step=f.at_step + 1, ref=f"fault:{index}")  # fmt: skip
 
     # --- phases --------------------------------------------------------------------------------
 
@@ -148,6 +195,7 @@ class Demo:
         exclude, report = self.out / "exclude.txt", self.out / "burnin.json"
         fleet = self.scenario.fleet
         self.note("burnin", None, f"burn-in of {fleet.nodes} nodes (links) before launch")
+        started = time.time() - self.rec.t0
         cmd = [*SENTINEL, "burnin", "--sim-nodes", str(fleet.nodes), "--gpus-per-node",
                str(fleet.gpus_per_node), "--scenario", str(spec), "--quick", "--phases", "links",
                "--json", str(report), "--exclude-out", str(exclude), "--no-progress"]  # fmt: skip
@@ -155,6 +203,7 @@ class Demo:
             code = subprocess.run(cmd, stdout=log, stderr=log, timeout=900).returncode
         if code not in (0, 1) or not report.exists():
             raise RuntimeError(f"burn-in failed to run (exit {code}); see {self.out}/burnin.log")
+        self.rec.burnin_span = (started, time.time() - self.rec.t0)
         self.rec.burnin = json.loads(report.read_text())
         self.rec.burnin_exclude = list(self.rec.burnin.get("exclude", []))
         excluded = ", ".join(self.rec.burnin_exclude) or "none"
@@ -182,7 +231,7 @@ class Demo:
         fleet_spec, o = self.scenario.fleet, self.out
         coord = CoordinatorProcess(o / "coordinator", o / "coordinator.log")
         names = fleet_spec.node_names() + fleet_spec.spare_names()
-        fleet = SimFleet(o / "fleet", names, fleet_spec.gpus_per_node)
+        fleet = SimFleet(o / "fleet", names, fleet_spec.gpus_per_node, AGENT_INTERVAL_S)
         sup: SupervisorProcess | None = None
         follower: Follower | None = None
         observer: Observer | None = None
@@ -199,11 +248,13 @@ class Demo:
             tail = MetricsTail(o / "run" / "metrics.jsonl", self.rec.t0)
             injector = Injector(self.scenario, fleet.inject)
             obs = observer
-            follower = Follower(tail, injector, lambda ln: self.on_line(ln, obs), self.on_inject)
+            follower = Follower(
+                tail, injector, lambda ln: self.on_line(ln, obs), self.on_inject, self.on_tick
+            )
             observer.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
                                     o / "supervisor.log",
-                                    hooks_env(o, self.scenario.trainer.pp))  # fmt: skip
+                                    hooks_env(o))  # fmt: skip
             sup.start()
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
@@ -248,24 +299,32 @@ class Demo:
     def strikes(self) -> dict[int, Strike]:
         """When and where each fault struck, from the injector, the trainer's fault markers and
         the metrics (for a corrupt batch)."""
+        # Each strike's step is the step in progress when it struck (see result.py): a node
+        # fault is written once the line closing `i.step` is seen, during the next step; a rank
+        # fault fires at the start of the trainer's loop index `at_step`, i.e. step at_step + 1.
         out: dict[int, Strike] = {
-            i.index: Strike(t=i.t, step=i.step, node=i.node) for i in self.rec.injections
+            i.index: Strike(t=i.t, step=i.step + 1, node=i.node) for i in self.rec.injections
         }
         markers = self.out / "run" / "faults"
         for index, f in enumerate(self.scenario.faults):
             if isinstance(f, RANK_FAULTS):
-                m = markers / f"{f.kind}-rank{f.rank}-step{f.at_step}.fired"
+                m = markers / marker_name(f)
                 if m.exists():
                     t = m.stat().st_mtime - self.rec.t0
-                    out[index] = Strike(t=t, step=f.at_step, node=m.read_text(), rank=f.rank)
+                    out[index] = Strike(t=t, step=f.at_step + 1, node=m.read_text(), rank=f.rank)
             elif isinstance(f, CorruptBatchFault):
                 hit = next((ln for ln, _g in self.rec.lines if ln.batch == f.batch), None)
                 if hit is not None:
-                    out[index] = Strike(t=hit.t - hit.step_s, step=hit.step - 1, node=None)
+                    out[index] = Strike(t=hit.t - hit.step_s, step=hit.step, node=None)
         return out
 
     def step_points(self) -> list[StepPoint]:
         return [StepPoint(ln.step, ln.loss, g, ln.t) for ln, g in self.rec.lines]
+
+
+def marker_name(fault: Any) -> str:
+    """The file the trainer writes when a rank fault strikes (trainer_hooks.reference.faults)."""
+    return f"{fault.kind}-rank{fault.rank}-step{fault.at_step}.fired"
 
 
 def write_scenario(scenario: Scenario, path: Path) -> None:

@@ -9,6 +9,11 @@ If everybody waits on somebody, the ranks issued collectives in different orders
 Collectives every member issued are also compared entry by entry (op, input sizes, dtypes); the
 minority at the earliest disagreement is the culprit of a mismatch.
 
+A rank with no dump, or an unreadable one, is evidence too: the rank that raised the error tears
+its process group down and often never dumps. When the ranks present wait in a collective of a
+group the absent rank belongs to, the absent rank is named the likely culprit, and the report
+says that the verdict rests on the absence (`evidence: "missing_dump"`).
+
 Membership of each group comes from the dumps' `pg_config` (NCCL), from Sentinel's sidecars
 (gloo dumps carry none), or failing both from which dumps mention the group; the default group
 spans all ranks.
@@ -20,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from sentinel.fr.dumps import DumpDir, RankSummary, Signature
+from sentinel.fr.dumps import DumpDir, GroupState, RankSummary, Signature
 
 # Ops whose inputs must have the same shape on every member.
 SAME_SIZE_OPS = ("all_reduce", "broadcast", "reduce", "allreduce", "_allgather_base", "all_gather")
@@ -59,6 +64,9 @@ class Report:
     stuck_groups: list[dict[str, Any]] = field(default_factory=list)
     ranks_analyzed: int = 0
     versions: list[str] = field(default_factory=list)
+    # What the verdict rests on: "dumps" (recorded collectives) or "missing_dump" (the ranks
+    # present wait on ranks that left no readable dump).
+    evidence: str = "dumps"
 
     def to_json(self) -> dict[str, Any]:
         d = self.__dict__.copy()
@@ -214,6 +222,14 @@ def analyze(dumps: DumpDir) -> Report:
         _blame_mismatch(report, mismatches[0], groups)
     elif stuck:
         _blame_hang(report, stuck)
+        held = _waiting_on_absent(groups, summaries, absent)
+        # The ranks the record blames wait themselves, on ranks that left no dump: the root.
+        if held and set(report.culprit_ranks) <= {r for f in held for r in f[3]}:
+            _blame_absence(report, held, summaries)
+            return report
+    elif held := _waiting_on_absent(groups, summaries, absent):
+        _blame_absence(report, held, summaries)
+        return report
     elif absent:
         report.culprit_ranks = absent
         report.waiting_ranks = sorted(summaries)
@@ -224,6 +240,65 @@ def analyze(dumps: DumpDir) -> Report:
         report.verdict = "incomplete"
         report.reason = f"dumps missing or unreadable for ranks {absent}; " + report.reason
     return report
+
+
+def _unfinished(state: GroupState | None, seq: int) -> bool:
+    """The rank has not seen collective `seq` complete (or its dump cannot say)."""
+    return state is not None and (state.completed is None or state.completed < seq)
+
+
+Held = tuple[Group, int, list[int], list[int]]  # group, seq, absent members, waiting members
+
+
+def _waiting_on_absent(
+    groups: dict[str, Group], summaries: dict[int, RankSummary], absent: list[int]
+) -> list[Held]:
+    """Groups holding ranks with no readable dump in whose latest collective present members
+    wait (issued it and did not see it complete)."""
+    found: list[Held] = []
+    for g in groups.values():
+        gone = [r for r in g.ranks if r in absent]
+        seqs = {
+            r: st.seq
+            for r in g.ranks
+            if r in summaries and (st := summaries[r].groups.get(g.name)) and st.seq is not None
+        }
+        if not gone or not seqs:
+            continue
+        top = max(seqs.values())
+        waiting = [
+            r
+            for r, q in seqs.items()
+            if q == top and _unfinished(summaries[r].groups.get(g.name), q)
+        ]
+        if waiting:
+            found.append((g, top, gone, waiting))
+    return found
+
+
+def _blame_absence(report: Report, found: list[Held], summaries: dict[int, RankSummary]) -> None:
+    """The ranks present wait, directly or behind others, on ranks that left no readable dump:
+    those are the likely culprits. Where they first held others up: the earliest-issued such
+    collective, then the smallest group (as for a recorded hang)."""
+
+    def issued(f: Held) -> int:
+        times = [t for r in f[3] if (t := summaries[r].groups[f[0].name].created_ns.get(f[1]))]
+        return min(times, default=2**63)
+
+    g, seq, gone, waiting = min(
+        found, key=lambda f: (issued(f), len(f[0].ranks), _natural(f[0].name))
+    )
+    op = _op_at(summaries, waiting, g.name, seq)
+    report.verdict, report.evidence = "hang", "missing_dump"
+    report.culprit_ranks = gone
+    report.waiting_ranks = sorted(summaries)
+    report.collective = {"pg": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
+    report.reason = (
+        f"ranks {gone} left no readable dump while ranks {waiting} wait in collective seq {seq} "
+        f"({op}) of group {g.name} ({g.desc}) that includes them: the verdict rests on the "
+        "missing dumps (a rank that raised an error tears its process group down and often "
+        "never dumps), not on a recorded collective"
+    )
 
 
 def _stuck_json(s: Stuck) -> dict[str, Any]:

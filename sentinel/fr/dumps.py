@@ -51,6 +51,9 @@ class GroupState:
     seq: int | None = None  # last collective sequence number this rank issued in the group
     ops: dict[int, list[Signature]] = field(default_factory=dict)  # seq -> entries in buffer
     created_ns: dict[int, int] = field(default_factory=dict)  # seq -> when it was issued
+    # Last collective this rank saw complete in the group; None when the dump cannot say
+    # (gloo records no completion).
+    completed: int | None = None
 
 
 @dataclass
@@ -125,6 +128,8 @@ def summarize(dump: Any, rank: int) -> RankSummary:
             ops.append(sig)
         if g.seq is None or seq > g.seq:
             g.seq = seq
+        if e.get("state") == "completed" and (g.completed is None or seq > g.completed):
+            g.completed = seq
         if first_record is None and isinstance(e.get("record_id"), int):
             first_record = e["record_id"]  # entries come oldest first
     id_to_name = {str(k): v for k, v in id_to_name.items()}
@@ -133,10 +138,13 @@ def summarize(dump: Any, rank: int) -> RankSummary:
         group_name = id_to_name.get(str(pg_id))
         if group_name is None or not isinstance(status, dict):
             continue
+        g = groups[group_name]
         enq = status.get("last_enqueued_collective")
         if isinstance(enq, int) and enq >= 0:
-            g = groups[group_name]
             g.seq = enq if g.seq is None else max(g.seq, enq)
+        done = status.get("last_completed_collective")
+        if isinstance(done, int) and done >= 0:
+            g.completed = done if g.completed is None else max(g.completed, done)
     pg_config: dict[str, str] = {}
     configs: dict[str, list[int]] = {}
     for name, cfg in (dump.get("pg_config") or {}).items():

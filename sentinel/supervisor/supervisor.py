@@ -313,7 +313,11 @@ class Supervisor:
             "launching generation %d on %s",
             self.job.generation,
             self.plan.nodes,
-            extra={"argv": self.plan.argv},
+            extra={
+                "argv": self.plan.argv,
+                "generation": self.job.generation,
+                "nodes": list(self.plan.nodes),
+            },
         )
         self.gang = self.launcher.launch(self.plan)
         self.job.state = "running"

@@ -88,6 +88,7 @@ class FakeGpu:
     remap_failure: int = 0
     clocks_event_reasons: int = 0
     pcie_replay: int = 0
+    recovery_action: int = 0  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, ...
     nvlink_state: list[int] = field(default_factory=lambda: [1] * 18)
     nvlink_replay: list[int] = field(default_factory=lambda: [0] * 18)
     nvlink_recovery: list[int] = field(default_factory=lambda: [0] * 18)
@@ -153,6 +154,7 @@ _NUMBER_KEYS = [
     "remap_pending",
     "remap_failure",
     "pcie_replay",
+    "recovery_action",
 ]
 
 
@@ -161,9 +163,15 @@ def write_config(
     gpus: Sequence[FakeGpu],
     xids: Sequence[tuple[int, int]] = (),
     init_error: int = 0,
+    hang: str = "",
 ) -> None:
-    """Write the config atomically (a new inode each time), so the library sees every change."""
+    """Write the config atomically (a new inode each time), so the library sees every change.
+
+    `hang` names an NVML C function (or `*` for all) that blocks until a later config drops it.
+    """
     text = [f"init_error = {init_error}\n"]
+    if hang:
+        text.append(f"hang = {hang}\n")
     text.extend(f"xid = {gpu} {code}\n" for gpu, code in xids)
     text.extend(gpu.render() for gpu in gpus)
     tmp = path.with_name(path.name + ".tmp")
@@ -174,6 +182,7 @@ def write_config(
 def expected_reading(gpu: FakeGpu, *, tensor_active: bool = True) -> dict[str, Any]:
     """The reading the agent must produce for what `gpu` serves (the test oracle)."""
     active = [i for i, state in enumerate(gpu.nvlink_state) if state == 1]
+    reset = gpu.recovery_action in (1, 4)  # GPU_RESET, DRAIN_AND_RESET
 
     def over_active(values: list[int]) -> int | None:
         return sum(values[i] for i in active) if active else None
@@ -214,6 +223,9 @@ def expected_reading(gpu: FakeGpu, *, tensor_active: bool = True) -> dict[str, A
         "nvlink_replay_errors": over_active(gpu.nvlink_replay),
         "nvlink_recovery_errors": over_active(gpu.nvlink_recovery),
         "tensor_active": gpu.tensor_util / 100.0 if gpu.gpm_supported and tensor_active else None,
+        "nvlink_links_down": [] if active else None,  # every link active at start still is
+        "recovery_action": gpu.recovery_action,
+        "reset_required": reset,
         "processes": [{"pid": pid, "used_memory_bytes": mem} for pid, mem in gpu.processes],
     }
 

@@ -19,6 +19,11 @@
  *   error.temp_gpu = 3        the call behind a field returns this NVML error code (keys:
  *                             ERROR_KEYS below; nvlink_fields fails the NVLink field values)
  *   lost = 1                  every call on this GPU returns NVML_ERROR_GPU_IS_LOST (15)
+ *   recovery_action = 1       NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (error.recovery_action fails it)
+ *
+ *   hang = nvmlDeviceGetPowerUsage   top level: that function (or every function: `hang = *`)
+ *                             blocks, re-reading the file every 20 ms, until the file no longer
+ *                             names it: a call wedged in the driver, released by the test
  *
  * Build: gcc -O2 -shared -fPIC -o libnvidia-ml.so.1 fake_nvml.c
  * With -DFAKE_NVML_OLD_DRIVER it lacks what older drivers lack (GPM, ClocksEventReasons).
@@ -89,6 +94,8 @@ typedef struct {
 #define NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY 161
 #define NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY 162
 #define NVML_FI_DEV_NVLINK_ERROR_DL_CRC 163
+#define NVML_FI_DEV_NVLINK_GET_STATE 165
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 #define NVML_GPM_METRIC_ANY_TENSOR_UTIL 5
@@ -108,7 +115,7 @@ enum value_key {
     V_ECC_SBE_VOLATILE, V_ECC_DBE_VOLATILE, V_ECC_SBE_AGGREGATE, V_ECC_DBE_AGGREGATE,
     V_RETIRED_SBE, V_RETIRED_DBE, V_RETIRED_PENDING,
     V_REMAP_CORRECTABLE, V_REMAP_UNCORRECTABLE, V_REMAP_PENDING, V_REMAP_FAILURE,
-    V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_COUNT
+    V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_RECOVERY_ACTION, V_COUNT
 };
 static const char *const NUMBER_KEYS[V_COUNT] = {
     "temp_gpu", "temp_mem", "power_mw", "power_limit_mw", "energy_mj", "clock_sm", "clock_mem",
@@ -116,7 +123,7 @@ static const char *const NUMBER_KEYS[V_COUNT] = {
     "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
     "retired_sbe", "retired_dbe", "retired_pending",
     "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
-    "clocks_event_reasons", "pcie_replay", "gpm_supported",
+    "clocks_event_reasons", "pcie_replay", "gpm_supported", "recovery_action",
 };
 
 enum error_key {
@@ -124,14 +131,14 @@ enum error_key {
     E_CLOCK_MEM, E_UTIL, E_MEMORY, E_ECC_SBE_VOLATILE, E_ECC_DBE_VOLATILE, E_ECC_SBE_AGGREGATE,
     E_ECC_DBE_AGGREGATE, E_RETIRED_PAGES, E_RETIRED_PENDING, E_REMAPPED_ROWS, E_CLOCKS_EVENT,
     E_PCIE_REPLAY, E_NVLINK_STATE, E_NVLINK_CRC_FLIT, E_NVLINK_CRC_DATA, E_NVLINK_REPLAY,
-    E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_COUNT
+    E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_RECOVERY_ACTION, E_COUNT
 };
 static const char *const ERROR_KEYS[E_COUNT] = {
     "handle", "uuid", "name", "pci", "temp_gpu", "temp_mem", "power", "power_limit", "energy", "clock_sm",
     "clock_mem", "util", "memory", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate",
     "ecc_dbe_aggregate", "retired_pages", "retired_pending", "remapped_rows", "clocks_event",
     "pcie_replay", "nvlink_state", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
-    "nvlink_recovery", "nvlink_fields", "gpm", "processes", "events",
+    "nvlink_recovery", "nvlink_fields", "gpm", "processes", "events", "recovery_action",
 };
 
 /* NVML's nvmlNvLinkErrorCounter_t order: DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA. */
@@ -158,6 +165,7 @@ struct nvml_gpu {
 
 struct state {
     int init_error, gpus, xids;
+    char hang[96];
     struct nvml_gpu gpu[MAX_GPUS];
     int xid_gpu[MAX_XIDS];
     unsigned long long xid_code[MAX_XIDS];
@@ -251,6 +259,7 @@ static int parse_line(struct state *st, struct nvml_gpu **gpu, char *line) {
     char *key = trim(line), *value = trim(eq + 1);
     if (*gpu) return parse_gpu_key(*gpu, key, value);
     if (strcmp(key, "init_error") == 0) st->init_error = atoi(value);
+    else if (strcmp(key, "hang") == 0) snprintf(st->hang, sizeof st->hang, "%s", value);
     else if (strcmp(key, "xid") == 0 && st->xids < MAX_XIDS) {
         if (sscanf(value, "%d %llu", &st->xid_gpu[st->xids], &st->xid_code[st->xids]) != 2)
             return -1;
@@ -294,6 +303,24 @@ static void refresh(void) {
         return;
     if (load_config(config_path) == 0) loaded = now;
 }
+
+/* ---- hang mode: a call that does not return until the test releases it ------------------- */
+
+static int hangs(const char *fn) {
+    return S->hang[0] && (strcmp(S->hang, "*") == 0 || strcmp(S->hang, fn) == 0);
+}
+
+/* No refresh of its own on the way in (every call already refreshes once): the file is at
+   most one call old here, so a hang written by a test starts at the next call of `fn`. */
+static void hang_point(const char *fn) {
+    struct timespec pause = {0, 20 * 1000000L};
+    while (hangs(fn)) {
+        nanosleep(&pause, NULL);
+        refresh();
+    }
+}
+
+#define ENTER() hang_point(__func__)
 
 /* ---- helpers shared by the device calls --------------------------------------------------- */
 
@@ -344,6 +371,7 @@ static nvmlReturn_t get_ull(nvmlDevice_t d, int error_key, int value_key,
 /* ---- library lifecycle -------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    ENTER();
     (void)flags;
     config_path = getenv("FAKE_NVML_CONFIG");
     if (!config_path) {
@@ -361,12 +389,14 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 
 nvmlReturn_t nvmlShutdown(void) {
+    ENTER();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     initialized = 0;
     return NVML_SUCCESS;
 }
 
 const char *nvmlErrorString(nvmlReturn_t result) {
+    ENTER();
     switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
@@ -377,11 +407,13 @@ const char *nvmlErrorString(nvmlReturn_t result) {
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    ENTER();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, "555.42.06-fake");
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    ENTER();
     refresh();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     *count = (unsigned int)S->gpus;
@@ -389,6 +421,7 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    ENTER();
     refresh();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (index >= (unsigned int)S->gpus) return NVML_ERROR_INVALID_ARGUMENT;
@@ -401,16 +434,19 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 /* ---- identity ----------------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_UUID);
     return copy_string(uuid, length, g->uuid);
 }
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_NAME);
     return copy_string(name, length, g->name);
 }
 
 nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_PCI);
     memset(pci, 0, sizeof *pci);
     snprintf(pci->busId, sizeof pci->busId, "%s", g->pci_bus_id);
@@ -422,6 +458,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
 /* ---- temperature, power, clocks, utilization, memory --------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *temp) {
+    ENTER();
     if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
     return get_uint(d, E_TEMP_GPU, V_TEMP_GPU, temp);
 }
@@ -435,13 +472,21 @@ static nvmlReturn_t field_value(struct nvml_gpu *g, nvmlFieldValue_t *fv) {
         fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
         fv->value.uiVal = (unsigned int)g->v[V_TEMP_MEM];
         return g->err[E_TEMP_MEM];
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        fv->value.uiVal = (unsigned int)g->v[V_RECOVERY_ACTION];
+        return g->err[E_RECOVERY_ACTION];
+    case NVML_FI_DEV_NVLINK_GET_STATE:
     case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
     case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY:
     case NVML_FI_DEV_NVLINK_ERROR_DL_CRC:
         if (g->err[E_NVLINK_FIELDS] || g->links == 0)
             return g->err[E_NVLINK_FIELDS] ? g->err[E_NVLINK_FIELDS] : NVML_ERROR_NOT_SUPPORTED;
         if (link >= (unsigned int)g->links) return NVML_ERROR_INVALID_ARGUMENT;
-        if (fv->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY)
+        if (fv->fieldId == NVML_FI_DEV_NVLINK_GET_STATE) {
+            fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            fv->value.uiVal = (unsigned int)g->link_state[link];
+        } else if (fv->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY)
             fv->value.ullVal = g->link_counter[0][link];
         else if (fv->fieldId == NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY)
             fv->value.ullVal = g->link_counter[1][link];
@@ -454,6 +499,7 @@ static nvmlReturn_t field_value(struct nvml_gpu *g, nvmlFieldValue_t *fv) {
 }
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    ENTER();
     GPU_OR_RETURN(g, d, -1);
     for (int i = 0; i < count; i++) {
         values[i].timestamp = (long long)time(NULL) * 1000000;
@@ -464,24 +510,29 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    ENTER();
     return get_uint(d, E_POWER, V_POWER_MW, mw);
 }
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *mw) {
+    ENTER();
     return get_uint(d, E_POWER_LIMIT, V_POWER_LIMIT_MW, mw);
 }
 
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *mj) {
+    ENTER();
     return get_ull(d, E_ENERGY, V_ENERGY_MJ, mj);
 }
 
 nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, int type, unsigned int *mhz) {
+    ENTER();
     if (type == 1) return get_uint(d, E_CLOCK_SM, V_CLOCK_SM, mhz);
     if (type == 2) return get_uint(d, E_CLOCK_MEM, V_CLOCK_MEM, mhz);
     return NVML_ERROR_NOT_SUPPORTED;
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *util) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_UTIL);
     util->gpu = (unsigned int)g->v[V_UTIL_GPU];
     util->memory = (unsigned int)g->v[V_UTIL_MEM];
@@ -489,6 +540,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *ut
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_MEMORY);
     memory->total = g->v[V_FB_TOTAL];
     memory->free = g->v[V_FB_FREE];
@@ -500,6 +552,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *memory) {
 
 nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int error_type, int counter_type,
                                          unsigned long long *count) {
+    ENTER();
     /* error_type: 0 corrected (SBE), 1 uncorrected (DBE); counter_type: 0 volatile, 1 aggr. */
     static const int values[2][2] = {{V_ECC_SBE_VOLATILE, V_ECC_SBE_AGGREGATE},
                                      {V_ECC_DBE_VOLATILE, V_ECC_DBE_AGGREGATE}};
@@ -512,6 +565,7 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int error_type, int cou
 
 nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *page_count,
                                        unsigned long long *addresses) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_RETIRED_PAGES);
     if (cause < 0 || cause > 1 || !page_count) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned int pages = (unsigned int)g->v[cause == 0 ? V_RETIRED_SBE : V_RETIRED_DBE];
@@ -524,11 +578,13 @@ nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *
 }
 
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *pending) {
+    ENTER();
     return get_uint(d, E_RETIRED_PENDING, V_RETIRED_PENDING, (unsigned int *)pending);
 }
 
 nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
                                        unsigned int *pending, unsigned int *failure) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_REMAPPED_ROWS);
     *corr = (unsigned int)g->v[V_REMAP_CORRECTABLE];
     *unc = (unsigned int)g->v[V_REMAP_UNCORRECTABLE];
@@ -541,19 +597,23 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsig
 
 #ifndef FAKE_NVML_OLD_DRIVER /* before R535 this was only "ClocksThrottleReasons" */
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *r) {
+    ENTER();
     return get_ull(d, E_CLOCKS_EVENT, V_CLOCKS_EVENT_REASONS, r);
 }
 #endif
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *r) {
+    ENTER();
     return get_ull(d, E_CLOCKS_EVENT, V_CLOCKS_EVENT_REASONS, r);
 }
 
 nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t d, unsigned int *count) {
+    ENTER();
     return get_uint(d, E_PCIE_REPLAY, V_PCIE_REPLAY, count);
 }
 
 nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_NVLINK_STATE);
     if (g->links == 0) return NVML_ERROR_NOT_SUPPORTED;
     if (link >= (unsigned int)g->links) return NVML_ERROR_INVALID_ARGUMENT;
@@ -563,6 +623,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigne
 
 nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, int counter,
                                              unsigned long long *value) {
+    ENTER();
     if (counter < 0 || counter >= LINK_COUNTERS) return NVML_ERROR_INVALID_ARGUMENT;
     GPU_OR_RETURN(g, d, LINK_ERRORS[counter]);
     if (g->links == 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -575,6 +636,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link, 
 #ifndef FAKE_NVML_OLD_DRIVER /* GPM arrived with R520 */
 
 nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support) {
+    ENTER();
     GPU_OR_RETURN(g, d, -1);
     if (support->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     support->isSupportedDevice = (unsigned int)g->v[V_GPM_SUPPORTED];
@@ -582,6 +644,7 @@ nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t d, nvmlGpmSupport_t *support
 }
 
 nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    ENTER();
     *sample = calloc(1, sizeof **sample);
     if (!*sample) return NVML_ERROR_UNKNOWN;
     (*sample)->gpu = -1;
@@ -589,11 +652,13 @@ nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
 }
 
 nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    ENTER();
     free(sample);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t sample) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_GPM);
     if (!g->v[V_GPM_SUPPORTED]) return NVML_ERROR_NOT_SUPPORTED;
     sample->gpu = gpu_index(d);
@@ -602,6 +667,7 @@ nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t d, nvmlGpmSample_t sample) {
 }
 
 nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
+    ENTER();
     refresh();
     if (get->version != 1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     if (!get->sample1 || !get->sample2 || get->sample1 == get->sample2 ||
@@ -622,6 +688,7 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *get) {
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
                                                      nvmlProcessInfo_t *infos) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_PROCESSES);
     unsigned int room = *count;
     *count = (unsigned int)g->procs;
@@ -637,6 +704,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned in
 /* ---- XID events: each set has its own cursor into the file's xid queue -------------------- */
 
 nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    ENTER();
     refresh();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     *set = calloc(1, sizeof **set);
@@ -646,6 +714,7 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
 }
 
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_EVENTS);
     (void)g;
     *types = NVML_EVENT_TYPE_XID;
@@ -654,6 +723,7 @@ nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long
 
 nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
                                       nvmlEventSet_t set) {
+    ENTER();
     GPU_OR_RETURN(g, d, E_EVENTS);
     (void)g;
     if (types & ~NVML_EVENT_TYPE_XID) return NVML_ERROR_NOT_SUPPORTED;
@@ -676,6 +746,7 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
 
 /* Honours the timeout like NVML does: a caller passing a long one really waits. */
 nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) {
+    ENTER();
     refresh();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
     if (next_event(set, data)) return NVML_SUCCESS;
@@ -687,6 +758,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
 }
 
 nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    ENTER();
     free(set);
     return NVML_SUCCESS;
 }

@@ -1,8 +1,9 @@
 """A plain data-parallel loop on a tiny model, instrumented with SentinelHooks, run as one rank.
 
-Launched by the tests as real processes (gloo). Faults are injected here, in the rank's own
-work, and found by the hooks from their signals: `--slow-rank R --slowdown F` stretches rank R's
-compute, `--spike-step S` / `--nan-step S` corrupt rank 0's loss, `--sdc-rank R` perturbs R's
+Launched by the tests as real processes (gloo). Each step does `--compute-s` seconds of real
+work: matrix products, a count measured once on rank 0 and the same on every rank. Faults are
+injected here, in the rank's own work, and found by the hooks from their signals:
+`--slow-rank R --slowdown F` gives rank R F times as many products, `--spike-step S` / `--nan-step S` corrupt rank 0's loss, `--sdc-rank R` perturbs R's
 arithmetic, `--stop-rank R --stop-step S` stops R before a collective (`--stop-in sub` before
 the subgroup's, else the world's).
 """
@@ -62,13 +63,14 @@ def main() -> None:
     if rank == args.sdc_rank:
         inject_sdc()
     gen = torch.Generator().manual_seed(1234 + rank)
+    work = Work(args.compute_s)
+    products = round(work.count * (args.slowdown if rank == args.slow_rank else 1.0))
     for step in range(args.steps):
         with hooks.step(step, tokens=16):
             x = torch.randn(16, 32, generator=gen)
             loss = (model(x) - x).pow(2).mean()
             loss.backward()
-            extra = args.slowdown if rank == args.slow_rank else 1.0
-            time.sleep(args.compute_s * extra)
+            work.run(products)
             if rank == 0 and step == args.spike_step:
                 loss = loss * 50
             if rank == 0 and step == args.nan_step:
@@ -90,6 +92,24 @@ def main() -> None:
     hooks.close()
     print(f"rank {rank} done errors={hooks.errors}", flush=True)
     dist.destroy_process_group()
+
+
+class Work:
+    """A step's compute: 64x64 matrix products, as many as take `seconds` of CPU on rank 0."""
+
+    def __init__(self, seconds: float) -> None:
+        gen = torch.Generator().manual_seed(7)
+        self.a, self.b = torch.randn(64, 64, generator=gen), torch.randn(64, 64, generator=gen)
+        self.out = torch.empty(64, 64)
+        t0 = time.thread_time()
+        self.run(200)
+        rate = torch.tensor([200 / max(time.thread_time() - t0, 1e-6)], dtype=torch.float64)
+        dist.broadcast(rate, src=0)  # one count for the whole gang
+        self.count = max(1, round(seconds * float(rate)))
+
+    def run(self, products: int) -> None:
+        for _ in range(products):
+            torch.mm(self.a, self.b, out=self.out)
 
 
 def maybe_stop(args: argparse.Namespace, rank: int, step: int, where: str) -> None:

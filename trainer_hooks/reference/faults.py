@@ -4,7 +4,8 @@ An injected fault only creates the fault; nothing here reports that it fired. Tr
 (crash, hang) leave a marker in the run dir when they fire, so replaying the same steps after a
 resume does not fire them again. Persistent faults (sdc, straggler) strike the hardware: the
 marker records the node (SENTINEL_NODE) hosting the rank when the fault first struck, and a
-replacement node (a hot spare) taking the rank over does not inherit it.
+replacement node (a hot spare) taking the rank over does not inherit it. A `straggler` fault is
+a slow device that does real extra work in every step (`trainer_hooks.reference.slowdown`).
 
 An `sdc` fault is a device whose GEMM unit computes wrong: from the fault's step on, every
 matrix product the rank's process computes on its device comes back slightly wrong (`FaultyGemm`)
@@ -35,6 +36,7 @@ from sentinel.scenario import (
     StragglerFault,
     load_scenario,
 )
+from trainer_hooks.reference.slowdown import SlowDevice
 
 TRAINER_FAULTS = (CorruptBatchFault, SdcFault, StragglerFault, HangFault, CrashFault)
 SDC_EVERY = 97  # one element in SDC_EVERY of a faulty GEMM's output gets a bit flipped
@@ -155,12 +157,12 @@ class FaultInjector:
         self.corrupt = {f.batch for f in faults if isinstance(f, CorruptBatchFault)}
         mine = [f for f in faults if getattr(f, "rank", None) == rank]
         self.sdc = [f for f in mine if isinstance(f, SdcFault)]
-        self.gemm = FaultyGemm(device or torch.device("cpu"))
+        self.device = device or torch.device("cpu")
+        self.gemm = FaultyGemm(self.device)
         self.stragglers = [f for f in mine if isinstance(f, StragglerFault)]
+        self.slow: SlowDevice | None = None  # the device once a straggler fault struck it
         self.transient = [f for f in mine if isinstance(f, HangFault | CrashFault)]
         self.step = 0
-        self._busy_s = 0.0
-        self._slept_s = 0.0
 
     def _marker(self, f: Fault) -> Path:
         return self.markers / f"{f.kind}-rank{self.rank}-step{getattr(f, 'at_step', 0)}.fired"
@@ -196,11 +198,14 @@ class FaultInjector:
                     os._exit(1)
                 while True:  # hang: a rank stuck before its next collective
                     time.sleep(3600)
-        self._slept_s = 0.0
-        for slow in self.stragglers:
-            if step >= slow.at_step and self._strikes_here(slow):
-                self._slept_s = (slow.slowdown - 1.0) * self._busy_s
-                time.sleep(self._slept_s)
+        if self.slow is None:
+            struck = [f for f in self.stragglers if step >= f.at_step and self._strikes_here(f)]
+            if struck:  # the device stays slow: it never recovers
+                self.slow = SlowDevice(self.device, max(f.slowdown for f in struck))
+        if self.slow is not None:
+            self.slow.start_step()
 
-    def after_step(self, step_s: float) -> None:
-        self._busy_s = max(0.0, step_s - self._slept_s)
+    def after_step(self) -> None:
+        """The step's work is done (what a slow device takes longer over)."""
+        if self.slow is not None:
+            self.slow.end_step()

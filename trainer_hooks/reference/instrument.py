@@ -13,6 +13,13 @@ def replica_groups(job: Job) -> list[list[int]]:
     return [mesh[p, :, t].tolist() for p in range(job.cfg.pp) for t in range(job.cfg.tp)]
 
 
+def stage_groups(job: Job) -> list[list[int]]:
+    """Ranks doing the same work: one group per pipeline stage (its tensor-parallel shards
+    split every product evenly, its data-parallel replicas repeat it)."""
+    mesh = job.mesh.mesh  # global ranks, shape (pp, dp, tp)
+    return [mesh[p].flatten().tolist() for p in range(job.cfg.pp)]
+
+
 def rank_flops_per_token(job: Job) -> float:
     """This rank's share of TorchTitan's count: its pipeline stage, its tensor-parallel shard.
 
@@ -34,4 +41,5 @@ def build_hooks(job: Job) -> SentinelHooks:
         flops_per_token=rank_flops_per_token(job),
         device=job.device,
         replica_groups=replica_groups(job),
+        peer_groups=stage_groups(job),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class Job:
     step_fn: TrainStep
     start: int = 0
     tokens: int = 0
+    load_s: float = 0.0  # seconds the resume took to load its checkpoint
     skip: set[int] = field(default_factory=set)
     saves: int = 0
 
@@ -107,7 +109,9 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
         skip=set(cfg.skip_batches),
     )
     if resume is not None:
+        load_at = time.perf_counter()
         st = job.ckpt.load(resume, model, opt)
+        job.load_s = time.perf_counter() - load_at
         job.start, job.tokens = st["step"], st["tokens"]
         loader.load_state_dict(st["data"])
         job.lr.load_state_dict(st["lr"])

@@ -61,7 +61,7 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
     job.tokens += cfg.global_batch * cfg.model.seq
     step_s = time.perf_counter() - t0
-    job.injector.after_step(step_s)
+    job.injector.after_step()
     if hooks:
         hooks.end_step()
     done = step + 1
@@ -161,13 +161,19 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     (cfg.out / f"hooks-interleave-{dist.get_rank()}.json").write_text(json.dumps(record))
 
 
-def train(cfg: TrainConfig, resume: Any, faults: list[Any]) -> None:
+def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, float]) -> None:
     job = build_job(cfg, resume, faults)
     out: list[TextIO] = []
     if dist.get_rank() == 0:
         cfg.out.mkdir(parents=True, exist_ok=True)
         out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
     hooks = build_hooks(job)
+    # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on the
+    # same clock can place them): the process was running its code from `main_at`, the
+    # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
+    # at `ready_at`.
+    launch = {**started, "load_s": job.load_s, "ready_at": time.time(), "resume_step": job.start}
+    _emit({"launch": launch}, out)
     try:
         train_loop(job, out, hooks)
     finally:
@@ -180,6 +186,7 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    main_at = time.time()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
         cfg = parse_config(argv, world)
@@ -198,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         # On CPU the intra-op thread count changes reduction order: it is part of the numerical
         # program, so the trainer pins it itself, whoever launched it (torchrun, sentinel run).
         torch.set_num_threads(cfg.cpu_threads)
+    rendezvous_at = time.time()
     dist.init_process_group(device_and_backend()[1])
+    started = {"main_at": main_at, "rendezvous_s": time.time() - rendezvous_at}
     try:
-        train(cfg, resume, faults)
+        train(cfg, resume, faults, started)
     except interleave.ScheduleMismatchError as e:  # raised on every rank together
         print(f"error: {e}", file=sys.stderr)
         return 2

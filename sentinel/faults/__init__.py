@@ -1,0 +1,1 @@
+"""What faults mean: the XID catalog and the health-rule table, shared by agent and coordinator."""

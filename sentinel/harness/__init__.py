@@ -1,0 +1,1 @@
+"""Real dependencies (a throwaway PostgreSQL) started for tests, drills and benchmarks."""

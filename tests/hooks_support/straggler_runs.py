@@ -1,0 +1,71 @@
+"""The reference trainer as real gloo ranks, with or without a slowed rank, reporting to a
+recording agent socket: what the straggler tests and `benchmarks/stragglers.py` both run.
+
+Every run uses the hooks' shipped defaults (nothing but the agent socket is set) and the
+demo's tiny model; a `straggler` fault makes its rank's device do `slowdown` times the work
+from `at_step` on (`trainer_hooks.reference.slowdown`)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.hooks_support.gang import fake_agent
+from trainer_hooks.reference.launch import GangFailed, launch
+
+MODEL = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128"]
+MODEL += ["--corpus-tokens", "32768", "--mbs", "2", "--accum", "2", "--warmup", "2", "--quiet"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """`TPxPPxDP`, e.g. `2x2x2`."""
+        tp, pp, dp = (int(x) for x in text.split("x"))
+        return cls(tp, pp, dp)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def __str__(self) -> str:
+        return f"{self.tp}x{self.pp}x{self.dp}"
+
+
+@dataclass(frozen=True)
+class Named:
+    rank: int
+    step: int  # the step whose exchange carried the verdict
+    slowdown: float
+
+
+def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 900) -> list[Named]:
+    """Train `steps` steps; every `rank.straggler` event, in the order received."""
+    with tempfile.TemporaryDirectory(prefix="sentinel-stragglers-") as name:
+        tmp = Path(name)
+        args = [*MODEL, "--tp", str(layout.tp), "--pp", str(layout.pp), "--dp", str(layout.dp)]
+        args += ["--steps", str(steps), "--checkpoint-every", "0", "--out", str(tmp / "out")]
+        args += ["--fault", fault] if fault else []
+        with fake_agent(tmp) as agent:
+            env = {**os.environ, "SENTINEL_AGENT_SOCKET": str(agent.path)}
+            gang = launch(layout.world, args, log_dir=tmp / "logs", env=env, fork=True)
+            try:
+                codes = gang.wait(timeout)
+            finally:
+                gang.kill()
+            if any(codes):
+                raise GangFailed(f"exit codes {codes}:\n{gang.tail(0)}")
+            time.sleep(0.5)  # the ranks flushed their events on exit; let the reader take them
+            return [
+                Named(rank, int(p["step"]), float(p["slowdown"]))
+                for rank, p in agent.payloads("rank.straggler")
+                if rank is not None
+            ]

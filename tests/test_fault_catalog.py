@@ -1,0 +1,131 @@
+"""One meaning per fault: every catalog XID leads to the same response in the agent's verdict
+and in the shipped playbook its event triggers.
+
+The agent side is the real path on simulated GPUs (a fault file, the health evaluator, the node
+monitor building the `gpu.xid` event); the coordinator side is the shipped playbooks' own
+trigger clauses, taken in priority order as ingest takes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sentinel.agent.health import HealthEvaluator
+from sentinel.agent.monitor import NodeMonitor
+from sentinel.agent.sim import SimulatedGpus, inject
+from sentinel.config import HealthThresholds
+from sentinel.coordinator.playbooks import (
+    Condition,
+    Playbook,
+    PlaybookError,
+    default_playbooks_dir,
+    load_playbooks,
+)
+from sentinel.faults.catalog import CATALOG, RULES, asks, describe, escalated_action
+from sentinel.protocol import Action, Event, EventKind
+
+BOOKS = load_playbooks(default_playbooks_dir())
+NODE_OUT = {Action.RESET_GPU, Action.REBOOT_NODE, Action.DRAIN_AND_INSPECT}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _doc(ev: Event) -> dict[str, Any]:
+    s = ev.source
+    return {"kind": ev.kind.value, "payload": ev.payload,
+            "source": {"node": s.node, "rank": s.rank, "job": s.job}}  # fmt: skip
+
+
+def _classify(ev: Event) -> Playbook | None:
+    doc = _doc(ev)
+    return next((b for b in BOOKS if b.clause_for(ev, doc) is not None), None)
+
+
+def _response(book: Playbook | None) -> str:
+    """What a playbook does, in the catalog's terms."""
+    if book is None:
+        return "nothing"
+    steps = {s.action for s in book.steps}
+    if "evict_node" in steps:
+        return "node out"
+    if {"rollback", "resume"} <= steps:
+        return "restart job"
+    return "notify"
+
+
+def _expected(action: Action) -> str:
+    if action in NODE_OUT:
+        return "node out"
+    return "restart job" if action is Action.RESTART_JOB else "nothing"
+
+
+def _xid_events(tmp_path: Path, code: int, times: int) -> list[Event]:
+    """The `gpu.xid` events the agent emits when the driver reports `code` `times` times."""
+    clock = Clock()
+    faults = tmp_path / f"faults-{code}.jsonl"
+    gpus = SimulatedGpus(2, faults_file=faults, clock=clock)
+    monitor = NodeMonitor("node-0", gpus, None, HealthEvaluator(HealthThresholds(), clock), clock)
+    out = []
+    for _ in range(times):
+        inject(faults, {"kind": "xid", "gpu": 1, "xid": code})
+        _, events = monitor.collect()
+        out += [e for e in events if e.kind is EventKind.GPU_XID]
+        clock.now += 60
+    return out
+
+
+@pytest.mark.parametrize("code", [info.code for info in CATALOG])
+def test_every_xid_means_the_same_to_agent_and_playbooks(tmp_path: Path, code: int) -> None:
+    info = describe(code)
+    (first,) = _xid_events(tmp_path, code, 1)
+    assert first.payload["action"] == info.action.value  # the agent's verdict
+    assert _response(_classify(first)) == _expected(info.action), info
+
+
+@pytest.mark.parametrize("code", [info.code for info in CATALOG if info.escalates])
+def test_a_repeated_xid_escalates_in_both_places(tmp_path: Path, code: int) -> None:
+    last = _xid_events(tmp_path, code, HealthThresholds().xid_escalate_after)[-1]
+    assert last.payload["action"] == escalated_action(code).value == "drain_and_inspect"
+    assert _response(_classify(last)) == "node out"
+
+
+def test_xid_94_restarts_the_job_and_keeps_the_node(tmp_path: Path) -> None:
+    (event,) = _xid_events(tmp_path, 94, 1)
+    book = _classify(event)
+    assert book is not None and book.name == "gpu_job_fault"
+    assert "evict_node" not in {s.action for s in book.steps}
+
+
+def test_asks_reads_codes_findings_and_rules() -> None:
+    assert asks(79) is Action.REBOOT_NODE
+    assert asks("xid_94") is Action.RESTART_JOB
+    assert asks("gpu_temp_unhealthy") is Action.DRAIN_AND_INSPECT
+    assert asks("no_such_rule") is None and asks(True) is None
+    assert all(asks(r.name) is r.action for r in RULES)
+
+
+def test_asks_condition_rejects_what_the_catalog_does_not_know() -> None:
+    with pytest.raises(ValueError, match="catalog actions"):
+        Condition(field="payload.xid", op="asks", value=["evict_everything"])
+    cond = Condition(field="payload.findings.*.rule", op="asks", value=["reboot_node"])
+    assert cond.holds({"payload": {"findings": [{"rule": "gpu_lost"}]}})
+    assert not cond.holds({"payload": {"findings": [{"rule": "gpu_temp_degraded"}]}})
+
+
+def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(
+        "name: bad\nincident: {fault: x, scope: node}\ntrigger:\n  - kinds: [gpu.xid]\n"
+        "    when:\n      - {field: payload.xid, op: asks, value: [explode]}\n"
+        "steps:\n  - {action: resume}\n"
+    )
+    with pytest.raises(PlaybookError, match=r"bad.yaml:6"):
+        load_playbooks(tmp_path)
