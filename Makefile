@@ -27,8 +27,9 @@ test: venv system-deps lint
 system-deps:
 	scripts/install-system-deps.sh
 
+# Every benchmark in turn, with a live progress display on a terminal (benchmarks/__main__.py).
 bench: venv
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) -m benchmarks
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -91,6 +91,7 @@ def run_drill(
     *,
     shorten: bool,
     echo: Callable[[str], None],
+    progress: Callable[[int, int], None] | None = None,
     timeout_s: float | None = None,
     stall_s: float = 240.0,
     fleet: str = "local",
@@ -99,7 +100,11 @@ def run_drill(
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
-    demo = Demo(scenario, out, echo) if fleet == "local" else SlurmDemo(scenario, out, echo)
+    demo = (
+        Demo(scenario, out, echo, progress)
+        if fleet == "local"
+        else SlurmDemo(scenario, out, echo, progress)
+    )
     warnings = repair_warnings(scenario, load_playbooks(default_playbooks_dir()))
     for warning in warnings:
         demo.note("info", None, f"WARNING: {warning}")

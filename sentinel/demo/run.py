@@ -110,8 +110,15 @@ class Recording:
 
 
 class Demo:
-    def __init__(self, scenario: Scenario, out: Path, echo: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        out: Path,
+        echo: Callable[[str], None],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.scenario, self.out, self.echo = scenario, out.resolve(), echo
+        self.progress = progress  # (step, steps in all) for a live display
         self.rec = Recording(t0=time.time())
         self.print_every = max(1, scenario.trainer.steps // 12)
         self.markers = MarkerWatch(self.out / "run" / "faults")
@@ -145,6 +152,8 @@ class Demo:
         gen = observer.seen.generation_at(line.t)
         replay = line.step <= max((ln.step for ln, _g in self.rec.lines), default=0)
         self.rec.lines.append((line, gen))
+        if self.progress is not None:
+            self.progress(line.step, self.scenario.trainer.steps)
         for index, f in enumerate(self.scenario.faults):
             ref = f"fault:{index}"
             if (

@@ -48,8 +48,14 @@ def node_fr_dir(out: Path, node: str) -> Path:
 
 
 class SlurmDemo(Demo):
-    def __init__(self, scenario: Any, out: Path, echo: Callable[[str], None]) -> None:
-        super().__init__(scenario, out, echo)
+    def __init__(
+        self,
+        scenario: Any,
+        out: Path,
+        echo: Callable[[str], None],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        super().__init__(scenario, out, echo, progress)
         self.cluster: SlurmCluster | None = None
         self.final_states: dict[str, NodeState] = {}
 
