@@ -104,6 +104,9 @@ class CoordinatorConfig(StrictModel):
     # older than this is stored again, and no trigger window may be longer.
     event_retention_s: float = Field(default=7 * 86400.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
+    # An outside effect (a drain through scontrol or the Kubernetes API, a notification) that
+    # has not answered in this long is recorded as failed and its step fails (a person looks).
+    effect_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class SupervisorConfig(StrictModel):

@@ -200,10 +200,23 @@ class RankCrashPayload(_Strict):
     reason: str | None = None
 
 
+class JobState(StrEnum):
+    """Where a job stands. The supervisor reports every state but `lost`, which the
+    coordinator sets when the supervisor's heartbeat stops (see coordinator/lifecycle.py)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    FAILED = "failed"
+    FINISHED = "finished"
+    LOST = "lost"
+
+
 class JobStatusPayload(_Strict):
     """The supervisor's heartbeat: where the job stands and what it runs on."""
 
-    state: str
+    state: JobState
     generation: int = Field(ge=0)
     world_size: int = Field(ge=0)
     gpus_per_node: int = Field(default=1, ge=1)
@@ -287,7 +300,8 @@ class Event(_Strict):
     kind: EventKind
     source: Source
     ts: float = Field(default_factory=time.time)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    # Checked even when absent: a kind whose payload has required fields needs one.
+    payload: dict[str, Any] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("ts")
     @classmethod
@@ -332,6 +346,41 @@ class CommandKind(StrEnum):
     JOB_RESTART = "job.restart"
 
 
+class LrScale(_Strict):
+    """Scale the learning rate by `factor` for the first `steps` steps after a restart."""
+
+    factor: float = Field(gt=0, le=1.0)
+    steps: int = Field(ge=1)
+
+
+class RepairPlan(BaseModel):
+    """The decision a repair builds up for a restart, step by step (evict, swap, rollback,
+    skip, LR scale), and the `job.restart` command's arguments: the coordinator's actions
+    write it, the supervisor reads it, one model on both ends of the wire."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exclude: list[Identifier] = Field(default_factory=list)  # nodes taken out (evicted)
+    spare_map: dict[Identifier, Identifier] = Field(default_factory=dict)  # out node -> spare
+    culprits: list[Identifier] = Field(default_factory=list)  # nodes a diagnosis named
+    resume_before_step: int | None = Field(default=None, ge=0)  # None: the newest checkpoint
+    skip_batches: list[tuple[int, int]] = Field(default_factory=list)  # inclusive ranges
+    lr_scale: LrScale | None = None
+    reason: str = ""
+
+    @field_validator("skip_batches")
+    @classmethod
+    def _ranges(cls, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        for lo, hi in ranges:
+            if lo < 0 or hi < lo:
+                raise ValueError(f"batch range {lo}-{hi} is not 0 <= first <= last")
+        return ranges
+
+
+# Commands whose arguments have a model of their own; the others carry a small free dict.
+COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {CommandKind.JOB_RESTART: RepairPlan}
+
+
 class Command(_Strict):
     """An instruction from the coordinator, to a node agent, a job supervisor or its ranks."""
 
@@ -341,6 +390,13 @@ class Command(_Strict):
     target: Source
     ts: float = Field(default_factory=time.time)
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _args_fit_kind(self) -> Command:
+        model = COMMAND_ARGS.get(self.kind)
+        if model is not None:
+            model.model_validate(self.args)
+        return self
 
 
 # --- decoding with precise errors ------------------------------------------------------------
@@ -372,7 +428,12 @@ def _load_json(raw: str | bytes | dict[str, Any]) -> dict[str, Any]:
     version = doc.get("v")
     if version is None:
         raise ProtocolError("missing protocol version field 'v'")
-    if version not in SUPPORTED_VERSIONS:
+    # A version is an integer; any other JSON value (an object, a list) is no version at all.
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or version not in SUPPORTED_VERSIONS
+    ):
         raise ProtocolError(
             f"unsupported protocol version {version!r} (this build speaks "
             f"{sorted(SUPPORTED_VERSIONS)})"

@@ -181,10 +181,10 @@ async def ack_command(request: web.Request) -> web.Response:
     body = await _json_body(request, AckBody)
     assert isinstance(body, AckBody)
     cid = request.match_info["id"]
-    cmd = await service.db(service.store.one, "SELECT * FROM commands WHERE id=?", (cid,))
+    cmd = await service.db(queries.command, service.store, cid)
     if cmd is None:
         return _error(404, f"no command {cid!r}")
-    if not principal.may_target(cmd["target_kind"], cmd["target"]):
+    if not principal.may_target(cmd.target_kind, cmd.target):
         return _error(403, f"{principal} may not acknowledge command {cid!r}")
     await service.db(
         queries.ack_command, service.store, cid, body.ok, body.detail, str(principal), time.time()
