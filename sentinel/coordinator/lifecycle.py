@@ -120,7 +120,7 @@ NODE: dict[NodeState, frozenset[NodeState]] = {
 # but a finished job's. `lost` is the coordinator's, when heartbeats stop.
 _REPORTED = frozenset(s for s in J if s is not J.LOST)
 JOB: dict[JobState, frozenset[JobState]] = {
-    **{s: _REPORTED - {s} | {J.LOST} for s in _REPORTED},
+    **{s: _REPORTED - {s} | {J.LOST} for s in J if s in _REPORTED},
     J.FINISHED: frozenset({J.STARTING}),  # the same job id launched again
     J.FAILED: frozenset({J.STARTING, J.RUNNING}),
     J.LOST: _REPORTED,  # the supervisor came back
@@ -322,3 +322,7 @@ def markdown_tables() -> str:
             out.append(f"| {state} | {', '.join(sorted(targets)) or '(terminal)'} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":  # the README's tables: python -m sentinel.coordinator.lifecycle
+    print(markdown_tables(), end="")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,6 @@ from sentinel.protocol import Event, EventBatch, decode_batch
 log = logging.getLogger("sentinel.coordinator")
 T = TypeVar("T")
 STORE_FILE = "coordinator.db"
-EFFECT_THREADS = 4  # outside calls made at once (drains of several nodes, notifications)
 
 # Why the sender may not report one of these events, or None: the API's authorization rule.
 ReportCheck = Callable[[list[Event]], str | None]
@@ -76,10 +76,6 @@ class Service:
         )
         self.pruner = EventPruner(self.store, cfg.event_retention_s)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-store")
-        # Outside calls (scontrol, the Kubernetes API) run here, never on the store's thread.
-        self._effect_pool = ThreadPoolExecutor(
-            max_workers=EFFECT_THREADS, thread_name_prefix="sentinel-effect"
-        )
         self._effects_in_flight: dict[str, asyncio.Task[None]] = {}
         self._pending: list[_Pending] = []
         self._group_opened = 0.0  # loop time the oldest pending batch arrived
@@ -106,7 +102,6 @@ class Service:
         for task in list(self._effects_in_flight.values()):
             task.cancel()
         await asyncio.gather(*self._effects_in_flight.values(), return_exceptions=True)
-        self._effect_pool.shutdown(wait=False, cancel_futures=True)
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.db(self.store.close)
@@ -197,11 +192,10 @@ class Service:
         effects, timeout = self.engine.effects, self.cfg.effect_timeout_s
         try:
             reconcile = await self.db(effects.begin, effect)
-            call = asyncio.get_running_loop().run_in_executor(
-                self._effect_pool, effects.perform, effect, reconcile
-            )
             try:
-                outcome = await asyncio.wait_for(call, timeout)
+                outcome = await asyncio.wait_for(
+                    _off_thread(effects.perform, effect, reconcile), timeout
+                )
             except TimeoutError:
                 outcome = Outcome(False, {"error": f"no answer in {timeout:g} s"})
             await self.db(effects.settle, effect, outcome, self.clock())
@@ -225,6 +219,26 @@ class Service:
     async def notify_commands(self) -> None:
         async with self.commands_changed:
             self.commands_changed.notify_all()
+
+
+def _off_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`fn(*args)` on a daemon thread of its own: never the store's thread, and a call still
+    hanging at shutdown (a stuck `scontrol`) does not hold the process up. Its effect stays
+    recorded as intended, and the next start reconciles it."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T) -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    def work() -> None:
+        value = fn(*args)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
+            loop.call_soon_threadsafe(settle, value)
+
+    threading.Thread(target=work, name="sentinel-effect", daemon=True).start()
+    return fut
 
 
 def _decode_group(
