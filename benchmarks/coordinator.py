@@ -1,6 +1,6 @@
 """Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
 each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
-loopback, as a real fleet does: every node on its own keep-alive connection with its own node
+loopback to the coordinator's ingest listener (`--ingest-listen`), as a real fleet does: every node on its own keep-alive connection with its own node
 token, event ids made the way the agent makes them. The coordinator is pinned to one core (the
 target is a fleet on one core) and the generator to the others. Fleets grow through the sizes given; past the 2,048-node target they stop at the
 first one whose p99 ack passes 50 ms.
@@ -263,6 +263,12 @@ class _LargestFile(threading.Thread):
                 return
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
@@ -277,9 +283,7 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
     token, node_tokens = _make_tokens(state, max(sizes))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port, ingest = _free_port(), _free_port()  # the API, and the fleet's ingest listener
     url = f"http://127.0.0.1:{port}"
     coord = subprocess.Popen(
         [
@@ -291,6 +295,8 @@ def main() -> None:
             "coordinator",
             "--listen",
             f"127.0.0.1:{port}",
+            "--ingest-listen",
+            f"127.0.0.1:{ingest}",
             "--state-dir",
             str(state),
         ],
@@ -306,7 +312,7 @@ def main() -> None:
         if args.closed_loop:
             print(
                 json.dumps(
-                    _closed_loop_step(port, coord.pid, node_tokens, sizes[0], args.closed_loop)
+                    _closed_loop_step(ingest, coord.pid, node_tokens, sizes[0], args.closed_loop)
                 )
             )
             return
@@ -316,7 +322,7 @@ def main() -> None:
             hist0 = _server_ack_buckets(url, token)
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
-            loader = mp.Process(target=_loader, args=(port, node_tokens, nodes, args.seconds, q))
+            loader = mp.Process(target=_loader, args=(ingest, node_tokens, nodes, args.seconds, q))
             with _LargestFile(wal_path(state / STORE_FILE)) as wal:
                 loader.start()
                 lat, late, elapsed = q.get()

@@ -80,6 +80,9 @@ class EvictionBudgetConfig(StrictModel):
 
 class CoordinatorConfig(StrictModel):
     listen: str = "127.0.0.1:9400"
+    # A second port that serves only `POST /v1/events`, past aiohttp (coordinator/front.py):
+    # what a large fleet's agents post to. None: events go to the API port only.
+    ingest_listen: str | None = None
     state_dir: Path = Path("/var/lib/sentinel/coordinator")
     # None: the playbooks shipped with Sentinel (playbooks/ of the installation).
     playbooks_dir: Path | None = None
