@@ -165,8 +165,9 @@ class AckBody(BaseModel):
 
 async def _json_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
     try:
-        raw = await request.json() if request.can_read_body else {}
-    except json.JSONDecodeError as e:
+        body = await request.read()
+        raw = json.loads(body) if body else {}
+    except ValueError as e:  # not JSON, or not UTF-8 at all
         raise web.HTTPBadRequest(
             text=json.dumps({"error": f"not valid JSON: {e}"}), content_type="application/json"
         ) from None
