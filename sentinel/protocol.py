@@ -31,7 +31,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Literal[1] = 1
 SUPPORTED_VERSIONS = frozenset({1})
 MAX_BATCH_EVENTS = 10_000
 
@@ -486,7 +486,7 @@ def _as_typed_dict(model: type[BaseModel]) -> Any:
             parts.append(Field(default=f.default))
         annotated = Annotated[tuple(parts)] if len(parts) > 1 else parts[0]
         fields[name] = annotated if f.is_required() else NotRequired[annotated]
-    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator]
+    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator, misc]
     typed.__pydantic_config__ = ConfigDict(extra="forbid", use_enum_values=True)  # type: ignore[attr-defined]
     return typed
 
@@ -511,7 +511,7 @@ def _wire_event(kind: EventKind) -> type[Event]:
     return create_model(  # type: ignore[no-any-return]
         f"{PAYLOAD_MODELS[kind].__name__.removesuffix('Payload')}Event",
         __base__=_WireEvent,
-        kind=(Literal[kind], ...),  # type: ignore[valid-type]
+        kind=(Literal[kind], ...),  # type: ignore[valid-type, arg-type]
         payload=(
             _as_typed_dict(PAYLOAD_MODELS[kind]),
             Field(default_factory=dict, validate_default=True),
@@ -519,11 +519,11 @@ def _wire_event(kind: EventKind) -> type[Event]:
     )
 
 
-_ANY_KIND = Annotated[
+_ANY_KIND = Annotated[  # type: ignore[valid-type]
     Union[tuple(_wire_event(k) for k in EventKind)],  # type: ignore[valid-type]  # noqa: UP007
     Field(discriminator="kind"),
 ]
-_WIRE_EVENT: TypeAdapter[Event] = TypeAdapter(_ANY_KIND)
+_WIRE_EVENT: TypeAdapter[Event] = TypeAdapter(_ANY_KIND)  # type: ignore[arg-type]
 _WIRE_BATCH = TypeAdapter(
     create_model(
         "WireBatch",
@@ -550,7 +550,7 @@ def decode_batch(raw: str | bytes | dict[str, Any]) -> EventBatch:
         except ValidationError:
             pass
         else:
-            return EventBatch.model_construct(v=wire.v, events=wire.events)
+            return EventBatch.model_construct(v=wire.v, events=wire.events)  # type: ignore[attr-defined]
     return _decode(EventBatch, raw)
 
 

@@ -28,7 +28,6 @@ from sentinel.coordinator.lifecycle import (
     RUN,
     Entity,
     IncidentState,
-    JobState,
     RunState,
     StepState,
     TransitionError,
@@ -37,6 +36,7 @@ from sentinel.coordinator.lifecycle import (
 from sentinel.coordinator.playbooks import Playbook, Step
 from sentinel.coordinator.store import StateStore
 from sentinel.coordinator.store.rows import IncidentRow, RunRow
+from sentinel.protocol import JobState
 
 log = logging.getLogger("sentinel.coordinator.engine")
 

@@ -187,8 +187,8 @@ class Metrics:
             (Entity.NODE, self.nodes),
             (Entity.JOB, self.jobs),
         ):
-            for state, n in store.state_counts(entity).items():
-                gauge.labels(state=state).set(n)
+            for name, n in store.state_counts(entity).items():
+                gauge.labels(state=name).set(n)
         budget = service.cfg.eviction
         spent = store.count_nodes(OUT_OF_SERVICE, changed_since=now - budget.window_s)
         self.budget.set(max(0, budget.max_per_window - spent))

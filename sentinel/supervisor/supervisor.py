@@ -38,6 +38,7 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
+from sentinel.protocol import JobState as ReportedState
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit, free_master_port
 
 log = logging.getLogger("sentinel.supervisor")
@@ -183,7 +184,7 @@ class Supervisor:
     def _status_event(self) -> Any:
         ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
         payload = JobStatusPayload(
-            state=self.job.state,
+            state=ReportedState(self.job.state),
             generation=self.job.generation,
             world_size=len(self.job.nodes) * self.job.gpus_per_node,
             gpus_per_node=self.job.gpus_per_node,

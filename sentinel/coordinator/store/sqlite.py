@@ -968,8 +968,20 @@ def _job(r: sqlite3.Row) -> JobRow:
 
 
 def _incident(r: sqlite3.Row) -> IncidentRow:
-    detail = IncidentDetail.model_validate_json(r[11])
-    return IncidentRow(*r[:5], IncidentState(r[5]), *r[6:11], detail)  # type: ignore[arg-type]
+    return IncidentRow(
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        IncidentState(r[5]),
+        r[6],
+        r[7],
+        r[8],
+        r[9],
+        r[10],
+        IncidentDetail.model_validate_json(r[11]),
+    )
 
 
 def _run(r: sqlite3.Row) -> RunRow:
@@ -989,7 +1001,12 @@ def _run(r: sqlite3.Row) -> RunRow:
 
 def _step(r: sqlite3.Row) -> StepRow:
     return StepRow(
-        *r[:6],  # type: ignore[arg-type]
+        r[0],
+        r[1],
+        r[2],
+        r[3],
+        r[4],
+        r[5],
         json.loads(r[6]),
         StepState(r[7]),
         json.loads(r[8]),
@@ -1001,12 +1018,12 @@ def _step(r: sqlite3.Row) -> StepRow:
 
 
 def _audit(r: sqlite3.Row) -> AuditRow:
-    return AuditRow(*r[:6], json.loads(r[6]))  # type: ignore[arg-type]
+    return AuditRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
 
 
 def _command(r: sqlite3.Row) -> CommandRow:
     result = json.loads(r[8]) if r[8] else None
-    return CommandRow(*r[:4], json.loads(r[4]), r[5], r[6], r[7], result, r[9])  # type: ignore[arg-type]
+    return CommandRow(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7], result, r[9])
 
 
 def _effect(r: sqlite3.Row) -> EffectRow:
@@ -1026,7 +1043,7 @@ def _effect(r: sqlite3.Row) -> EffectRow:
 
 
 def _event(r: sqlite3.Row) -> StoredEvent:
-    return StoredEvent(*r[:6], json.loads(r[6]))  # type: ignore[arg-type]
+    return StoredEvent(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]))
 
 
 def _detail(detail: IncidentDetail) -> str:
