@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from stats import percentile_ms
 
 from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.service import STORE_FILE
@@ -235,11 +236,6 @@ def _holds(step: dict[str, Any]) -> bool:
     return p99 is not None and p99 <= P99_LIMIT_MS
 
 
-def _pct(values: list[float], p: float) -> float | None:
-    s = sorted(values)
-    return round(s[min(len(s) - 1, int(p * len(s)))] * 1000, 2) if s else None
-
-
 class _LargestFile(threading.Thread):
     """The largest size a file reaches while the block runs (sampled 4 times a second)."""
 
@@ -338,8 +334,8 @@ def main() -> None:
                 "nodes": nodes,
                 "batches_per_s": round(rate, 1),
                 "events_per_s": round(9 * rate, 1),
-                "ack_ms_p50": _pct(lat, 0.5),
-                "ack_ms_p99": _pct(lat, 0.99),
+                "ack_ms_p50": percentile_ms(lat, 0.5),
+                "ack_ms_p99": percentile_ms(lat, 0.99),
                 "cpu_core_fraction": round(cpu, 3),
                 # CPU the coordinator spent per acknowledged batch, and the 1 Hz fleet one
                 # core would carry at that cost: robust to a starved load generator.
@@ -347,7 +343,7 @@ def main() -> None:
                 "projected_nodes_per_core": int(1000 / cpu_ms) if cpu_ms > 0 else None,
                 "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
                 "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
-                "loader_lag_ms_p99": _pct(late, 0.99),
+                "loader_lag_ms_p99": percentile_ms(late, 0.99),
                 # The store's write-ahead log stays bounded however long the load lasts.
                 "wal_mib_max": round(wal.largest / 2**20, 1),
                 "loadavg_1m": os.getloadavg()[0],
