@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,14 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import fake_nvml  # noqa: E402  (tests/fake_nvml: the fake library and its config)
+from stats import median, percentile  # noqa: E402  (benchmarks/stats.py)
 
 GPUS = 8
 _CHILD_FLAG = "SENTINEL_BENCH_FAKE_NVML"
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def busy_node(gpus: int) -> list[fake_nvml.FakeGpu]:
@@ -78,14 +73,14 @@ def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
             urgent_us.append((time.thread_time() - cpu_start) * 1e6)
     return {
         # The between-sweeps check (XID events, DBE counts, temperatures), CPU of its thread.
-        "urgent_cpu_us_p50": round(statistics.median(urgent_us), 1),
+        "urgent_cpu_us_p50": round(median(urgent_us), 1),
         "gpus": GPUS,
         "sweeps": sweeps,
-        "sweep_ms_p50": round(statistics.median(times_ms), 3),
+        "sweep_ms_p50": round(median(times_ms), 3),
         "sweep_ms_p99": round(percentile(times_ms, 0.99), 3),
         # CPU time of the sweeping thread: what the sweep costs without the waits a busy
         # machine adds (the wall-clock p99 includes time preempted by other processes).
-        "sweep_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
+        "sweep_cpu_ms_p50": round(median(cpu_ms), 3),
         "sweep_cpu_ms_p99": round(percentile(cpu_ms, 0.99), 3),
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
@@ -113,9 +108,9 @@ def measure_collect(collects: int, warmup: int = 20) -> dict[str, float]:
             cpu_ms.append((time.thread_time() - cpu_start) * 1000)
         assert snapshot.health.verdict.value == "healthy", snapshot.health.findings
     return {
-        "collect_ms_p50": round(statistics.median(times_ms), 3),
+        "collect_ms_p50": round(median(times_ms), 3),
         "collect_ms_p99": round(percentile(times_ms, 0.99), 3),
-        "collect_cpu_ms_p50": round(statistics.median(cpu_ms), 3),
+        "collect_cpu_ms_p50": round(median(cpu_ms), 3),
         "collect_cpu_ms_p99": round(percentile(cpu_ms, 0.99), 3),
     }
 
@@ -151,14 +146,12 @@ def measure_render(renders: int = 300) -> dict[str, float]:
     _, base_cpu = timed(generate_latest)
     agent.backend.close()
     return {
-        "render_ms_p50": round(statistics.median(wall), 3),
+        "render_ms_p50": round(median(wall), 3),
         "render_ms_p99": round(percentile(wall, 0.99), 3),
-        "render_cpu_ms_p50": round(statistics.median(cpu), 3),
+        "render_cpu_ms_p50": round(median(cpu), 3),
         # Baseline in the same run: prometheus_client's generate_latest on the same registry.
-        "render_generate_latest_cpu_ms_p50": round(statistics.median(base_cpu), 3),
-        "render_speedup_vs_generate_latest": round(
-            statistics.median(base_cpu) / statistics.median(cpu), 2
-        ),
+        "render_generate_latest_cpu_ms_p50": round(median(base_cpu), 3),
+        "render_speedup_vs_generate_latest": round(median(base_cpu) / median(cpu), 2),
         "render_bytes": len(body),
         "render_samples": sum(1 for line in body.splitlines() if not line.startswith(b"#")),
     }

@@ -1,6 +1,6 @@
 """Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
 each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
-loopback, as a real fleet does: every node on its own keep-alive connection with its own node
+loopback to the coordinator's ingest listener (`--ingest-listen`), as a real fleet does: every node on its own keep-alive connection with its own node
 token, event ids made the way the agent makes them. The coordinator is pinned to one core (the
 target is a fleet on one core) and the generator to the others. Fleets grow through the sizes given; past the 2,048-node target they stop at the
 first one whose p99 ack passes 50 ms.
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from stats import percentile_ms
 
 from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.service import STORE_FILE
@@ -235,11 +236,6 @@ def _holds(step: dict[str, Any]) -> bool:
     return p99 is not None and p99 <= P99_LIMIT_MS
 
 
-def _pct(values: list[float], p: float) -> float | None:
-    s = sorted(values)
-    return round(s[min(len(s) - 1, int(p * len(s)))] * 1000, 2) if s else None
-
-
 class _LargestFile(threading.Thread):
     """The largest size a file reaches while the block runs (sampled 4 times a second)."""
 
@@ -263,6 +259,12 @@ class _LargestFile(threading.Thread):
                 return
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
@@ -277,9 +279,7 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
     token, node_tokens = _make_tokens(state, max(sizes))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port, ingest = _free_port(), _free_port()  # the API, and the fleet's ingest listener
     url = f"http://127.0.0.1:{port}"
     coord = subprocess.Popen(
         [
@@ -291,6 +291,8 @@ def main() -> None:
             "coordinator",
             "--listen",
             f"127.0.0.1:{port}",
+            "--ingest-listen",
+            f"127.0.0.1:{ingest}",
             "--state-dir",
             str(state),
         ],
@@ -306,7 +308,7 @@ def main() -> None:
         if args.closed_loop:
             print(
                 json.dumps(
-                    _closed_loop_step(port, coord.pid, node_tokens, sizes[0], args.closed_loop)
+                    _closed_loop_step(ingest, coord.pid, node_tokens, sizes[0], args.closed_loop)
                 )
             )
             return
@@ -316,7 +318,7 @@ def main() -> None:
             hist0 = _server_ack_buckets(url, token)
             q: mp.Queue = mp.Queue()
             cpu0, t0 = proc.cpu_times(), time.perf_counter()
-            loader = mp.Process(target=_loader, args=(port, node_tokens, nodes, args.seconds, q))
+            loader = mp.Process(target=_loader, args=(ingest, node_tokens, nodes, args.seconds, q))
             with _LargestFile(wal_path(state / STORE_FILE)) as wal:
                 loader.start()
                 lat, late, elapsed = q.get()
@@ -332,8 +334,8 @@ def main() -> None:
                 "nodes": nodes,
                 "batches_per_s": round(rate, 1),
                 "events_per_s": round(9 * rate, 1),
-                "ack_ms_p50": _pct(lat, 0.5),
-                "ack_ms_p99": _pct(lat, 0.99),
+                "ack_ms_p50": percentile_ms(lat, 0.5),
+                "ack_ms_p99": percentile_ms(lat, 0.99),
                 "cpu_core_fraction": round(cpu, 3),
                 # CPU the coordinator spent per acknowledged batch, and the 1 Hz fleet one
                 # core would carry at that cost: robust to a starved load generator.
@@ -341,7 +343,7 @@ def main() -> None:
                 "projected_nodes_per_core": int(1000 / cpu_ms) if cpu_ms > 0 else None,
                 "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
                 "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
-                "loader_lag_ms_p99": _pct(late, 0.99),
+                "loader_lag_ms_p99": percentile_ms(late, 0.99),
                 # The store's write-ahead log stays bounded however long the load lasts.
                 "wal_mib_max": round(wal.largest / 2**20, 1),
                 "loadavg_1m": os.getloadavg()[0],

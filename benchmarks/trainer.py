@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from stats import median, percentile  # noqa: E402  (benchmarks/stats.py)
 
 from trainer_hooks.reference.launch import read_metrics, run_gang  # noqa: E402
 
@@ -42,13 +43,12 @@ def main() -> int:
         wall = time.monotonic() - t0
         steps, _ = read_metrics(out)
     times = [steps[s]["step_s"] for s in sorted(steps) if s > ns.warmup_steps]
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
     result = {
         "config": "tp2 pp2 dp2, 8 ranks, gloo/CPU, layers 4 dim 64 seq 32, global batch 8",
         "steps_timed": len(times),
-        "step_s_p50": round(statistics.median(times), 4),
-        "step_s_p90": round(q[8], 4),
-        "tokens_per_s": round(8 * 32 / statistics.median(times), 1),
+        "step_s_p50": round(median(times), 4),
+        "step_s_p90": round(percentile(times, 0.9), 4),
+        "tokens_per_s": round(8 * 32 / median(times), 1),
         "gang_wall_s": round(wall, 1),
         "first_loss": steps[1]["loss"],
         "last_loss": steps[max(steps)]["loss"],

@@ -119,6 +119,9 @@ class EvictionBudgetConfig(StrictModel):
 
 class CoordinatorConfig(StrictModel):
     listen: str = "127.0.0.1:9400"
+    # A second port that serves only `POST /v1/events`, past aiohttp (coordinator/front.py):
+    # what a large fleet's agents post to. None: events go to the API port only.
+    ingest_listen: str | None = None
     state_dir: Path = Path("/var/lib/sentinel/coordinator")
     # None: the playbooks shipped with Sentinel (playbooks/ of the installation).
     playbooks_dir: Path | None = None
@@ -145,6 +148,10 @@ class CoordinatorConfig(StrictModel):
     # older than this is stored again, and no trigger window may be longer.
     event_retention_s: float = Field(default=7 * 86400.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
+    # An outside effect (a drain through scontrol or the Kubernetes API, a notification) that
+    # has not answered in this long is recorded as failed (a drain's or a return's step
+    # escalates: a person looks).
+    effect_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class SupervisorConfig(StrictModel):

@@ -16,7 +16,7 @@ import secrets
 import time
 import types
 from enum import Enum, StrEnum
-from typing import Annotated, Any, Final, Literal, NotRequired, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NotRequired, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Literal[1] = 1
 SUPPORTED_VERSIONS = frozenset({1})
 MAX_BATCH_EVENTS = 10_000
 
@@ -200,10 +200,26 @@ class RankCrashPayload(_Strict):
     reason: str | None = None
 
 
+class JobState(StrEnum):
+    """Where a job stands. The supervisor reports every state but `lost`, which the
+    coordinator sets when the supervisor's heartbeat stops (see coordinator/lifecycle.py)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    CRASHED = "crashed"
+    FAILED = "failed"
+    FINISHED = "finished"
+    # a restart's plan would shrink the gang (no spare left): the job waits, visibly, for a
+    # person to return or add nodes; it is never shrunk silently
+    WAITING_FOR_NODES = "waiting_for_nodes"
+    LOST = "lost"
+
+
 class JobStatusPayload(_Strict):
     """The supervisor's heartbeat: where the job stands and what it runs on."""
 
-    state: str
+    state: JobState
     generation: int = Field(ge=0)
     world_size: int = Field(ge=0)
     gpus_per_node: int = Field(default=1, ge=1)
@@ -287,7 +303,8 @@ class Event(_Strict):
     kind: EventKind
     source: Source
     ts: float = Field(default_factory=time.time)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    # Checked even when absent: a kind whose payload has required fields needs one.
+    payload: dict[str, Any] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("ts")
     @classmethod
@@ -332,6 +349,41 @@ class CommandKind(StrEnum):
     JOB_RESTART = "job.restart"
 
 
+class LrScale(_Strict):
+    """Scale the learning rate by `factor` for the first `steps` steps after a restart."""
+
+    factor: float = Field(gt=0, le=1.0)
+    steps: int = Field(ge=1)
+
+
+class RepairPlan(BaseModel):
+    """The decision a repair builds up for a restart, step by step (evict, swap, rollback,
+    skip, LR scale), and the `job.restart` command's arguments: the coordinator's actions
+    write it, the supervisor reads it, one model on both ends of the wire."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exclude: list[Identifier] = Field(default_factory=list)  # nodes taken out (evicted)
+    spare_map: dict[Identifier, Identifier] = Field(default_factory=dict)  # out node -> spare
+    culprits: list[Identifier] = Field(default_factory=list)  # nodes a diagnosis named
+    resume_before_step: int | None = Field(default=None, ge=0)  # None: the newest checkpoint
+    skip_batches: list[tuple[int, int]] = Field(default_factory=list)  # inclusive ranges
+    lr_scale: LrScale | None = None
+    reason: str = ""
+
+    @field_validator("skip_batches")
+    @classmethod
+    def _ranges(cls, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        for lo, hi in ranges:
+            if lo < 0 or hi < lo:
+                raise ValueError(f"batch range {lo}-{hi} is not 0 <= first <= last")
+        return ranges
+
+
+# Commands whose arguments have a model of their own; the others carry a small free dict.
+COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {CommandKind.JOB_RESTART: RepairPlan}
+
+
 class Command(_Strict):
     """An instruction from the coordinator, to a node agent, a job supervisor or its ranks."""
 
@@ -341,6 +393,13 @@ class Command(_Strict):
     target: Source
     ts: float = Field(default_factory=time.time)
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _args_fit_kind(self) -> Command:
+        model = COMMAND_ARGS.get(self.kind)
+        if model is not None:
+            model.model_validate(self.args)
+        return self
 
 
 # --- decoding with precise errors ------------------------------------------------------------
@@ -372,7 +431,12 @@ def _load_json(raw: str | bytes | dict[str, Any]) -> dict[str, Any]:
     version = doc.get("v")
     if version is None:
         raise ProtocolError("missing protocol version field 'v'")
-    if version not in SUPPORTED_VERSIONS:
+    # A version is an integer; any other JSON value (an object, a list) is no version at all.
+    if (
+        isinstance(version, bool)
+        or not isinstance(version, int)
+        or version not in SUPPORTED_VERSIONS
+    ):
         raise ProtocolError(
             f"unsupported protocol version {version!r} (this build speaks "
             f"{sorted(SUPPORTED_VERSIONS)})"
@@ -425,7 +489,7 @@ def _as_typed_dict(model: type[BaseModel]) -> Any:
             parts.append(Field(default=f.default))
         annotated = Annotated[tuple(parts)] if len(parts) > 1 else parts[0]
         fields[name] = annotated if f.is_required() else NotRequired[annotated]
-    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator,misc]
+    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator, misc]
     typed.__pydantic_config__ = ConfigDict(extra="forbid", use_enum_values=True)  # type: ignore[attr-defined]
     return typed
 
@@ -450,7 +514,7 @@ def _wire_event(kind: EventKind) -> type[Event]:
     return create_model(  # type: ignore[no-any-return]
         f"{PAYLOAD_MODELS[kind].__name__.removesuffix('Payload')}Event",
         __base__=_WireEvent,
-        kind=(Literal[kind], ...),  # type: ignore[valid-type,arg-type]
+        kind=(Literal[kind], ...),  # type: ignore[valid-type, arg-type]
         payload=(
             _as_typed_dict(PAYLOAD_MODELS[kind]),
             Field(default_factory=dict, validate_default=True),
@@ -490,7 +554,7 @@ def decode_batch(raw: str | bytes | dict[str, Any]) -> EventBatch:
         except ValidationError:
             pass
         else:
-            return EventBatch.model_construct(v=wire.v, events=wire.events)
+            return EventBatch.model_construct(v=wire.v, events=wire.events)  # type: ignore[attr-defined]
     return _decode(EventBatch, raw)
 
 

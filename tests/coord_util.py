@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
-from sentinel.coordinator.front import IDLE_CLOSE_S, IngestSite
+from sentinel.coordinator.front import IDLE_CLOSE_S, IngestListener
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     Event,
@@ -146,28 +146,41 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:  # t
 
 class FrontClient:
     """What the API tests use of aiohttp's `TestClient` (`get`, `post`, `request`, `app`),
-    against the app served the way `sentinel coordinator` serves it: behind the ingest fast
-    path (`sentinel.coordinator.front`)."""
+    against the app served the way `sentinel coordinator --ingest-listen` serves it: event
+    batches go to the ingest port (`sentinel.coordinator.front`), the rest to the API port."""
 
-    def __init__(self, app: web.Application, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, app: web.Application, api: aiohttp.ClientSession, ingest: aiohttp.ClientSession
+    ) -> None:
         self.app = app
-        self._session = session
+        self._api = api
+        self._ingest = ingest
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return (self._ingest if path == "/v1/events" else self._api).post(path, **kw)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
+        return getattr(self._api, name)
 
 
 @asynccontextmanager
 async def serve_front(
     app: web.Application, idle_close_s: float = IDLE_CLOSE_S
-) -> AsyncIterator[tuple[IngestSite, FrontClient]]:
-    """Serve `app` behind the ingest fast path on a free loopback port."""
+) -> AsyncIterator[tuple[IngestListener, FrontClient]]:
+    """Serve `app` on a free loopback port, and its ingest listener on another."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = IngestSite(runner, "127.0.0.1", 0, idle_close_s=idle_close_s)
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    listener = IngestListener(app, "127.0.0.1", 0, idle_close_s=idle_close_s)
     try:
         await site.start()
-        async with aiohttp.ClientSession(base_url=f"http://127.0.0.1:{site.port}") as session:
-            yield site, FrontClient(app, session)
+        await listener.start()
+        api_port = runner.addresses[0][1]
+        async with (
+            aiohttp.ClientSession(base_url=f"http://127.0.0.1:{api_port}") as api,
+            aiohttp.ClientSession(base_url=f"http://127.0.0.1:{listener.port}") as ingest,
+        ):
+            yield listener, FrontClient(app, api, ingest)
     finally:
+        await listener.stop()
         await runner.cleanup()

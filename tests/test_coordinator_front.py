@@ -16,7 +16,7 @@ from coord_util import cfg, serve_front, xid
 
 from sentinel.coordinator.app import SERVICE, build_app
 from sentinel.coordinator.auth import Role
-from sentinel.coordinator.front import IDLE_CLOSE_S, IngestSite
+from sentinel.coordinator.front import IDLE_CLOSE_S, IngestListener
 from sentinel.protocol import EventBatch, encode
 
 LIMIT = 64 * 1024
@@ -75,7 +75,7 @@ def chunk(part: bytes) -> bytes:
 @asynccontextmanager
 async def serving(
     tmp_path: Path, idle_close_s: float = IDLE_CLOSE_S
-) -> AsyncIterator[tuple[IngestSite, str, str]]:
+) -> AsyncIterator[tuple[IngestListener, str, str]]:
     """(the site, a node token for node-1, an admin token)."""
     app = build_app(cfg(tmp_path, max_body_bytes=LIMIT, commit_window_s=0.0))
     async with serve_front(app, idle_close_s) as (site, _client):
@@ -86,23 +86,23 @@ async def serving(
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[IngestSite, str, str]]:
+async def served(tmp_path: Path) -> AsyncIterator[tuple[IngestListener, str, str]]:
     async with serving(tmp_path) as s:
         yield s
 
 
-async def connect(site: IngestSite) -> Conn:
+async def connect(site: IngestListener) -> Conn:
     return Conn(*await asyncio.open_connection("127.0.0.1", site.port))
 
 
-async def stored(site: IngestSite) -> int:
+async def stored(site: IngestListener) -> int:
     assert site.front is not None
     service = site.front.service
     return (await service.db(service.store.one, "SELECT COUNT(*) AS n FROM events"))["n"]
 
 
-async def test_keep_alive_batches_then_hand_over_to_aiohttp(
-    served: tuple[IngestSite, str, str],
+async def test_keep_alive_batches_and_nothing_else(
+    served: tuple[IngestListener, str, str],
 ) -> None:
     site, node, admin = served
     assert site.front is not None
@@ -112,22 +112,19 @@ async def test_keep_alive_batches_then_hand_over_to_aiohttp(
         status, headers, body = await c.response()
         assert status == 200 and json.loads(body)["accepted"] == 1
         assert headers["content-type"] == "application/json; charset=utf-8"
-    assert len(site.front.connections) == 1  # both answered on the fast path
-    # Another route on the same connection: aiohttp serves it, and the connection from then on.
+    assert len(site.front.connections) == 1  # both answered on one connection
+    # Another route on the ingest port: refused whoever asks, and the connection closed.
     await c.send(
         f"GET /v1/nodes HTTP/1.1\r\nHost: c\r\nAuthorization: Bearer {admin}\r\n\r\n".encode()
     )
-    status, _, body = await c.response()
-    assert status == 200 and [n["name"] for n in json.loads(body)] == ["node-1"]
-    assert not site.front.connections
-    await c.send(post(node, batch("node-1", 2)))
-    status, _, body = await c.response()
-    assert status == 200 and json.loads(body)["accepted"] == 1
-    assert await stored(site) == 3
+    status, headers, body = await c.response()
+    assert status == 404 and "only POST /v1/events" in json.loads(body)["error"]
+    assert headers["connection"] == "close" and await c.closed()
+    assert await stored(site) == 2
 
 
 async def test_split_reads_chunked_body_and_100_continue(
-    served: tuple[IngestSite, str, str],
+    served: tuple[IngestListener, str, str],
 ) -> None:
     site, node, _ = served
     c = await connect(site)
@@ -149,7 +146,7 @@ async def test_split_reads_chunked_body_and_100_continue(
 
 
 async def test_pipelined_requests_answered_in_order_until_another_route(
-    served: tuple[IngestSite, str, str],
+    served: tuple[IngestListener, str, str],
 ) -> None:
     site, node, admin = served
     c = await connect(site)
@@ -163,7 +160,7 @@ async def test_pipelined_requests_answered_in_order_until_another_route(
     assert await stored(site) == 1
 
 
-async def test_refusals_match_the_aiohttp_route(served: tuple[IngestSite, str, str]) -> None:
+async def test_refusals_match_the_aiohttp_route(served: tuple[IngestListener, str, str]) -> None:
     site, node, _ = served
     c = await connect(site)
     await c.send(post(None, batch("node-1")))

@@ -74,7 +74,8 @@ def test_drain_in_sinfo_and_an_audited_return(
     coord.call("POST", "/v1/actions", operator, json.dumps(body).encode())
     wait_for(lambda: cluster.node_states()["node-1"].state == "idle", what="node-1 resumed")
     with coord.db() as db:
-        assert db.execute("SELECT state FROM nodes WHERE name='node-1'").fetchone()[0] == "active"
+        # returned: back in service, free to serve as a job's spare again
+        assert db.execute("SELECT state FROM nodes WHERE name='node-1'").fetchone()[0] == "returned"
         audit = db.execute(
             "SELECT who, what, why FROM audit WHERE what LIKE '%return_node' ORDER BY id"
         ).fetchall()

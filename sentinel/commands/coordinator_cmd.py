@@ -16,6 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("coordinator", help="run the coordinator (API, incidents, playbooks)")
     p.add_argument("--config", type=Path, help="config file (YAML or TOML)")
     p.add_argument("--listen", help="HOST:PORT (default from config: 127.0.0.1:9400)")
+    p.add_argument(
+        "--ingest-listen",
+        metavar="HOST:PORT",
+        help="also serve POST /v1/events alone on this port, past aiohttp (for a large fleet)",
+    )
     p.add_argument("--state-dir", type=Path, help="where the SQLite store and tokens live")
     p.add_argument("--playbooks", type=Path, help="playbooks directory (default: shipped ones)")
     p.set_defaults(handler=run)
@@ -28,6 +33,8 @@ def coordinator_config(args: argparse.Namespace):  # type: ignore[no-untyped-def
     updates = {}
     if getattr(args, "listen", None):
         updates["listen"] = args.listen
+    if getattr(args, "ingest_listen", None):
+        updates["ingest_listen"] = args.ingest_listen
     if getattr(args, "state_dir", None):
         updates["state_dir"] = args.state_dir
     if getattr(args, "playbooks", None):
@@ -54,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = coordinator_config(args)
     host, port = split_listen(cfg.listen)
+    ingest = split_listen(cfg.ingest_listen) if cfg.ingest_listen else None
     try:
         service = Service(cfg)
     except PlaybookError as e:
@@ -78,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
     # scale the requests themselves are much of what the coordinator does, which is also why
-    # event batches take a fast path past aiohttp (sentinel.coordinator.front).
-    uvloop.run(serve(build_app(cfg, service), host, port))
+    # an ingest port serves event batches past aiohttp (sentinel.coordinator.front).
+    uvloop.run(serve(build_app(cfg, service), host, port, ingest))
     return ExitCode.OK

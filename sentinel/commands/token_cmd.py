@@ -83,9 +83,17 @@ def run_revoke(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = _tokens(args).store.query(
-        "SELECT id, role, node, job, created_at, revoked_at FROM tokens ORDER BY created_at"
-    )
+    rows = [
+        {
+            "id": t.id,
+            "role": t.role,
+            "node": t.node,
+            "job": t.job,
+            "created_at": t.created_at,
+            "revoked_at": t.revoked_at,
+        }
+        for t in _tokens(args).store.tokens()
+    ]
     emit_json(args, rows)
     for r in [] if json_to_stdout(args) else rows:
         state = "revoked" if r["revoked_at"] else "active"

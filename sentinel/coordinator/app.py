@@ -12,7 +12,8 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -23,7 +24,8 @@ from sentinel.coordinator.auth import Principal
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.openapi import openapi_document
 from sentinel.coordinator.service import Refused, Service
-from sentinel.protocol import ProtocolError, format_validation_error
+from sentinel.coordinator.store import MAX_ID
+from sentinel.protocol import EventBatch, ProtocolError, format_validation_error
 
 SERVICE = web.AppKey("service", Service)
 PRINCIPAL = web.RequestKey("principal", Principal)
@@ -163,8 +165,9 @@ class AckBody(BaseModel):
 
 async def _json_body(request: web.Request, model: type[BaseModel]) -> BaseModel:
     try:
-        raw = await request.json() if request.can_read_body else {}
-    except json.JSONDecodeError as e:
+        body = await request.read()
+        raw = json.loads(body) if body else {}
+    except ValueError as e:  # not JSON, or not UTF-8 at all
         raise web.HTTPBadRequest(
             text=json.dumps({"error": f"not valid JSON: {e}"}), content_type="application/json"
         ) from None
@@ -181,10 +184,10 @@ async def ack_command(request: web.Request) -> web.Response:
     body = await _json_body(request, AckBody)
     assert isinstance(body, AckBody)
     cid = request.match_info["id"]
-    cmd = await service.db(service.store.one, "SELECT * FROM commands WHERE id=?", (cid,))
+    cmd = await service.db(queries.command, service.store, cid)
     if cmd is None:
         return _error(404, f"no command {cid!r}")
-    if not principal.may_target(cmd["target_kind"], cmd["target"]):
+    if not principal.may_target(cmd.target_kind, cmd.target):
         return _error(403, f"{principal} may not acknowledge command {cid!r}")
     await service.db(
         queries.ack_command, service.store, cid, body.ok, body.detail, str(principal), time.time()
@@ -312,10 +315,178 @@ async def metrics_handler(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return web.json_response(openapi_document(ROUTES))
 
 
 # --- assembly --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path or query parameter, as the OpenAPI description declares it."""
+
+    name: str
+    where: Literal["path", "query"]
+    schema: dict[str, Any]
+    description: str = ""
+    required: bool = False
+
+
+_INCIDENT_ID = Param(
+    "id", "path", {"type": "integer", "minimum": 1, "maximum": MAX_ID}, "incident id", True
+)
+_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1}, "rows at most (10,000)")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: what the app serves and what the OpenAPI description says, from one entry."""
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    roles: str
+    params: tuple[Param, ...] = ()
+    body: type[BaseModel] | None = None
+    responses: tuple[int, ...] = (200, 400, 401, 403)
+    public: bool = False  # served without a token (liveness only)
+    raw_body: str | None = None  # a body of bytes, not JSON: what it holds
+
+
+_FR_NAME = {"type": "string", "pattern": fr_files.NAME_PATTERN}
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "post",
+        "/v1/events",
+        post_events,
+        "Ingest an event batch (idempotent by event id); ack = durable",
+        "node, job (own scope), admin",
+        body=EventBatch,
+        responses=(200, 400, 401, 403, 413, 422),
+    ),
+    Route(
+        "get",
+        "/v1/commands",
+        get_commands,
+        "Long-poll commands: ?node=NAME or ?job=ID, ?wait=SECONDS",
+        "node, job (own scope), operator, admin",
+        params=(
+            Param("node", "query", {"type": "string"}, "a node's commands"),
+            Param("job", "query", {"type": "string"}, "a job's commands"),
+            Param("wait", "query", {"type": "number", "minimum": 0}, "seconds to wait"),
+        ),
+    ),
+    Route(
+        "post",
+        "/v1/commands/{id}/ack",
+        ack_command,
+        "Acknowledge a command with its result",
+        "target, admin",
+        params=(Param("id", "path", {"type": "string"}, "command id", True),),
+        body=AckBody,
+        responses=(200, 400, 401, 403, 404, 422),
+    ),
+    Route(
+        "get",
+        "/v1/nodes",
+        _list_route(queries.nodes),
+        "Known nodes and their state",
+        "operator, admin",
+        (_LIMIT,),
+    ),
+    Route(
+        "get",
+        "/v1/jobs",
+        _list_route(queries.jobs),
+        "Jobs, their generation and last supervisor heartbeat",
+        "operator, admin",
+        (_LIMIT,),
+    ),
+    Route(
+        "get",
+        "/v1/incidents",
+        _list_route(queries.incidents),
+        "Incidents (?state=open|acting|...)",
+        "operator, admin",
+        (_LIMIT, Param("state", "query", {"type": "string"}, "only incidents in this state")),
+    ),
+    Route(
+        "get",
+        "/v1/incidents/{id}",
+        get_incident,
+        "One incident with its events, runs, actions, audit",
+        "operator, admin",
+        (_INCIDENT_ID,),
+        responses=(200, 401, 403, 404),
+    ),
+    *(
+        Route(
+            "post",
+            f"/v1/incidents/{{id}}/{verb}",
+            _operator_route(verb),
+            summary,
+            "operator, admin",
+            (_INCIDENT_ID,),
+            responses=(200, 401, 403, 404, 409),
+        )
+        for verb, summary in (
+            ("acknowledge", "Acknowledge an incident"),
+            ("approve", "Approve a run awaiting approval or escalated"),
+            ("resolve", "Resolve an incident; cancels its runs"),
+        )
+    ),
+    Route(
+        "get",
+        "/v1/actions",
+        _list_route(queries.actions),
+        "Every action run (playbook steps and manual)",
+        "operator, admin",
+        (_LIMIT,),
+    ),
+    Route(
+        "post",
+        "/v1/actions",
+        run_action,
+        "Run an action by hand on an incident",
+        "operator, admin",
+        body=RunActionBody,
+        responses=(200, 400, 401, 403, 404, 422),
+    ),
+    Route(
+        "get",
+        "/v1/audit",
+        _list_route(queries.audit),
+        "Audit log: who did what, why",
+        "operator, admin",
+        (_LIMIT,),
+    ),
+    Route(
+        "put",
+        "/v1/fr/{check}/{node}/{name}",
+        _fr_route(fr_files.put_dump),
+        "Upload one flight-recorder dump file of an fr.dump check",
+        "node (own node), admin",
+        (
+            Param("check", "path", _FR_NAME, "the fr.dump command's check id", True),
+            Param("node", "path", _FR_NAME, "the node whose ranks wrote the dump", True),
+            Param("name", "path", _FR_NAME, "the dump file's name", True),
+        ),
+        raw_body="the dump file's bytes",
+    ),
+    Route(
+        "get",
+        "/v1/fr/{check}",
+        _fr_route(fr_files.get_dumps),
+        "Every dump file of a check (base64)",
+        "job, operator, admin",
+        (Param("check", "path", _FR_NAME, "the fr.dump command's check id", True),),
+    ),
+    Route("get", "/v1/openapi.json", openapi, "This description", "any token"),
+    Route("get", "/metrics", metrics_handler, "Prometheus metrics", "any token"),
+    Route("get", "/healthz", healthz, "Liveness", "none", responses=(200,), public=True),
+)
 
 
 def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.Application:
@@ -335,24 +506,9 @@ def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.App
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
-    r = app.router
-    r.add_post("/v1/events", _authenticated(post_events))
-    r.add_get("/v1/commands", _authenticated(get_commands))
-    r.add_post("/v1/commands/{id}/ack", _authenticated(ack_command))
-    r.add_get("/v1/nodes", _authenticated(_list_route(queries.nodes)))
-    r.add_get("/v1/jobs", _authenticated(_list_route(queries.jobs)))
-    r.add_get("/v1/incidents", _authenticated(_list_route(queries.incidents)))
-    r.add_get("/v1/incidents/{id}", _authenticated(get_incident))
-    r.add_post("/v1/incidents/{id}/acknowledge", _authenticated(_operator_route("acknowledge")))
-    r.add_post("/v1/incidents/{id}/approve", _authenticated(_operator_route("approve")))
-    r.add_post("/v1/incidents/{id}/resolve", _authenticated(_operator_route("resolve")))
-    r.add_get("/v1/actions", _authenticated(_list_route(queries.actions)))
-    r.add_post("/v1/actions", _authenticated(run_action))
-    r.add_get("/v1/audit", _authenticated(_list_route(queries.audit)))
-    r.add_put("/v1/fr/{check}/{node}/{name}", _authenticated(_fr_route(fr_files.put_dump)))
-    r.add_get("/v1/fr/{check}", _authenticated(_fr_route(fr_files.get_dumps)))
-    r.add_get("/v1/openapi.json", _authenticated(openapi))
-    r.add_get("/healthz", healthz)
-    r.add_get("/metrics", _authenticated(metrics_handler))
-    r.add_route("*", "/{tail:.*}", _authenticated(no_route))  # last: only what nothing else serves
+    for route in ROUTES:
+        handler = route.handler if route.public else _authenticated(route.handler)
+        app.router.add_route(route.method.upper(), route.path, handler)
+    # last: only what nothing else serves
+    app.router.add_route("*", "/{tail:.*}", _authenticated(no_route))
     return app

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import StateStore
 from sentinel.protocol import Event
 
 ADMIN_TOKEN_FILE = "admin.token"
@@ -96,7 +96,7 @@ class TokenStore:
 
     MAX_CACHED = 100_000
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StateStore) -> None:
         self.store = store
         self._cache: dict[str, Principal] = {}
         self._revoked = 0
@@ -107,8 +107,7 @@ class TokenStore:
     def drop_cache_if_changed(self) -> None:
         """Forget every cached token once the store holds a revocation the cache has not seen
         (revocations only ever add up; a small table, so counting them is cheap)."""
-        row = self.store.one("SELECT COUNT(*) AS n FROM tokens WHERE revoked_at IS NOT NULL")
-        revoked = int(row["n"]) if row else 0
+        revoked = self.store.count_tokens(revoked=True)
         if revoked != self._revoked:
             self._revoked = revoked
             self._cache.clear()
@@ -128,27 +127,17 @@ class TokenStore:
         for _ in range(ID_DRAWS):
             token_id = secrets.token_hex(4)
             secret = f"snt_{token_id}_{secrets.token_urlsafe(32)}"
-            with self.store.tx():
-                cur = self.store.execute(
-                    "INSERT INTO tokens (id, hash, role, node, job, created_at)"
-                    " VALUES (?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
-                    (token_id, hash_token(secret), role, node, job, now),
-                )
-            if cur.rowcount == 1:
+            if self.store.insert_token(token_id, hash_token(secret), role, node, job, now):
                 return token_id, secret
         raise RuntimeError(f"no free token id in {ID_DRAWS} draws")
 
     def revoke(self, token_id: str, now: float = 0.0) -> bool:
-        with self.store.tx():
-            cur = self.store.execute(
-                "UPDATE tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)
-            )
+        revoked = self.store.revoke_token(token_id, now)
         self._cache.clear()
-        return cur.rowcount > 0
+        return revoked
 
     def active_count(self) -> int:
-        row = self.store.one("SELECT COUNT(*) AS n FROM tokens WHERE revoked_at IS NULL")
-        return int(row["n"]) if row else 0
+        return self.store.count_tokens(revoked=False)
 
     def authenticate(self, header: str | None) -> Principal | None:
         if not header or not header.startswith("Bearer "):
@@ -157,10 +146,10 @@ class TokenStore:
         parts = secret.split("_")
         if len(parts) < 3 or parts[0] != "snt":
             return None
-        row = self.store.one("SELECT * FROM tokens WHERE id=? AND revoked_at IS NULL", (parts[1],))
-        if row is None or not hmac.compare_digest(row["hash"], hash_token(secret)):
+        row = self.store.token(parts[1])
+        if row is None or not hmac.compare_digest(row.hash, hash_token(secret)):
             return None
-        principal = Principal(row["id"], Role(row["role"]), row["node"], row["job"])
+        principal = Principal(row.id, Role(row.role), row.node, row.job)
         if len(self._cache) >= self.MAX_CACHED:
             self._cache.clear()
         self._cache[header] = principal

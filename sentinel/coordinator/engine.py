@@ -1,13 +1,13 @@
-"""The playbook engine: runs steps as a persisted state machine.
-
-Run states and moves (one place, tested):
-  awaiting_approval -> pending (operator approves) | cancelled
-  pending -> running -> waiting <-> running -> done | failed | escalated ; any -> cancelled
+"""The playbook engine: runs steps as a persisted state machine (tables in lifecycle.py).
 
 Each step is an `actions` row keyed `run<id>/step<i>`: "started" is committed before the action
 runs, "done" is committed in the same transaction as what the action wrote (commands, node
 state, the run's context). After kill -9 the engine finds a step "started" and runs it again;
 actions are idempotent (checked before redone), so nothing happens twice.
+
+An action with an outside effect (a drain, a notification) records it as an intent and waits;
+`effects.py` makes the call outside any transaction and records the outcome, and the step
+reads it on a later pass. Within `tick`, a coordinator's engine never calls the outside world.
 """
 
 from __future__ import annotations
@@ -16,46 +16,45 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
 
 from sentinel.config import CoordinatorConfig
+from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions import ACTIONS, ActionContext, EvictionBackend, StepResult
 from sentinel.coordinator.actions import StepStatus as St
-from sentinel.coordinator.incidents import IncidentState, TransitionError, check_transition
+from sentinel.coordinator.effects import Effects
+from sentinel.coordinator.lifecycle import (
+    ENDED_JOBS,
+    LIVE_RUNS,
+    RUN,
+    Entity,
+    IncidentState,
+    RunState,
+    StepState,
+    TransitionError,
+    check_run_transition,
+)
 from sentinel.coordinator.playbooks import Playbook, Step
-from sentinel.coordinator.store import Store, dumps
+from sentinel.coordinator.store import StateStore
+from sentinel.coordinator.store.rows import IncidentRow, RunRow
+from sentinel.protocol import JobState
 
 log = logging.getLogger("sentinel.coordinator.engine")
 
-
-class RunState(StrEnum):
-    AWAITING_APPROVAL = "awaiting_approval"
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING = "waiting"
-    DONE = "done"
-    FAILED = "failed"
-    ESCALATED = "escalated"
-    CANCELLED = "cancelled"
-
-
 R = RunState
-RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    R.AWAITING_APPROVAL: frozenset({R.PENDING, R.CANCELLED}),
-    R.PENDING: frozenset({R.RUNNING, R.CANCELLED}),
-    R.RUNNING: frozenset({R.WAITING, R.DONE, R.FAILED, R.ESCALATED, R.CANCELLED}),
-    R.WAITING: frozenset({R.RUNNING, R.DONE, R.FAILED, R.ESCALATED, R.CANCELLED}),
-    R.DONE: frozenset(),
-    R.FAILED: frozenset(),
-    R.ESCALATED: frozenset({R.PENDING, R.CANCELLED}),  # an operator may retry after fixing
-    R.CANCELLED: frozenset(),
-}
-LIVE_RUNS = (R.PENDING, R.RUNNING, R.WAITING)
+RUN_TRANSITIONS = RUN  # the table lives in lifecycle.py; the name stays importable
 _STEP_END = {
     St.FAILED: (R.FAILED, IncidentState.FAILED),
     St.ESCALATE: (R.ESCALATED, IncidentState.ESCALATED),
 }
+_STEP_STATE = {
+    St.DONE: StepState.DONE,
+    St.WAIT: StepState.STARTED,
+    St.FAILED: StepState.FAILED,
+    St.ESCALATE: StepState.ESCALATED,
+}
+EFFECT_ROUNDS = 8  # inline effects: passes of effects and steps within one tick, at most
+
+__all__ = ["RUN_TRANSITIONS", "Engine", "RunState", "check_run_transition"]
 
 
 @dataclass(frozen=True)
@@ -66,65 +65,69 @@ class _ManualBook:
     steps: list[Step]
 
 
-def check_run_transition(current: RunState, new: RunState) -> None:
-    if new not in RUN_TRANSITIONS[current]:
-        raise ValueError(f"a playbook run cannot move {current} -> {new}")
-
-
 class Engine:
+    """Advances runs. `inline_effects`: make recorded outside calls within `tick` (tests and
+    tools driving the engine by hand); the coordinator's service makes them itself, off the
+    store thread."""
+
     def __init__(
         self,
-        store: Store,
+        store: StateStore,
         playbooks: list[Playbook],
         cfg: CoordinatorConfig,
         backend: EvictionBackend,
         clock: Callable[[], float] = time.time,
+        inline_effects: bool = True,
     ) -> None:
         self.store = store
         self.playbooks = {p.name: p for p in playbooks}
         self.cfg = cfg
         self.backend = backend
         self.clock = clock
+        self.effects = Effects(store, backend)
+        self.inline_effects = inline_effects
 
     def tick(self) -> int:
         """Advance every live run as far as it goes now; returns the number of steps finished."""
+        finished = self._advance_all()
+        if self.inline_effects:
+            for _ in range(EFFECT_ROUNDS):
+                if not self.effects.run_inline(self.clock):
+                    break
+                finished += self._advance_all()
+        return finished
+
+    def _advance_all(self) -> int:
         now = self.clock()
         self._check_jobs(now)
-        finished = 0
-        marks = ",".join("?" * len(LIVE_RUNS))
-        for run in self.store.query(
-            f"SELECT * FROM runs WHERE status IN ({marks}) ORDER BY id", tuple(LIVE_RUNS)
-        ):
-            finished += self._advance(run, now)
-        return finished
+        return sum(self._advance(run, now) for run in self.store.runs(LIVE_RUNS))
 
     # --- runs --------------------------------------------------------------------------------
 
-    def _book(self, run: dict[str, Any]) -> Playbook | _ManualBook | None:
-        if run["playbook"] == "manual":
-            steps = [Step.model_validate(s) for s in run["context"].get("_steps", [])]
+    def _book(self, run: RunRow) -> Playbook | _ManualBook | None:
+        if run.playbook == "manual":
+            steps = [Step.model_validate(s.model_dump()) for s in run.context.manual or []]
             return _ManualBook("manual", steps)
-        return self.playbooks.get(run["playbook"])
+        return self.playbooks.get(run.playbook)
 
-    def _advance(self, run: dict[str, Any], now: float) -> int:
+    def _advance(self, run: RunRow, now: float) -> int:
         book = self._book(run)
         if book is None:
-            self._end(run, R.FAILED, IncidentState.FAILED, now, f"playbook {run['playbook']} gone")
+            self._end(run, R.FAILED, IncidentState.FAILED, now, f"playbook {run.playbook} gone")
             return 0
-        if run["status"] == R.PENDING:
+        if run.status == R.PENDING:
             with self.store.tx():
-                self._set_run(run, R.RUNNING, now)
-                self._set_incident(run["incident_id"], IncidentState.ACTING, now)
-                self.store.audit(
+                self._set_run(
+                    run,
+                    R.RUNNING,
                     now,
-                    f"playbook:{book.name}",
-                    "run.start",
                     "incident matched the playbook",
-                    run["incident_id"],
-                    {"run": run["id"], "dry_run": bool(run["dry_run"])},
+                    what="run.start",
+                    who=f"playbook:{book.name}",
                 )
+                self._set_incident(run.incident_id, IncidentState.ACTING, now)
         finished = 0
-        while run["step_index"] < len(book.steps):
+        while run.step_index < len(book.steps):
             result = self._step(run, book, now)
             if result.status == St.DONE:
                 finished += 1
@@ -134,51 +137,47 @@ class Engine:
             run_state, inc_state = _STEP_END[result.status]
             self._end(run, run_state, inc_state, now, str(result.detail))
             return finished
-        final = IncidentState.OPEN if run["dry_run"] else IncidentState.MITIGATED
+        final = IncidentState.OPEN if run.dry_run else IncidentState.MITIGATED
         self._end(run, R.DONE, final, now, "every step done")
         return finished
 
-    def _step(self, run: dict[str, Any], book: Playbook | _ManualBook, now: float) -> StepResult:
-        index = run["step_index"]
+    def _step(self, run: RunRow, book: Playbook | _ManualBook, now: float) -> StepResult:
+        index = run.step_index
         step = book.steps[index]
-        key = f"run{run['id']}/step{index}"
-        who = run["context"].get("_who") or f"playbook:{book.name}"
-        row = self.store.one("SELECT * FROM actions WHERE key=?", (key,))
+        key = f"run{run.id}/step{index}"
+        who = run.context.who or f"playbook:{book.name}"
+        row = self.store.step(key)
         if row is None:
             with self.store.tx():
-                self.store.execute(
-                    "INSERT INTO actions (key, incident_id, run_id, action, params, state,"
-                    " dry_run, who, started_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (
-                        key,
-                        run["incident_id"],
-                        run["id"],
-                        step.action,
-                        dumps(step.params),
-                        "started",
-                        run["dry_run"],
-                        who,
-                        now,
-                    ),
+                lifecycle.start_step(
+                    self.store,
+                    key,
+                    run.incident_id,
+                    run.id,
+                    step.action,
+                    step.params,
+                    run.dry_run,
+                    who,
+                    now,
                 )
-                self.store.execute("UPDATE runs SET step_started_at=? WHERE id=?", (now, run["id"]))
-            run["step_started_at"] = now
-        elif row["state"] == "done":
-            run["step_index"] = index + 1
-            return StepResult(St.DONE, row["result"])
+                run.step_started_at = now
+                self.store.save_run(run, now)
+        elif row.state == StepState.DONE:
+            run.step_index = index + 1
+            return StepResult(St.DONE, row.result)
         return self.execute(run, key, who, step.action, step.params, now)
 
     def execute(
         self,
-        run: dict[str, Any],
+        run: RunRow,
         key: str,
         who: str,
         action: str,
-        params: dict[str, Any],
+        params: dict[str, object],
         now: float,
     ) -> StepResult:
         """Run one action; commit its result, its writes and the run's context together."""
-        incident = self.store.one("SELECT * FROM incidents WHERE id=?", (run["incident_id"],))
+        incident = self.store.incident(run.incident_id)
         assert incident is not None
         impl = ACTIONS[action]
         with self.store.tx():
@@ -190,9 +189,9 @@ class Engine:
                 key=key,
                 who=who,
                 incident=incident,
-                context=run["context"],
-                dry_run=bool(run["dry_run"]),
-                step_started_at=run.get("step_started_at") or now,
+                context=run.context,
+                dry_run=run.dry_run,
+                step_started_at=run.step_started_at or now,
             )
             try:
                 with self.store.tx():
@@ -200,102 +199,105 @@ class Engine:
             except Exception as e:  # an action that breaks fails its step, not the engine
                 log.exception("action %s failed", action)
                 result = StepResult(St.FAILED, {"error": f"{type(e).__name__}: {e}"})
-            state = {
-                St.DONE: "done",
-                St.WAIT: "started",
-                St.FAILED: "failed",
-                St.ESCALATE: "escalated",
-            }[result.status]
-            self.store.execute(
-                "UPDATE actions SET state=?, result=?, target=?, done_at=? WHERE key=?",
-                (
-                    state,
-                    dumps(result.detail),
-                    incident["target"],
-                    None if result.status == St.WAIT else now,
-                    key,
-                ),
-            )
-            if result.status == St.DONE:
-                run["step_index"] += 1
-            if result.status == St.WAIT and run["status"] == R.RUNNING:
-                self._set_run(run, R.WAITING, now)
-            elif result.status != St.WAIT and run["status"] == R.WAITING:
-                self._set_run(run, R.RUNNING, now)
-            self.store.execute(
-                "UPDATE runs SET step_index=?, context=?, updated_at=? WHERE id=?",
-                (run["step_index"], dumps(run["context"]), now, run["id"]),
-            )
-            if result.status != St.WAIT:
-                self.store.audit(
-                    now,
-                    who,
-                    f"action.{action}",
-                    f"{state}: {book_reason(incident)}",
-                    incident["id"],
-                    {"key": key, "dry_run": bool(run["dry_run"]), **result.detail},
-                )
+            self._record_step(run, key, who, action, incident, result, now)
         return result
 
-    def _end(
-        self, run: dict[str, Any], state: RunState, inc: IncidentState, now: float, why: str
+    def _record_step(
+        self,
+        run: RunRow,
+        key: str,
+        who: str,
+        action: str,
+        incident: IncidentRow,
+        result: StepResult,
+        now: float,
     ) -> None:
-        with self.store.tx():
-            self._set_run(run, state, now)
-            self._set_incident(run["incident_id"], inc, now)
-            self.store.audit(
+        state = _STEP_STATE[result.status]
+        done_at = None if result.status == St.WAIT else now
+        self.store.save_step_result(key, result.detail, incident.target, done_at)
+        if result.status != St.WAIT or self.store.state_of(Entity.STEP, key) != state:
+            lifecycle.move(
+                self.store,
+                Entity.STEP,
+                key,
+                state,
                 now,
-                f"playbook:{run['playbook']}",
-                f"run.{state}",
-                why,
-                run["incident_id"],
-                {"run": run["id"]},
+                who,
+                f"{state}: {book_reason(incident)}",
+                incident_id=incident.id,
+                what=f"action.{action}",
+                detail={"dry_run": run.dry_run, **result.detail},
             )
+        if result.status == St.DONE:
+            run.step_index += 1
+        if result.status == St.WAIT and run.status == R.RUNNING:
+            self._set_run(run, R.WAITING, now, "a step waits")
+        elif result.status != St.WAIT and run.status == R.WAITING:
+            self._set_run(run, R.RUNNING, now, "the waiting step finished")
+        self.store.save_run(run, now)
 
-    def _set_run(self, run: dict[str, Any], new: RunState, now: float) -> None:
-        check_run_transition(RunState(run["status"]), new)
-        self.store.execute(
-            "UPDATE runs SET status=?, updated_at=? WHERE id=?", (new, now, run["id"])
+    def _end(self, run: RunRow, state: RunState, inc: IncidentState, now: float, why: str) -> None:
+        with self.store.tx():
+            self._set_run(run, state, now, why, who=f"playbook:{run.playbook}")
+            self._set_incident(run.incident_id, inc, now)
+
+    def _set_run(
+        self,
+        run: RunRow,
+        new: RunState,
+        now: float,
+        why: str,
+        what: str | None = None,
+        who: str = "engine",
+    ) -> None:
+        lifecycle.move(
+            self.store,
+            Entity.RUN,
+            run.id,
+            new,
+            now,
+            who,
+            why,
+            incident_id=run.incident_id,
+            what=what,
+            detail={"dry_run": run.dry_run},
         )
-        run["status"] = new
+        run.status = new
 
     def _set_incident(self, incident_id: int, new: IncidentState, now: float) -> None:
-        row = self.store.one("SELECT state FROM incidents WHERE id=?", (incident_id,))
-        if row is None or row["state"] == new:
-            return
         try:
-            check_transition(IncidentState(row["state"]), new)
+            lifecycle.move(
+                self.store,
+                Entity.INCIDENT,
+                incident_id,
+                new,
+                now,
+                "engine",
+                "its run moved",
+                incident_id=incident_id,
+            )
         except TransitionError as e:  # e.g. an operator resolved it while the run went on
-            log.info("incident %s stays %s: %s", incident_id, row["state"], e)
-            return
-        self.store.execute(
-            "UPDATE incidents SET state=?, updated_at=? WHERE id=?", (new, now, incident_id)
-        )
-        log.info(
-            "incident %s: %s -> %s", incident_id, row["state"], new, extra={"incident": incident_id}
-        )
+            log.info("incident %s stays: %s", incident_id, e)
 
     # --- jobs --------------------------------------------------------------------------------
 
     def _check_jobs(self, now: float) -> None:
         """A supervisor that stopped heartbeating (killed) leaves its job visibly `lost`."""
         limit = now - self.cfg.job_heartbeat_timeout_s
-        for job in self.store.query(
-            "SELECT id, last_heartbeat FROM jobs WHERE state NOT IN ('finished','failed','lost')"
-            " AND last_heartbeat < ?",
-            (limit,),
-        ):
+        for job in self.store.silent_jobs(limit, ENDED_JOBS):
             with self.store.tx():
-                self.store.execute("UPDATE jobs SET state='lost' WHERE id=?", (job["id"],))
-                self.store.audit(
+                lifecycle.move(
+                    self.store,
+                    Entity.JOB,
+                    job.id,
+                    JobState.LOST,
                     now,
                     "coordinator",
-                    "job.lost",
-                    f"no supervisor heartbeat for {now - job['last_heartbeat']:.0f} s",
-                    None,
-                    {"job": job["id"]},
+                    f"no supervisor heartbeat for {now - (job.last_heartbeat or 0):.0f} s",
+                    what="job.lost",
+                    detail={"job": job.id},
                 )
 
 
-def book_reason(incident: dict[str, Any]) -> str:
-    return f"incident {incident['id']} ({incident['fault']} on {incident['target']})"
+def book_reason(incident: IncidentRow) -> str:
+    return f"incident {incident.id} ({incident.fault} on {incident.target})"

@@ -17,7 +17,8 @@ from aiohttp import web
 
 from sentinel.coordinator.auth import Principal, Role
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$"  # a check id, node or file name
+_NAME = re.compile(NAME_PATTERN)
 
 
 def _check(part: str, what: str) -> str:

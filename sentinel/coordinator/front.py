@@ -1,4 +1,4 @@
-"""The ingest fast path: a connection that only posts event batches is served without aiohttp.
+"""The ingest listener: a port of its own that serves `POST /v1/events` and nothing else.
 
 At fleet scale nearly every request the coordinator answers is an agent's `POST /v1/events`,
 and aiohttp's per-request machinery costs nearly as much CPU as everything Sentinel does with
@@ -6,16 +6,16 @@ the batch. Measured on one core under a paced 2,048-node load, a fixed answer co
 per request from aiohttp on uvloop and 0.08 ms from an asyncio protocol on httptools (llhttp,
 the parser uvicorn uses); Sentinel's own work on a 9-event batch is ~0.26 ms.
 
-So every connection starts here. While it posts event batches, this protocol parses them with
-httptools and answers them through the very code the aiohttp route uses (`answer_batch`). The
-first request for anything else hands the connection, with the bytes already read, to the
-app's aiohttp server for good. Clients see one port and the same answers either way.
+So a coordinator configured with `ingest_listen` (`--ingest-listen HOST:PORT`) opens a second
+port, served by this protocol: it parses requests with httptools and answers them through the
+very code the API's aiohttp route uses (`answer_batch`), so the answers are the same on both
+ports. The API port keeps serving `POST /v1/events` through aiohttp too; a fleet posts to the
+ingest port. Any other request on the ingest port is answered 404 and the connection closed:
+nothing is handed between servers, and aiohttp is used only through its public API.
 
 Served: HTTP/1.1 keep-alive, chunked bodies, `Expect: 100-continue`, pipelining. A pipelined
-request for another route can't be handed over mid-stream (where it starts is inside what the
-parser already read), so the connection closes once the requests before it are answered; a
-persistent connection may close between requests, and a pipelining client retries what was not
-answered (RFC 9112, 9.3.2).
+request for another route closes the connection once the requests before it are answered (a
+pipelining client retries what was not answered, RFC 9112, 9.3.2).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ STOP_GRACE_S = 10.0  # at shutdown, how long requests being answered get to fini
 LINGER_S = 2.0  # after a refusal, how long the rest of its body is read and dropped
 _REASONS = {
     200: b"OK",
+    404: b"Not Found",
     400: b"Bad Request",
     401: b"Unauthorized",
     403: b"Forbidden",
@@ -74,20 +75,21 @@ class _Request:
     keep_alive: bool
     too_large: str | None = None  # why the body was refused, after the caller is authenticated
     malformed: str | None = None  # answered 400 whoever sent it, as aiohttp does
+    not_found: bool = False  # a request for another route: answered 404, whoever sent it
 
 
 class _Stop(Exception):
     """Raised in a parser callback: read no further on this connection."""
 
 
-class IngestFront:
-    """What every fast-path connection shares: the service, the aiohttp server to hand other
-    requests to, and the open connections (closed when idle or at shutdown)."""
+ONLY_INGEST = "this port serves only POST /v1/events; the rest of the API is on the API port"
 
-    def __init__(
-        self, server: web.Server, service: Service, metrics: Metrics, idle_close_s: float
-    ) -> None:
-        self.server = server
+
+class IngestFront:
+    """What every ingest connection shares: the service and the open connections (closed when
+    idle or at shutdown)."""
+
+    def __init__(self, service: Service, metrics: Metrics, idle_close_s: float) -> None:
         self.service = service
         self.metrics = metrics
         self.limit = service.cfg.max_body_bytes
@@ -114,6 +116,8 @@ class IngestFront:
         """(status, body, extra header lines) for one request, never raising."""
         if req.malformed is not None:
             return 400, error_body(req.malformed), b""
+        if req.not_found:
+            return 404, error_body(ONLY_INGEST), b""
         try:
             principal = await authenticate(self.service, req.authorization)
             if principal is None:
@@ -139,7 +143,7 @@ class IngestFront:
 
 
 class IngestConnection(asyncio.Protocol):
-    """One client connection, on the fast path until it asks for anything but ingest."""
+    """One client connection to the ingest port."""
 
     def __init__(self, front: IngestFront) -> None:
         self.front = front
@@ -186,7 +190,8 @@ class IngestConnection(asyncio.Protocol):
                 if INGEST_LINE.startswith(data):
                     self._head = data  # too short to tell yet
                 else:
-                    self._hand_over(data)
+                    self._refuse(_Request(None, b"", False, not_found=True))
+                    self._serve()
                 return
         try:
             self._parser.feed_data(data)
@@ -286,16 +291,6 @@ class IngestConnection(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
 
-    def _hand_over(self, data: bytes) -> None:
-        """From here on, aiohttp serves this connection, starting with `data`."""
-        transport = self._transport
-        assert transport is not None
-        self.front.connections.discard(self)
-        handler = self.front.server()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
-        handler.data_received(data)
-
 
 def _lingering_close(transport: asyncio.Transport) -> None:
     """Close after the answer, without losing it: closing a socket with unread input (the rest
@@ -331,61 +326,65 @@ def _response(status: int, body: bytes, extra: bytes, close: bool) -> bytes:
     )
 
 
-class IngestSite(web.BaseSite):
-    """A TCP site whose connections start on the ingest fast path."""
+class IngestListener:
+    """The ingest port: started after the app's startup (it needs the app's service)."""
 
     def __init__(
         self,
-        runner: web.AppRunner,
+        app: web.Application,
         host: str,
         port: int,
         backlog: int = 1024,
         idle_close_s: float = IDLE_CLOSE_S,
     ) -> None:
-        # A fleet reconnects at once after a coordinator restart: a deep accept queue keeps
-        # its connections from waiting out SYN retransmits (aiohttp's default is 128).
-        super().__init__(runner, backlog=backlog)
+        self.app = app
         self.host = host
         self.port = port
+        self.backlog = backlog
         self.idle_close_s = idle_close_s
         self.front: IngestFront | None = None
-
-    @property
-    def name(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        await super().start()
-        runner = self._runner
-        assert isinstance(runner, web.AppRunner) and runner.server is not None
-        app = runner.app
-        front = IngestFront(runner.server, app[SERVICE], app[METRICS], self.idle_close_s)
+        front = IngestFront(self.app[SERVICE], self.app[METRICS], self.idle_close_s)
         self.front = front
+        # A fleet reconnects at once after a coordinator restart: a deep accept queue keeps
+        # its connections from waiting out SYN retransmits.
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: IngestConnection(front), self.host, self.port, backlog=self._backlog
+            lambda: IngestConnection(front), self.host, self.port, backlog=self.backlog
         )
         self.port = self._server.sockets[0].getsockname()[1]
         front.start()
 
     async def stop(self) -> None:
-        await super().stop()  # no new connections
+        if self._server is not None:
+            self._server.close()  # no new connections
         if self.front is not None:
             await self.front.close()
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Run `app` on host:port behind the ingest fast path until SIGINT or SIGTERM."""
+async def serve(
+    app: web.Application, host: str, port: int, ingest: tuple[str, int] | None = None
+) -> None:
+    """Run `app` on host:port, and the ingest listener on `ingest` when given, until SIGINT
+    or SIGTERM."""
     import signal
 
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
+    listener = None
     try:
-        await IngestSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, backlog=1024).start()
+        if ingest is not None:
+            listener = IngestListener(app, *ingest)
+            await listener.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if listener is not None:
+            await listener.stop()  # batches being answered finish before the store closes
         with contextlib.suppress(asyncio.CancelledError):
             await runner.cleanup()

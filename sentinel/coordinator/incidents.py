@@ -11,41 +11,30 @@ died because its GPU fell off the bus) is linked to that incident instead of ope
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from sentinel.coordinator.lifecycle import (
+    ACTIVE_INCIDENT,
+    INCIDENT,
+    IncidentState,
+    TransitionError,
+    check_transition,
+)
 from sentinel.protocol import Event
 
-
-class IncidentState(StrEnum):
-    OPEN = "open"
-    ACTING = "acting"
-    MITIGATED = "mitigated"
-    RESOLVED = "resolved"
-    FAILED = "failed"
-    ESCALATED = "escalated"
-
-
-S = IncidentState
-TRANSITIONS: dict[IncidentState, frozenset[IncidentState]] = {
-    S.OPEN: frozenset({S.ACTING, S.ESCALATED, S.RESOLVED, S.FAILED}),
-    S.ACTING: frozenset({S.MITIGATED, S.FAILED, S.ESCALATED, S.RESOLVED}),
-    S.MITIGATED: frozenset({S.RESOLVED, S.ESCALATED, S.OPEN}),  # OPEN: recurred after cooldown
-    S.ESCALATED: frozenset({S.ACTING, S.RESOLVED, S.FAILED}),
-    S.FAILED: frozenset({S.ESCALATED, S.RESOLVED}),
-    S.RESOLVED: frozenset(),
-}
-# States in which a new report of the same fault joins the incident instead of opening one.
-ACTIVE_STATES = frozenset({S.OPEN, S.ACTING, S.MITIGATED, S.ESCALATED})
+__all__ = [
+    "ACTIVE_STATES",
+    "TRANSITIONS",
+    "Classification",
+    "IncidentState",
+    "TransitionError",
+    "check_transition",
+    "incident_key",
+]
 
 
-class TransitionError(ValueError):
-    pass
-
-
-def check_transition(current: IncidentState, new: IncidentState) -> None:
-    if new not in TRANSITIONS[current]:
-        allowed = ", ".join(sorted(TRANSITIONS[current])) or "none (terminal)"
-        raise TransitionError(f"incident cannot move {current} -> {new}; allowed: {allowed}")
+# The state table lives with every other one in lifecycle.py; these names stay importable.
+TRANSITIONS = INCIDENT
+ACTIVE_STATES = ACTIVE_INCIDENT
 
 
 @dataclass(frozen=True)
@@ -66,10 +55,3 @@ def incident_key(cls: Classification, event: Event, generation: int) -> tuple[st
     if event.source.job is None:
         return None
     return f"{cls.fault}|job:{event.source.job}#g{generation}", f"job:{event.source.job}"
-
-
-def symptom_key(event: Event, node_faults: frozenset[str]) -> list[str]:
-    """Keys of node-scoped incidents an event from that node would be a symptom of."""
-    if event.source.node is None or event.source.rank is None:
-        return []
-    return [f"{fault}|node:{event.source.node}" for fault in sorted(node_faults)]

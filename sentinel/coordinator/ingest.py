@@ -6,28 +6,27 @@ wholly stored with everything it caused, or not at all.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
-from typing import Any, TypeVar
-
-from pydantic_core import to_json
+from typing import Any
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator.incidents import (
-    ACTIVE_STATES,
-    Classification,
+from sentinel.coordinator import lifecycle
+from sentinel.coordinator.incidents import Classification, incident_key
+from sentinel.coordinator.lifecycle import (
+    ACTIVE_INCIDENT,
+    ENDED_JOBS,
+    Entity,
     IncidentState,
-    check_transition,
-    incident_key,
+    NodeState,
+    RunState,
 )
 from sentinel.coordinator.playbooks import Playbook, TriggerClause, compile_getter
-from sentinel.coordinator.store import Store, dumps
-from sentinel.protocol import Event, EventBatch, EventKind
+from sentinel.coordinator.store import StateStore
+from sentinel.coordinator.store.rows import IncidentDetail, IncidentRow, JobRow
+from sentinel.protocol import Event, EventBatch, EventKind, JobStatusPayload
 
-_ACTIVE = tuple(str(s) for s in ACTIVE_STATES)
 log = logging.getLogger("sentinel.coordinator")
 
 
@@ -40,7 +39,9 @@ class IngestResult:
 
 
 class Ingestor:
-    def __init__(self, store: Store, playbooks: list[Playbook], cfg: CoordinatorConfig) -> None:
+    def __init__(
+        self, store: StateStore, playbooks: list[Playbook], cfg: CoordinatorConfig
+    ) -> None:
         self.store = store
         self.playbooks = playbooks
         self.cfg = cfg
@@ -80,7 +81,7 @@ class Ingestor:
     def ingest(self, batch: EventBatch, now: float) -> IngestResult:
         result = IngestResult()
         with self.store.tx():
-            new = self._insert_new(batch.events, now)
+            new = self.store.insert_events(batch.events, now)
             nodes: dict[str, str | None] = {}
             for ev in batch.events:
                 if ev.id not in new:
@@ -94,10 +95,8 @@ class Ingestor:
                 self._track_job(ev, now)
                 incident_id = self._correlate(ev, now, result)
                 if incident_id is not None:
-                    self.store.execute(
-                        "UPDATE events SET incident_id=? WHERE id=?", (incident_id, ev.id)
-                    )
-            self._track_nodes(nodes, now)
+                    self.store.link_events([(ev.id, incident_id)])
+            self.store.touch_nodes(nodes, now)
         return result
 
     def _ingest_one(self, batch: EventBatch, now: float) -> IngestResult | Exception:
@@ -125,7 +124,7 @@ class Ingestor:
     ) -> list[IngestResult | Exception]:
         try:
             with self.store.tx():
-                new = self._insert_new([ev for b in batches for ev in b.events], now)
+                new = self.store.insert_events([ev for b in batches for ev in b.events], now)
                 results: list[IngestResult | Exception] = []
                 nodes: dict[str, str | None] = {}
                 for batch in batches:
@@ -143,7 +142,7 @@ class Ingestor:
                             )
                             nodes[node] = verdict or nodes.get(node)
                     results.append(result)
-                self._track_nodes(nodes, now)
+                self.store.touch_nodes(nodes, now)
         except Exception:
             if len(batches) == 1:
                 return [self._ingest_one(batches[0], now)]
@@ -151,114 +150,52 @@ class Ingestor:
             return [self._ingest_one(b, now) for b in batches]
         return results
 
-    def _insert_new(self, events: list[Event], now: float) -> set[str]:
-        """Insert every event not stored yet; the ids inserted.
-
-        Chunks of fixed sizes (256, then powers of two) keep the statements few and cached. A
-        chunk all of whose rows went in (the rule: ids are unique) needs no lookup; only one
-        with a replayed or repeated id asks which went in. `events` is a rowid table, so the
-        rows one statement inserts take consecutive rowids ending at the last one inserted.
-        """
-        new: set[str] = set()
-        rows = [  # a kind is a str enum: SQLite stores its value (no Python `.value` call)
-            (
-                ev.id,
-                ev.kind,
-                ev.source.node,
-                ev.source.rank,
-                ev.source.job,
-                ev.ts,
-                to_json(ev.payload).decode(),
-                now,
-            )
-            for ev in events
-        ]
-        for chunk in _chunks(rows):
-            cur = self.store.execute(
-                _values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk)),
-                tuple(chain.from_iterable(chunk)),
-            )
-            inserted, last = cur.rowcount, cur.lastrowid
-            if inserted == len(chunk):
-                new.update(row[0] for row in chunk)
-            elif inserted > 0 and last is not None:
-                new.update(
-                    r["id"]
-                    for r in self.store.query(
-                        "SELECT id FROM events WHERE rowid BETWEEN ? AND ?",
-                        (last - inserted + 1, last),
-                    )
-                )
-        return new
-
     # --- fleet and job state -----------------------------------------------------------------
 
-    def _track_nodes(self, nodes: dict[str, str | None], now: float) -> None:
-        # One statement per chunk, not one step per node: every statement the store thread runs
-        # hands the GIL back and forth with the event loop, which costs most under load.
-        rows = [(node, now, verdict) for node, verdict in nodes.items()]
-        for chunk in _chunks(rows):
-            self.store.execute(
-                _values_sql(_UPSERT_NODES, "(?,?,?,'active')", len(chunk), _UPSERT_NODES_TAIL),
-                tuple(chain.from_iterable(chunk)),
-            )
-
     def _track_job(self, ev: Event, now: float) -> None:
-        if ev.kind == EventKind.JOB_STATUS and ev.source.job is not None:
-            p = ev.payload
-            self.store.execute(
-                "INSERT INTO jobs (id, state, generation, last_heartbeat, status)"
-                " VALUES (?,?,?,?,?)"
-                " ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
-                " generation=excluded.generation, last_heartbeat=excluded.last_heartbeat,"
-                " status=excluded.status",
-                (ev.source.job, p["state"], p["generation"], now, dumps(p)),
-            )
-            self.store.executemany(
-                "INSERT OR IGNORE INTO nodes (name, state, state_changed_at) VALUES (?,'active',?)",
-                [(n, now) for n in p["nodes"]],
-            )
-            # An idle spare whose agent reported before the job did was recorded as active;
-            # it is a spare. One a playbook swapped in (reason set) stays active.
-            self.store.executemany(
-                "INSERT INTO nodes (name, state, state_changed_at) VALUES (?,'spare',?)"
-                " ON CONFLICT(name) DO UPDATE SET state='spare'"
-                " WHERE nodes.state='active' AND nodes.reason IS NULL",
-                [(s, now) for s in p["spares"]],
+        if ev.kind != EventKind.JOB_STATUS or ev.source.job is None:
+            return
+        status = JobStatusPayload.model_validate(ev.payload)
+        lifecycle.report_job(self.store, ev.source.job, status, now)
+        for node in status.nodes:
+            lifecycle.add_node(self.store, node, NodeState.ACTIVE, now)
+        for spare in status.spares:
+            self._register_spare(spare, now)
+
+    def _register_spare(self, name: str, now: float) -> None:
+        """An idle spare whose agent reported before the job did was recorded as active; it is
+        a spare. One a playbook swapped in (reason set) stays active."""
+        if lifecycle.add_node(self.store, name, NodeState.SPARE, now):
+            return
+        node = self.store.node(name)
+        if node is not None and node.state == NodeState.ACTIVE and node.reason is None:
+            lifecycle.move(
+                self.store, Entity.NODE, name, NodeState.SPARE, now, "coordinator", "job's spare"
             )
 
     # --- correlation -------------------------------------------------------------------------
 
     def _correlate(self, ev: Event, now: float, result: IngestResult) -> int | None:
         if ev.source.node is not None and ev.source.rank is not None and self.absorbing:
-            marks = ",".join("?" * len(self.absorbing))
-            row = self.store.one(
-                f"SELECT id FROM incidents WHERE target=? AND fault IN ({marks})"
-                f" AND state IN ({','.join('?' * len(_ACTIVE))}) ORDER BY id LIMIT 1",
-                (ev.source.node, *sorted(self.absorbing), *_ACTIVE),
-            )
-            if row is not None:  # a symptom of a fault already being handled on that node
+            held = self.store.active_incident_on(ev.source.node, self.absorbing, ACTIVE_INCIDENT)
+            if held is not None:  # a symptom of a fault already being handled on that node
                 result.linked += 1
-                return int(row["id"])
+                return held
         book = self._classify(ev)
         if book is None:
             return None
         cls = Classification(book.incident.fault, book.incident.scope, book.name)
         job = self._job_of(ev)
-        generation = int(job["generation"]) if job else 0
+        generation = job.generation if job else 0
         keyed = incident_key(cls, ev, generation)
         if keyed is None:
             return None
         key, target = keyed
-        row = self.store.one(
-            f"SELECT * FROM incidents WHERE key=? AND state IN ({','.join('?' * len(_ACTIVE))})"
-            " ORDER BY id DESC LIMIT 1",
-            (key, *_ACTIVE),
-        )
+        row = self.store.active_incident(key, ACTIVE_INCIDENT)
         if row is not None:
             result.linked += 1
             self._link(row, ev, book, now)
-            return int(row["id"])
+            return row.id
         incident_id = self._open(ev, cls, key, target, job, book, now)
         result.opened.append(incident_id)
         return incident_id
@@ -279,29 +216,26 @@ class Ingestor:
         """Matching events from the same node (or job) within the clause's window."""
         who, value = ("node", ev.source.node) if ev.source.node else ("job", ev.source.job)
         since = ev.ts - clause.window_s if clause.window_s else 0.0
+        if value is None:
+            return 0
         kinds = [str(k) for k in clause.kinds]
-        rows = self.store.query(
-            f"SELECT id, kind, node, rank, job, ts, payload FROM events WHERE {who}=?"
-            f" AND kind IN ({','.join('?' * len(kinds))}) AND ts>=? LIMIT 10000",
-            (value, *kinds, since),
-        )
         count = 0
-        for r in rows:
+        for r in self.store.events_from(who, value, kinds, since, _COUNT_LIMIT):
             doc = {
-                "kind": r["kind"],
-                "payload": r["payload"],
-                "source": {"node": r["node"], "rank": r["rank"], "job": r["job"]},
+                "kind": r.kind,
+                "payload": r.payload,
+                "source": {"node": r.node, "rank": r.rank, "job": r.job},
             }
             count += all(c.holds(doc) for c in clause.when)
         return count
 
-    def _job_of(self, ev: Event) -> dict[str, Any] | None:
+    def _job_of(self, ev: Event) -> JobRow | None:
         if ev.source.job is not None:
-            return self.store.one("SELECT * FROM jobs WHERE id=?", (ev.source.job,))
+            return self.store.job(ev.source.job)
         if ev.source.node is None:
             return None
-        for job in self.store.query("SELECT * FROM jobs WHERE state != 'finished'"):
-            if ev.source.node in job["status"].get("nodes", []):
+        for job in self.store.jobs(_JOBS_LIMIT, exclude_states=ENDED_JOBS):
+            if ev.source.node in job.status.nodes:
                 return job
         return None
 
@@ -311,85 +245,61 @@ class Ingestor:
         cls: Classification,
         key: str,
         target: str,
-        job: dict[str, Any] | None,
+        job: JobRow | None,
         book: Playbook,
         now: float,
     ) -> int:
-        step = ev.payload.get("step")
+        step, batch, since = (ev.payload.get(k) for k in ("step", "batch", "suspect_since"))
         if step is None and job is not None:
-            step = job["status"].get("step")
-        detail: dict[str, Any] = {"nodes": [ev.source.node] if ev.source.node else []}
-        for name in ("batch", "suspect_since"):  # what a rollback or a skip needs to know
-            if ev.payload.get(name) is not None:
-                detail[name] = ev.payload[name]
-        cur = self.store.execute(
-            "INSERT INTO incidents (key, fault, target, job, state, playbook, opened_at,"
-            " updated_at, first_step, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                key,
-                cls.fault,
-                target,
-                job["id"] if job else ev.source.job,
-                IncidentState.OPEN,
-                book.name,
-                now,
-                now,
-                step,
-                dumps(detail),
-            ),
-        )
-        incident_id = int(cur.lastrowid or 0)
-        self.store.audit(
-            now,
-            "coordinator",
-            "incident.open",
-            f"{ev.kind} from {target} matched {book.name}",
-            incident_id,
-            {"event": ev.id, "key": key},
+            step = job.status.step
+        nodes = [ev.source.node] if ev.source.node else []
+        detail = IncidentDetail(nodes=nodes, batch=batch, suspect_since=since)
+        incident_id = lifecycle.open_incident(
+            self.store,
+            key=key,
+            fault=cls.fault,
+            target=target,
+            job=job.id if job else ev.source.job,
+            playbook=book.name,
+            now=now,
+            first_step=step,
+            detail=detail,
+            why=f"{ev.kind} from {target} matched {book.name}",
+            audit_detail={"event": ev.id, "key": key},
         )
         self.start_run(incident_id, book, now)
         return incident_id
 
-    def _link(self, row: dict[str, Any], ev: Event, book: Playbook, now: float) -> None:
-        detail = row["detail"]
-        if ev.source.node and ev.source.node not in detail.setdefault("nodes", []):
-            detail["nodes"].append(ev.source.node)
-        self.store.execute(
-            "UPDATE incidents SET detail=?, updated_at=? WHERE id=?",
-            (dumps(detail), now, row["id"]),
-        )
-        if row["state"] != IncidentState.MITIGATED:
+    def _link(self, row: IncidentRow, ev: Event, book: Playbook, now: float) -> None:
+        detail = row.detail
+        if ev.source.node and ev.source.node not in detail.nodes:
+            detail.nodes.append(ev.source.node)
+        self.store.save_incident_detail(row.id, detail, now)
+        if row.state != IncidentState.MITIGATED:
             return
-        last = self.store.one(
-            "SELECT MAX(updated_at) AS t FROM runs WHERE incident_id=?", (row["id"],)
-        )
+        last = self.store.last_run_update(row.id)
         cooldown = book.guards.cooldown_s
         cooldown = self.cfg.default_cooldown_s if cooldown is None else cooldown
-        if last and last["t"] is not None and now - float(last["t"]) < cooldown:
+        if last is not None and now - last < cooldown:
             return  # an aftershock of what was just handled
-        check_transition(IncidentState.MITIGATED, IncidentState.OPEN)
-        self.store.execute(
-            "UPDATE incidents SET state='open', updated_at=? WHERE id=?", (now, row["id"])
-        )
-        self.store.audit(
+        lifecycle.move(
+            self.store,
+            Entity.INCIDENT,
+            row.id,
+            IncidentState.OPEN,
             now,
             "coordinator",
-            "incident.recur",
             f"fault reported again after the {cooldown:g} s cooldown",
-            int(row["id"]),
-            {"event": ev.id},
+            incident_id=row.id,
+            what="incident.recur",
+            detail={"event": ev.id},
         )
-        self.start_run(int(row["id"]), book, now)
+        self.start_run(row.id, book, now)
 
     def start_run(self, incident_id: int, book: Playbook, now: float) -> int:
-        status = "awaiting_approval" if book.guards.require_approval else "pending"
+        status = RunState.AWAITING_APPROVAL if book.guards.require_approval else RunState.PENDING
         dry = book.guards.dry_run or self.cfg.dry_run
-        cur = self.store.execute(
-            "INSERT INTO runs (incident_id, playbook, status, dry_run, created_at, updated_at)"
-            " VALUES (?,?,?,?,?,?)",
-            (incident_id, book.name, status, int(dry), now, now),
-        )
-        return int(cur.lastrowid or 0)
+        return lifecycle.create_run(self.store, incident_id, book.name, status, dry, now)
 
 
 _Pred = Callable[[dict[str, Any]], bool]
@@ -445,33 +355,8 @@ def _eq_fields(clause: TriggerClause) -> set[str]:
     }
 
 
-_CHUNK = 256  # rows per INSERT statement at most (8 parameters each for events)
-_INSERT_EVENTS = (
-    "INSERT OR IGNORE INTO events (id, kind, node, rank, job, ts, payload, received_at) VALUES "
-)
-_UPSERT_NODES = "INSERT INTO nodes (name, last_seen, verdict, state) VALUES "
-_UPSERT_NODES_TAIL = (
-    " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
-    " verdict=COALESCE(excluded.verdict, nodes.verdict)"
-)
-_T = TypeVar("_T")
-
-
-def _chunks(rows: list[_T]) -> Iterator[list[_T]]:
-    """`rows` in chunks of fixed sizes (256, then powers of two): few statements, each of a
-    size seen before, so SQLite's statement cache keeps them prepared."""
-    start = 0
-    while start < len(rows):
-        size = _CHUNK
-        while size > len(rows) - start:
-            size //= 2
-        yield rows[start : start + size]
-        start += size
-
-
-@functools.cache
-def _values_sql(head: str, row: str, size: int, tail: str = "") -> str:
-    return head + ",".join([row] * size) + tail
+_COUNT_LIMIT = 10_000  # events a trigger count reads at most
+_JOBS_LIMIT = 10_000
 
 
 def _doc(ev: Event) -> dict[str, Any]:

@@ -16,18 +16,17 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from sentinel.coordinator.incidents import IncidentState
 from sentinel.coordinator.ingest import IngestResult
+from sentinel.coordinator.lifecycle import OUT_OF_SERVICE, RECOVERED, Entity, IncidentState
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from sentinel.coordinator.service import Service
-    from sentinel.coordinator.store import Store
+    from sentinel.coordinator.store import StateStore
 
 # Time to detect (first signal to incident) and to recover (incident to mitigated/resolved).
 INCIDENT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
-RECOVERED = (IncidentState.MITIGATED, IncidentState.RESOLVED)
 
 
 def histogram(
@@ -44,7 +43,7 @@ class IncidentHistory:
     survive a coordinator restart, as the store does (incidents are never deleted)."""
 
     def __init__(self) -> None:
-        self.store: Store | None = None
+        self.store: StateStore | None = None
 
     def collect(self) -> Iterator[Metric]:
         if self.store is None:
@@ -53,29 +52,14 @@ class IncidentHistory:
         opened = CounterMetricFamily(
             f"{p}incidents_opened", "incidents opened, by fault kind", labels=["kind"]
         )
-        for row in self.store.query(
-            "SELECT fault, COUNT(*) AS n FROM incidents GROUP BY fault ORDER BY fault"
-        ):
-            opened.add_metric([row["fault"]], row["n"])
+        for fault, n in self.store.fault_counts().items():
+            opened.add_metric([fault], n)
         yield opened
-        detect = [
-            max(0.0, float(r["d"]))
-            for r in self.store.query(
-                "SELECT i.opened_at - MIN(e.ts) AS d FROM incidents i"
-                " JOIN events e ON e.incident_id = i.id GROUP BY i.id"
-            )
-        ]
+        detect = [max(0.0, d) for d in self.store.detect_seconds()]
         yield histogram(
             f"{p}incident_detect_seconds", "from an incident's first event to its opening", detect
         )
-        marks = ",".join("?" * len(RECOVERED))
-        recover = [
-            max(0.0, float(r["d"]))
-            for r in self.store.query(
-                f"SELECT updated_at - opened_at AS d FROM incidents WHERE state IN ({marks})",
-                tuple(str(s) for s in RECOVERED),
-            )
-        ]
+        recover = [max(0.0, d) for d in self.store.recover_seconds(RECOVERED)]
         yield histogram(
             f"{p}incident_recover_seconds",
             "from an incident's opening to it being mitigated or resolved",
@@ -197,20 +181,16 @@ class Metrics:
             gauge.clear()  # a state nothing is in any more reads 0, not its last value
         for state in IncidentState:
             self.incidents.labels(state=state).set(0)
-        for table, gauge, col in (
-            ("incidents", self.incidents, "state"),
-            ("actions", self.actions, "state"),
-            ("nodes", self.nodes, "state"),
-            ("jobs", self.jobs, "state"),
+        for entity, gauge in (
+            (Entity.INCIDENT, self.incidents),
+            (Entity.STEP, self.actions),
+            (Entity.NODE, self.nodes),
+            (Entity.JOB, self.jobs),
         ):
-            for row in store.query(f"SELECT {col} AS s, COUNT(*) AS n FROM {table} GROUP BY {col}"):
-                gauge.labels(state=row["s"]).set(row["n"])
+            for name, n in store.state_counts(entity).items():
+                gauge.labels(state=name).set(n)
         budget = service.cfg.eviction
-        evicted = store.one(
-            "SELECT COUNT(*) AS n FROM nodes WHERE state='evicted' AND state_changed_at>=?",
-            (now - budget.window_s,),
-        )
-        spent = int(evicted["n"]) if evicted else 0
+        spent = store.count_nodes(OUT_OF_SERVICE, changed_since=now - budget.window_s)
         self.budget.set(max(0, budget.max_per_window - spent))
         for file, size in store.file_sizes().items():
             self.store_bytes.labels(file=file).set(size)

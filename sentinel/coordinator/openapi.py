@@ -1,90 +1,71 @@
-"""The OpenAPI description served at /v1/openapi.json (schemas from the pydantic models)."""
+"""The OpenAPI description served at /v1/openapi.json, made from the app's route table
+(`app.ROUTES`): every route it serves is described, with its parameters and body schemas from
+the same pydantic models the handlers validate with."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sentinel.protocol import Command, EventBatch
+from pydantic import BaseModel
 
-_ROUTES: list[tuple[str, str, str, str]] = [
-    (
-        "post",
-        "/v1/events",
-        "Ingest an event batch (idempotent by event id); ack = durable",
-        "node, job (own scope), admin",
-    ),
-    (
-        "get",
-        "/v1/commands",
-        "Long-poll commands: ?node=NAME or ?job=ID, ?wait=SECONDS",
-        "node, job (own scope), operator, admin",
-    ),
-    ("post", "/v1/commands/{id}/ack", "Acknowledge a command with its result", "target, admin"),
-    ("get", "/v1/nodes", "Known nodes and their state", "operator, admin"),
-    ("get", "/v1/jobs", "Jobs, their generation and last supervisor heartbeat", "operator, admin"),
-    ("get", "/v1/incidents", "Incidents (?state=open|acting|...)", "operator, admin"),
-    (
-        "get",
-        "/v1/incidents/{id}",
-        "One incident with its events, runs, actions, audit",
-        "operator, admin",
-    ),
-    ("post", "/v1/incidents/{id}/acknowledge", "Acknowledge an incident", "operator, admin"),
-    (
-        "post",
-        "/v1/incidents/{id}/approve",
-        "Approve a run awaiting approval or escalated",
-        "operator, admin",
-    ),
-    (
-        "post",
-        "/v1/incidents/{id}/resolve",
-        "Resolve an incident; cancels its runs",
-        "operator, admin",
-    ),
-    ("get", "/v1/actions", "Every action run (playbook steps and manual)", "operator, admin"),
-    ("post", "/v1/actions", "Run an action by hand on an incident", "operator, admin"),
-    ("get", "/v1/audit", "Audit log: who did what, why", "operator, admin"),
-    (
-        "put",
-        "/v1/fr/{check}/{node}/{name}",
-        "Upload one flight-recorder dump file of an fr.dump check",
-        "node (own node), admin",
-    ),
-    ("get", "/v1/fr/{check}", "Every dump file of a check (base64)", "job, operator, admin"),
-    ("get", "/metrics", "Prometheus metrics", "any token"),
-    ("get", "/healthz", "Liveness", "none"),
-]
+from sentinel.protocol import Command
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from sentinel.coordinator.app import Route
+
+_REASONS = {
+    200: "ok",
+    400: "malformed",
+    401: "no or bad token",
+    403: "wrong scope",
+    404: "no such thing",
+    409: "not allowed in this state",
+    413: "body too large",
+    422: "unknown version or invalid message",
+}
+_REF = "#/components/schemas/{model}"
 
 
-def openapi_document() -> dict[str, Any]:
+def openapi_document(routes: Iterable[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, summary, roles in _ROUTES:
+    schemas: dict[str, Any] = {}
+    for route in routes:
         op: dict[str, Any] = {
-            "summary": summary,
-            "description": f"Roles: {roles}.",
-            "responses": {
-                "200": {"description": "ok"},
-                "400": {"description": "malformed"},
-                "401": {"description": "no or bad token"},
-                "403": {"description": "wrong scope"},
-            },
+            "summary": route.summary,
+            "description": f"Roles: {route.roles}.",
+            "responses": {str(code): {"description": _REASONS[code]} for code in route.responses},
         }
-        if path == "/v1/events":
-            op["requestBody"] = {
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/EventBatch"}}
+        if route.params:
+            op["parameters"] = [
+                {
+                    "name": p.name,
+                    "in": p.where,
+                    "required": p.required or p.where == "path",
+                    "schema": p.schema,
+                    "description": p.description,
                 }
+                for p in route.params
+            ]
+        if route.body is not None:
+            name = _add_schema(schemas, route.body)
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": _REF.format(model=name)}}},
             }
-            op["responses"]["413"] = {"description": "body too large"}
-            op["responses"]["422"] = {"description": "unknown version or invalid message"}
-        if path == "/healthz":
+        elif route.raw_body:
+            op["requestBody"] = {
+                "required": True,
+                "description": route.raw_body,
+                "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+                },
+            }
+        if route.public:
             op["security"] = []
-        paths.setdefault(path, {})[method] = op
-    batch = EventBatch.model_json_schema(ref_template="#/components/schemas/{model}")
-    command = Command.model_json_schema(ref_template="#/components/schemas/{model}")
-    schemas = {**batch.pop("$defs", {}), **command.pop("$defs", {})}
-    schemas.update({"EventBatch": batch, "Command": command})
+        paths.setdefault(route.path, {})[route.method] = op
+    _add_schema(schemas, Command)
     return {
         "openapi": "3.1.0",
         "info": {"title": "Sentinel coordinator", "version": "1"},
@@ -95,3 +76,10 @@ def openapi_document() -> dict[str, Any]:
         },
         "security": [{"bearer": []}],
     }
+
+
+def _add_schema(schemas: dict[str, Any], model: type[BaseModel]) -> str:
+    schema = model.model_json_schema(ref_template=_REF)
+    schemas.update(schema.pop("$defs", {}))
+    schemas[model.__name__] = schema
+    return model.__name__

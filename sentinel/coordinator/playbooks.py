@@ -128,19 +128,19 @@ def _compare(op: str, got: Any, want: Any) -> bool:
             case "ne":
                 return bool(got != want)
             case "in":
-                return got in want
+                return bool(got in want)
             case "not_in":
-                return got not in want
+                return bool(got not in want)
             case "contains":
                 return str(want) in str(got)
             case "gt":
-                return float(got) > want
+                return bool(float(got) > want)
             case "ge":
-                return float(got) >= want
+                return bool(float(got) >= want)
             case "lt":
-                return float(got) < want
+                return bool(float(got) < want)
             case "le":
-                return float(got) <= want
+                return bool(float(got) <= want)
     except (TypeError, ValueError):
         return False
     return False

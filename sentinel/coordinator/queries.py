@@ -1,17 +1,31 @@
-"""Store reads and operator writes behind the API; plain functions run in the store thread."""
+"""Store reads and operator writes behind the API; plain functions run in the store thread.
+
+Reads hand back JSON-ready documents made from the store's typed rows; operator writes move
+entities through `lifecycle`, which checks each move and audits it.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic_core import to_jsonable_python
+
+from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions import ACTIONS
-from sentinel.coordinator.engine import RunState, check_run_transition
-from sentinel.coordinator.incidents import IncidentState, check_transition
-from sentinel.coordinator.store import Store, dumps
+from sentinel.coordinator.lifecycle import OPEN_RUNS, Entity, IncidentState, RunState
+from sentinel.coordinator.store import StateStore
+from sentinel.coordinator.store.rows import CommandRow, ManualStep, RunContext
 
 if TYPE_CHECKING:
     from sentinel.coordinator.service import Service
+
+INCIDENT_EVENTS = 1000  # events an incident's page lists at most
+
+
+def as_json(value: Any) -> Any:
+    """Rows (dataclasses, models, enums) as the plain JSON values the API answers with."""
+    return to_jsonable_python(value)
 
 
 def _limit(q: dict[str, str], default: int = 500) -> int:
@@ -21,123 +35,97 @@ def _limit(q: dict[str, str], default: int = 500) -> int:
         raise ValueError(f"limit must be an integer, got {q.get('limit')!r}") from None
 
 
-def nodes(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
-    return store.query("SELECT * FROM nodes ORDER BY name LIMIT ?", (_limit(q, 100_000),))
+def nodes(store: StateStore, q: dict[str, str]) -> list[dict[str, Any]]:
+    return as_json(store.nodes(_limit(q, 100_000)))  # type: ignore[no-any-return]
 
 
-def jobs(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
-    return store.query("SELECT * FROM jobs ORDER BY id LIMIT ?", (_limit(q),))
+def jobs(store: StateStore, q: dict[str, str]) -> list[dict[str, Any]]:
+    return as_json(store.jobs(_limit(q)))  # type: ignore[no-any-return]
 
 
-def incidents(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
-    if "state" in q:
-        IncidentState(q["state"]) if q["state"] in set(IncidentState) else _bad_state(q["state"])
-        return store.query(
-            "SELECT * FROM incidents WHERE state=? ORDER BY id LIMIT ?", (q["state"], _limit(q))
-        )
-    return store.query("SELECT * FROM incidents ORDER BY id LIMIT ?", (_limit(q),))
+def incidents(store: StateStore, q: dict[str, str]) -> list[dict[str, Any]]:
+    state = q.get("state")
+    if state is not None and state not in set(IncidentState):
+        raise ValueError(f"unknown incident state {state!r}; one of {', '.join(IncidentState)}")
+    return as_json(store.incidents(_limit(q), state))  # type: ignore[no-any-return]
 
 
-def _bad_state(state: str) -> None:
-    raise ValueError(f"unknown incident state {state!r}; one of {', '.join(IncidentState)}")
-
-
-def incident(store: Store, incident_id: int) -> dict[str, Any] | None:
-    doc = store.one("SELECT * FROM incidents WHERE id=?", (incident_id,))
-    if doc is None:
+def incident(store: StateStore, incident_id: int) -> dict[str, Any] | None:
+    view = store.incident_view(incident_id, INCIDENT_EVENTS)
+    if view is None:
         return None
-    doc["events"] = store.query(
-        "SELECT id, kind, node, rank, job, ts FROM events WHERE incident_id=?"
-        " ORDER BY ts LIMIT 1000",
-        (incident_id,),
-    )
-    doc["runs"] = store.query("SELECT * FROM runs WHERE incident_id=? ORDER BY id", (incident_id,))
-    doc["actions"] = store.query(
-        "SELECT * FROM actions WHERE incident_id=? ORDER BY id", (incident_id,)
-    )
-    doc["audit"] = store.query(
-        "SELECT * FROM audit WHERE incident_id=? ORDER BY id", (incident_id,)
+    doc: dict[str, Any] = as_json(view.incident)
+    doc.update(
+        events=as_json(view.events),
+        runs=as_json(view.runs),
+        actions=as_json(view.actions),
+        audit=as_json(view.audit),
     )
     return doc
 
 
-def actions(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
-    return store.query("SELECT * FROM actions ORDER BY id LIMIT ?", (_limit(q),))
+def actions(store: StateStore, q: dict[str, str]) -> list[dict[str, Any]]:
+    return as_json(store.steps(_limit(q)))  # type: ignore[no-any-return]
 
 
-def audit(store: Store, q: dict[str, str]) -> list[dict[str, Any]]:
-    return store.query("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (_limit(q),))
+def audit(store: StateStore, q: dict[str, str]) -> list[dict[str, Any]]:
+    return as_json(store.audit_log(_limit(q)))  # type: ignore[no-any-return]
 
 
 # --- commands --------------------------------------------------------------------------------
 
 
-def take_commands(store: Store, kind: str, target: str, now: float) -> list[dict[str, Any]]:
+def take_commands(store: StateStore, kind: str, target: str, now: float) -> list[dict[str, Any]]:
     """Unacknowledged commands for a target (at-least-once: redelivered until acked)."""
-    rows = store.query(
-        "SELECT * FROM commands WHERE target_kind=? AND target=? AND acked_at IS NULL"
-        " ORDER BY created_at, id",
-        (kind, target),
-    )
-    if rows:
-        with store.tx():
-            store.execute(
-                "UPDATE commands SET delivered_at=? WHERE target_kind=? AND target=?"
-                " AND delivered_at IS NULL",
-                (now, kind, target),
-            )
     return [
         {
             "v": 1,
-            "id": r["id"],
-            "kind": r["kind"],
+            "id": r.id,
+            "kind": r.kind,
             "target": {kind: target},
-            "ts": r["created_at"],
-            "args": r["args"],
+            "ts": r.created_at,
+            "args": r.args,
         }
-        for r in rows
+        for r in store.take_commands(kind, target, now)
     ]
 
 
+def command(store: StateStore, cid: str) -> CommandRow | None:
+    return store.command(cid)
+
+
 def ack_command(
-    store: Store, cid: str, ok: bool, detail: dict[str, Any], who: str, now: float
+    store: StateStore, cid: str, ok: bool, detail: dict[str, Any], who: str, now: float
 ) -> None:
     with store.tx():
-        cur = store.execute(
-            "UPDATE commands SET acked_at=?, result=? WHERE id=? AND acked_at IS NULL",
-            (now, dumps({"ok": ok, **detail}), cid),
-        )
-        if cur.rowcount:
-            row = store.one("SELECT kind, incident_id FROM commands WHERE id=?", (cid,))
+        if store.ack_command(cid, {"ok": ok, **detail}, now):
+            row = store.command(cid)
             assert row is not None
             store.audit(
                 now,
                 who,
                 "command.ack",
                 "ok" if ok else "failed",
-                row["incident_id"],
-                {"command": cid, "kind": row["kind"], **detail},
+                row.incident_id,
+                {"command": cid, "kind": row.kind, **detail},
             )
 
 
 # --- operator actions ------------------------------------------------------------------------
 
 
-def _incident_or_404(store: Store, incident_id: int) -> dict[str, Any]:
-    row = store.one("SELECT * FROM incidents WHERE id=?", (incident_id,))
+def _incident_or_404(store: StateStore, incident_id: int) -> IncidentState:
+    row = store.incident(incident_id)
     if row is None:
         raise LookupError(f"no incident {incident_id}")
-    return row
+    return row.state
 
 
 def acknowledge(service: Service, incident_id: int, who: str, now: float) -> dict[str, Any]:
     store = service.store
     with store.tx():
-        _incident_or_404(store, incident_id)
-        store.execute(
-            "UPDATE incidents SET acknowledged_by=?, updated_at=? WHERE id=?",
-            (who, now, incident_id),
-        )
+        if not store.acknowledge_incident(incident_id, who, now):
+            raise LookupError(f"no incident {incident_id}")
         store.audit(now, who, "incident.acknowledge", "operator", incident_id)
     return {"incident": incident_id, "acknowledged_by": who}
 
@@ -146,42 +134,53 @@ def approve(service: Service, incident_id: int, who: str, now: float) -> dict[st
     store = service.store
     with store.tx():
         _incident_or_404(store, incident_id)
-        runs = store.query(
-            "SELECT id, status FROM runs WHERE incident_id=? AND status IN (?,?)",
-            (incident_id, RunState.AWAITING_APPROVAL, RunState.ESCALATED),
-        )
+        runs = store.runs([RunState.AWAITING_APPROVAL, RunState.ESCALATED], incident_id)
         if not runs:
             raise ValueError(f"incident {incident_id} has no run awaiting approval")
         for run in runs:
-            check_run_transition(RunState(run["status"]), RunState.PENDING)
-            store.execute(
-                "UPDATE runs SET status='pending', updated_at=? WHERE id=?", (now, run["id"])
+            lifecycle.move(
+                store,
+                Entity.RUN,
+                run.id,
+                RunState.PENDING,
+                now,
+                who,
+                "operator approved",
+                incident_id=incident_id,
+                what="run.approve",
             )
-        store.audit(
-            now,
-            who,
-            "run.approve",
-            "operator approved",
-            incident_id,
-            {"runs": [r["id"] for r in runs]},
-        )
-    return {"incident": incident_id, "approved_runs": [r["id"] for r in runs]}
+    return {"incident": incident_id, "approved_runs": [r.id for r in runs]}
 
 
 def resolve(service: Service, incident_id: int, who: str, now: float) -> dict[str, Any]:
     store = service.store
     with store.tx():
-        row = _incident_or_404(store, incident_id)
-        check_transition(IncidentState(row["state"]), IncidentState.RESOLVED)
-        store.execute(
-            "UPDATE incidents SET state='resolved', updated_at=? WHERE id=?", (now, incident_id)
+        # Resolving twice is refused, not a silent no-op: the operator learns it was done.
+        lifecycle.check(
+            Entity.INCIDENT, _incident_or_404(store, incident_id), IncidentState.RESOLVED
         )
-        store.execute(
-            "UPDATE runs SET status='cancelled', updated_at=? WHERE incident_id=?"
-            " AND status IN ('awaiting_approval','pending','running','waiting','escalated')",
-            (now, incident_id),
+        lifecycle.move(
+            store,
+            Entity.INCIDENT,
+            incident_id,
+            IncidentState.RESOLVED,
+            now,
+            who,
+            "operator resolved",
+            incident_id=incident_id,
+            what="incident.resolve",
         )
-        store.audit(now, who, "incident.resolve", "operator resolved", incident_id)
+        for run in store.runs(OPEN_RUNS, incident_id):
+            lifecycle.move(
+                store,
+                Entity.RUN,
+                run.id,
+                RunState.CANCELLED,
+                now,
+                who,
+                "its incident was resolved",
+                incident_id=incident_id,
+            )
     return {"incident": incident_id, "state": "resolved"}
 
 
@@ -203,15 +202,12 @@ def run_action(
     except Exception as e:
         raise ValueError(f"params for {action}: {e}") from None
     with store.tx():
-        row = _incident_or_404(store, incident_id)
-        if row["state"] == IncidentState.RESOLVED:
+        if _incident_or_404(store, incident_id) == IncidentState.RESOLVED:
             raise ValueError(f"incident {incident_id} is resolved")
-        context = {"_steps": [{"action": action, "params": params}], "_who": who}
-        cur = store.execute(
-            "INSERT INTO runs (incident_id, playbook, status, context, dry_run, created_at,"
-            " updated_at) VALUES (?,?,?,?,?,?,?)",
-            (incident_id, "manual", "pending", dumps(context), int(service.cfg.dry_run), now, now),
+        context = RunContext(manual=[ManualStep(action=action, params=params)], who=who)
+        run_id = lifecycle.create_run(
+            store, incident_id, "manual", RunState.PENDING, service.cfg.dry_run, now, context
         )
         store.audit(now, who, f"manual.{action}", why, incident_id, {"params": params})
     service.kick()
-    return {"incident": incident_id, "run": cur.lastrowid, "queued_at": time.time()}
+    return {"incident": incident_id, "run": run_id, "queued_at": time.time()}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sentinel.coordinator.playbooks import Playbook
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import StateStore
 
 DEFAULT_CHUNK = 1000  # rows examined per pass: ~10 ms of the store thread on a slow core
 IDLE_CHECK_S = 10.0  # with no backlog, how often to look again
@@ -34,7 +34,7 @@ def windows_past_retention(playbooks: list[Playbook], retention_s: float) -> lis
 class EventPruner:
     def __init__(
         self,
-        store: Store,
+        store: StateStore,
         retention_s: float,
         chunk: int = DEFAULT_CHUNK,
         on_prune: Callable[[int], None] = lambda _n: None,
@@ -43,7 +43,7 @@ class EventPruner:
         self.retention_s = retention_s
         self.chunk = chunk
         self.on_prune = on_prune
-        self._after = 0  # every row at or below this rowid is pruned or held by an incident
+        self._after = 0  # arrival cursor: every event up to it is pruned or held by an incident
         self._next_at = 0.0
 
     def maybe_prune(self, now: float) -> int:
@@ -58,25 +58,8 @@ class EventPruner:
     def prune_once(self, cutoff: float) -> tuple[int, bool]:
         """Delete the unheld events among the next chunk that arrived before `cutoff`;
         (deleted, whether older events may remain)."""
-        rows = self.store.query(
-            "SELECT rowid AS r, received_at AS t FROM events WHERE rowid > ? ORDER BY rowid"
-            " LIMIT ?",
-            (self._after, self.chunk),
-        )
-        upto = None
-        for row in rows:
-            if row["t"] >= cutoff:
-                break
-            upto = int(row["r"])
-        if upto is None:
-            return 0, False
-        with self.store.tx():
-            cur = self.store.execute(
-                "DELETE FROM events WHERE rowid > ? AND rowid <= ? AND incident_id IS NULL",
-                (self._after, upto),
-            )
-        self._after = upto
-        deleted = max(cur.rowcount, 0)
-        if deleted:
-            self.on_prune(deleted)
-        return deleted, len(rows) == self.chunk and upto == int(rows[-1]["r"])
+        done = self.store.prune_events(self._after, cutoff, self.chunk)
+        self._after = done.after
+        if done.deleted:
+            self.on_prune(done.deleted)
+        return done.deleted, done.backlog

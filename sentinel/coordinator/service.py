@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple, TypeVar
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.actions import make_backend
 from sentinel.coordinator.auth import TokenStore
+from sentinel.coordinator.effects import Outcome
 from sentinel.coordinator.engine import Engine
 from sentinel.coordinator.ingest import Ingestor, IngestResult
 from sentinel.coordinator.playbooks import (
@@ -34,7 +36,8 @@ from sentinel.coordinator.playbooks import (
 )
 from sentinel.coordinator.retention import EventPruner, windows_past_retention
 from sentinel.coordinator.store import Store
-from sentinel.protocol import Event, EventBatch, ProtocolError, decode_batch
+from sentinel.coordinator.store.rows import EffectRow
+from sentinel.protocol import Event, EventBatch, decode_batch
 
 log = logging.getLogger("sentinel.coordinator")
 T = TypeVar("T")
@@ -68,9 +71,12 @@ class Service:
         self.store = Store(cfg.state_dir / STORE_FILE)
         self.tokens = TokenStore(self.store)
         self.ingestor = Ingestor(self.store, self.playbooks, cfg)
-        self.engine = Engine(self.store, self.playbooks, cfg, make_backend(cfg), clock)
+        self.engine = Engine(
+            self.store, self.playbooks, cfg, make_backend(cfg), clock, inline_effects=False
+        )
         self.pruner = EventPruner(self.store, cfg.event_retention_s)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-store")
+        self._effects_in_flight: dict[str, asyncio.Task[None]] = {}
         self._pending: list[_Pending] = []
         self._group_opened = 0.0  # loop time the oldest pending batch arrived
         self._flushing: asyncio.Task[None] | None = None
@@ -84,7 +90,7 @@ class Service:
 
     async def start(self) -> Path | None:
         admin = await self.db(self.tokens.ensure_admin, self.cfg.state_dir, self.clock())
-        await self.db(self.store.start_checkpointer)
+        await self.db(self.store.start_background)
         self._engine_task = asyncio.create_task(self._engine_loop(), name="sentinel-engine")
         return admin
 
@@ -92,6 +98,10 @@ class Service:
         if self._engine_task is not None:
             self._engine_task.cancel()
             await asyncio.gather(self._engine_task, return_exceptions=True)
+        # An effect cut short here stays intended; the next start reconciles it.
+        for task in list(self._effects_in_flight.values()):
+            task.cancel()
+        await asyncio.gather(*self._effects_in_flight.values(), return_exceptions=True)
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.db(self.store.close)
@@ -160,9 +170,40 @@ class Service:
                 finished = 0
             if finished or await self.db(self._has_undelivered):
                 await self.notify_commands()
+            await self._start_effects()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
             self._kick.clear()
+
+    async def _start_effects(self) -> None:
+        """Start every recorded effect not already under way (each in a task of its own)."""
+        try:
+            pending = await self.db(self.engine.effects.pending)
+        except Exception:
+            log.exception("reading pending effects failed")
+            return
+        for effect in pending:
+            if effect.key not in self._effects_in_flight:
+                task = asyncio.create_task(self._perform(effect), name=f"effect {effect.key}")
+                self._effects_in_flight[effect.key] = task
+
+    async def _perform(self, effect: EffectRow) -> None:
+        """Count the attempt, make the call off the store thread with a timeout, settle it."""
+        effects, timeout = self.engine.effects, self.cfg.effect_timeout_s
+        try:
+            reconcile = await self.db(effects.begin, effect)
+            try:
+                outcome = await asyncio.wait_for(
+                    _off_thread(effects.perform, effect, reconcile), timeout
+                )
+            except TimeoutError:
+                outcome = Outcome(False, {"error": f"no answer in {timeout:g} s"})
+            await self.db(effects.settle, effect, outcome, self.clock())
+        except Exception:
+            log.exception("effect %s could not be settled; it is tried again", effect.key)
+        finally:
+            self._effects_in_flight.pop(effect.key, None)
+        self.kick()
 
     def _tick(self) -> int:
         self.tokens.drop_cache_if_changed()
@@ -173,14 +214,31 @@ class Service:
         return self.engine.tick()
 
     def _has_undelivered(self) -> bool:
-        return (
-            self.store.one("SELECT 1 AS x FROM commands WHERE delivered_at IS NULL LIMIT 1")
-            is not None
-        )
+        return self.store.has_undelivered_commands()
 
     async def notify_commands(self) -> None:
         async with self.commands_changed:
             self.commands_changed.notify_all()
+
+
+def _off_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`fn(*args)` on a daemon thread of its own: never the store's thread, and a call still
+    hanging at shutdown (a stuck `scontrol`) does not hold the process up. Its effect stays
+    recorded as intended, and the next start reconciles it."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: T) -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    def work() -> None:
+        value = fn(*args)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
+            loop.call_soon_threadsafe(settle, value)
+
+    threading.Thread(target=work, name="sentinel-effect", daemon=True).start()
+    return fut
 
 
 def _decode_group(
@@ -192,7 +250,7 @@ def _decode_group(
     for p in group:
         try:
             batch = decode_batch(p.body)
-        except ProtocolError as e:
+        except Exception as e:  # a decoder bug must fail its batch, never leave it waiting
             _settle(p.fut, error=e)
             continue
         refusal = p.may_report(batch.events)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.protocol import (
@@ -34,10 +35,12 @@ from sentinel.protocol import (
     FrAnalysisPayload,
     JobStatusPayload,
     RankCrashPayload,
+    RepairPlan,
     Source,
     encode,
     make_event,
 )
+from sentinel.protocol import JobState as ReportedState
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit, free_master_port
 
 log = logging.getLogger("sentinel.supervisor")
@@ -60,9 +63,12 @@ class JobState:
     lr_scale: tuple[float, int] | None = None
     seen_commands: set[str] = field(default_factory=set)
 
-    def apply_restart(self, plan: dict[str, Any], checkpoints: dict[int, Path]) -> None:
-        spare_map: dict[str, str] = plan.get("spare_map") or {}
-        excluded = set(plan.get("exclude") or [])
+    def apply_restart(
+        self, plan: RepairPlan | dict[str, Any], checkpoints: dict[int, Path]
+    ) -> None:
+        if not isinstance(plan, RepairPlan):
+            plan = RepairPlan.model_validate(plan)
+        spare_map, excluded = plan.spare_map, set(plan.exclude)
         new_nodes = []
         for node in self.nodes:
             if node in excluded or node in spare_map:
@@ -78,14 +84,14 @@ class JobState:
             )
         self.spares = [s for s in self.spares if s not in spare_map.values()]
         self.nodes = new_nodes
-        before = plan.get("resume_before_step")
+        before = plan.resume_before_step
         eligible = [s for s in checkpoints if before is None or s <= before]
         self.resume_from = str(checkpoints[max(eligible)]) if eligible else None
-        for lo, hi in plan.get("skip_batches") or []:
+        for lo, hi in plan.skip_batches:
             if (lo, hi) not in self.skip:
-                self.skip.append((int(lo), int(hi)))
-        lr = plan.get("lr_scale")
-        self.lr_scale = (float(lr["factor"]), int(lr["steps"])) if lr else None
+                self.skip.append((lo, hi))
+        lr = plan.lr_scale
+        self.lr_scale = (lr.factor, lr.steps) if lr else None
         self.generation += 1
 
     def trainer_flags(self) -> list[str]:
@@ -190,7 +196,7 @@ class Supervisor:
     def _status_event(self) -> Any:
         ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
         payload = JobStatusPayload(
-            state=self.job.state,
+            state=ReportedState(self.job.state),
             generation=self.job.generation,
             world_size=len(self.job.nodes) * self.job.gpus_per_node,
             gpus_per_node=self.job.gpus_per_node,
@@ -249,11 +255,17 @@ class Supervisor:
             await self._report_crashes(self._stop_gang())
             try:
                 self.job.apply_restart(
-                    args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+                    RepairPlan.model_validate(args),
+                    find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker),
                 )
             except GangError as e:  # never shrink the job: wait, visibly, for a person
                 log.error("cannot restart the job, waiting for nodes: %s", e)
                 self.job.state = "waiting_for_nodes"
+            except ValidationError as e:  # a plan that is not one: fail the job, loudly
+                log.error("cannot restart the job: %s", e)
+                self.job.state = "failed"
+                self.exit_code = 1
+                self.done.set()
             else:
                 self._launch()
         else:  # rank-level: hand it to the ranks through the control file

@@ -1,8 +1,10 @@
 """The action interface: small units a playbook step names, run by the engine.
 
-An action runs synchronously in the coordinator's store thread. It must be idempotent: after a
-crash between "started" and "done" the engine runs it again with the same idempotency key, so
-an action checks before it redoes (a node already drained, a command id already queued).
+An action runs synchronously in the coordinator's store thread, inside the step's transaction:
+it reads and writes the store and never calls the outside world. An outside call is recorded as
+an effect (`effects.py`) and the step waits for its outcome. An action must be idempotent: after
+a crash between "started" and "done" the engine runs it again with the same idempotency key, so
+an action checks before it redoes (an effect already recorded, a command id already queued).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator.store import Store, dumps
-from sentinel.protocol import CommandKind
+from sentinel.coordinator.store import StateStore
+from sentinel.coordinator.store.rows import IncidentRow, JobRow, NewCommand, RunContext
+from sentinel.protocol import CommandKind, RepairPlan
 
 log = logging.getLogger("sentinel.coordinator.actions")
 
@@ -61,29 +64,38 @@ class EvictionBackend(ABC):
         """Put an evicted node back in service (an operator's decision); idempotent."""
         raise EvictionError(f"the {self.name} backend cannot return nodes; do it by hand")
 
+    def is_evicted(self, node: str) -> bool:
+        """Whether the scheduler holds `node` out of service now: what a coordinator that
+        crashed during an eviction asks before asking again. False when it cannot tell."""
+        return False
+
 
 @dataclass
 class ActionContext:
-    store: Store
+    store: StateStore
     cfg: CoordinatorConfig
     backend: EvictionBackend
     now: float
     key: str
     who: str
-    incident: dict[str, Any]
-    context: dict[str, Any]  # the run's persisted scratchpad, shared by its steps
+    incident: IncidentRow
+    context: RunContext  # the run's persisted state, shared by its steps
     dry_run: bool = False
     step_started_at: float = 0.0
 
     @property
-    def job_id(self) -> str | None:
-        job = self.incident.get("job")
-        return str(job) if job else None
+    def plan(self) -> RepairPlan:
+        """The restart plan the run's steps build up."""
+        return self.context.plan
 
-    def job(self) -> dict[str, Any] | None:
+    @property
+    def job_id(self) -> str | None:
+        return self.incident.job or None
+
+    def job(self) -> JobRow | None:
         if self.job_id is None:
             return None
-        return self.store.one("SELECT * FROM jobs WHERE id=?", (self.job_id,))
+        return self.store.job(self.job_id)
 
     def command_id(self, suffix: str = "") -> str:
         return f"{self.key}{suffix}".replace("/", "-")
@@ -94,15 +106,16 @@ class ActionContext:
         cid = self.command_id(suffix)
         if self.job_id is None:
             raise ValueError("this incident has no job to send a command to")
-        rows = [(cid, "job", self.job_id)]
+        targets = [(cid, "job", self.job_id)]
         if kind in RANK_COMMANDS:  # also to each node's agent, which relays it to its ranks
             job = self.job()
-            nodes = job["status"].get("nodes", []) if job else []
-            rows += [(f"{cid}@{node}", "node", node) for node in nodes]
-        self.store.executemany(
-            "INSERT OR IGNORE INTO commands (id, target_kind, target, kind, args, created_at,"
-            " incident_id) VALUES (?,?,?,?,?,?,?)",
-            [(*r, kind.value, dumps(args), self.now, self.incident["id"]) for r in rows],
+            nodes = job.status.nodes if job else []
+            targets += [(f"{cid}@{node}", "node", node) for node in nodes]
+        self.store.insert_commands(
+            [
+                NewCommand(i, k, t, kind.value, args, self.now, self.incident.id)
+                for i, k, t in targets
+            ]
         )
         return cid
 

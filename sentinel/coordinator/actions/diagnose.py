@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
-from sentinel.protocol import CommandKind
+from sentinel.coordinator.store.rows import JobRow, StoredEvent
+from sentinel.protocol import CommandKind, FrAnalysisPayload, RankSdcPayload
 
 
 class _WaitParams(BaseModel):
@@ -17,48 +17,54 @@ class _WaitParams(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0)
 
 
-def node_of_rank(job: dict[str, Any] | None, rank: int) -> str | None:
+def node_of_rank(job: JobRow | None, rank: int) -> str | None:
     if job is None:
         return None
-    status = job["status"]
-    nodes, per = list(status.get("nodes", [])), int(status.get("gpus_per_node", 1))
+    nodes, per = job.status.nodes, job.status.gpus_per_node
     idx = rank // per
     return nodes[idx] if 0 <= idx < len(nodes) else None
 
 
-def disagreeing_nodes(digests: list[dict[str, Any]]) -> list[str]:
+@dataclass(frozen=True)
+class Digest:
+    """One rank's SDC check answer, as a diagnosis reads it."""
+
+    node: str | None
+    step: int
+    digest: str
+    mismatched_ranks: list[int]
+
+    @classmethod
+    def of(cls, event: StoredEvent) -> Digest:
+        p = RankSdcPayload.model_validate(event.payload)
+        return cls(event.node, p.step, p.digest, p.mismatched_ranks)
+
+
+def disagreeing_nodes(digests: list[Digest]) -> list[str]:
     """Nodes of ranks whose digest differs from the majority for the same step."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+    by_step: dict[int, list[Digest]] = {}
     for d in digests:
-        by_step.setdefault(int(d["step"]), []).append(d)
+        by_step.setdefault(d.step, []).append(d)
     culprits: set[str] = set()
     for rows in by_step.values():
         if len(rows) < 2:
             continue
-        majority, _ = Counter(r["digest"] for r in rows).most_common(1)[0]
-        culprits.update(r["node"] for r in rows if r["digest"] != majority and r["node"])
+        majority, _ = Counter(r.digest for r in rows).most_common(1)[0]
+        culprits.update(r.node for r in rows if r.digest != majority and r.node)
     return sorted(culprits)
 
 
-def named_nodes(job: dict[str, Any] | None, rows: list[dict[str, Any]]) -> list[str]:
+def named_nodes(job: JobRow | None, rows: list[Digest]) -> list[str]:
     """Nodes of the ranks a rank's own cross-rank check named (`mismatched_ranks`)."""
-    ranks = {int(r) for row in rows for r in json.loads(row.get("mismatched") or "[]")}
+    ranks = {r for row in rows for r in row.mismatched_ranks}
     return sorted({n for r in ranks if (n := node_of_rank(job, r))})
 
 
-_SDC_ROWS = (
-    "SELECT node, json_extract(payload,'$.step') AS step,"
-    " json_extract(payload,'$.digest') AS digest,"
-    " json_extract(payload,'$.mismatched_ranks') AS mismatched FROM events"
-    " WHERE kind='rank.sdc' AND COALESCE(json_extract(payload,'$.check'),'matmul')='matmul'"
-)
-
-
-def complete_check(rows: list[dict[str, Any]], world: int) -> list[dict[str, Any]]:
+def complete_check(rows: list[Digest], world: int) -> list[Digest]:
     """The rows of the latest step that every rank answered for (none if no step is complete)."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
+    by_step: dict[int, list[Digest]] = {}
     for r in rows:
-        by_step.setdefault(int(r["step"]), []).append(r)
+        by_step.setdefault(r.step, []).append(r)
     done = [s for s, rs in by_step.items() if len(rs) >= max(world, 2)]
     return by_step[max(done)] if done else []
 
@@ -73,28 +79,26 @@ class SdcRecompute(BaseAction):
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would run a recompute-diff"})
         job = ctx.job()
-        step = ctx.incident.get("first_step") or 0
+        step = ctx.incident.first_step or 0
         cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.command_id()})
         # Answers: the ranks quote the check id, but every rank runs the check at the same step
         # (their gang exchange decides it together), so any whole-gang matmul check of a later
         # step than the suspect one, made after the command was sent, is a recompute too,
         # whichever rank heard of the command first.
-        rows = ctx.store.query(
-            _SDC_ROWS + " AND job=? AND (json_extract(payload,'$.check_id')=?"
-            " OR (received_at>=? AND json_extract(payload,'$.step')>?))",
-            (ctx.job_id, cid, ctx.step_started_at, step),
-        )
-        world = int(job["status"].get("world_size", 0)) if job else 0
-        rows = complete_check(rows, world)
+        assert ctx.job_id is not None  # issue_command refused a job-less incident
+        answers = ctx.store.sdc_digests(ctx.job_id, cid, ctx.step_started_at, step)
+        world = job.status.world_size if job else 0
+        rows = complete_check([Digest.of(e) for e in answers], world)
         timed_out = ctx.now - ctx.step_started_at > params.timeout_s
         if not rows and not timed_out:
             return StepResult(StepStatus.WAIT, {})
         if not rows:  # nobody answered: fall back to the digests that opened the incident
-            rows = ctx.store.query(_SDC_ROWS + " AND incident_id=?", (ctx.incident["id"],))
+            opened = ctx.store.sdc_digests_of_incident(ctx.incident.id)
+            rows = [Digest.of(e) for e in opened]
         culprits = disagreeing_nodes(rows) or named_nodes(job, rows)
         if not culprits:
             return StepResult(StepStatus.ESCALATE, {"reason": "recompute-diff found no culprit"})
-        ctx.context["culprit_nodes"] = culprits
+        ctx.plan.culprits = culprits
         return StepResult(StepStatus.DONE, {"culprit_nodes": culprits, "digests": len(rows)})
 
 
@@ -108,21 +112,19 @@ class FrDump(BaseAction):
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would dump flight recorders"})
         cid = ctx.issue_command(CommandKind.FR_DUMP, {"check_id": ctx.command_id()})
-        row = ctx.store.one(
-            "SELECT payload FROM events WHERE kind='fr.analysis' AND job=?"
-            " AND json_extract(payload,'$.check_id')=? ORDER BY ts DESC LIMIT 1",
-            (ctx.job_id, cid),
-        )
+        assert ctx.job_id is not None  # issue_command refused a job-less incident
+        row = ctx.store.fr_analysis(ctx.job_id, cid)
         if row is None:
             if ctx.now - ctx.step_started_at > params.timeout_s:
                 return StepResult(StepStatus.ESCALATE, {"reason": "no flight-recorder analysis"})
             return StepResult(StepStatus.WAIT, {})
-        analysis = row["payload"]
+        analysis = FrAnalysisPayload.model_validate(row.payload)
         job = ctx.job()
-        nodes = sorted({n for r in analysis["culprit_ranks"] if (n := node_of_rank(job, r))})
+        nodes = sorted({n for r in analysis.culprit_ranks if (n := node_of_rank(job, r))})
         if not nodes:
             return StepResult(
-                StepStatus.ESCALATE, {"reason": "analysis named no culprit", **analysis}
+                StepStatus.ESCALATE,
+                {"reason": "analysis named no culprit", **analysis.model_dump(mode="json")},
             )
-        ctx.context["culprit_nodes"] = nodes
-        return StepResult(StepStatus.DONE, {"culprit_nodes": nodes, "verdict": analysis["verdict"]})
+        ctx.plan.culprits = nodes
+        return StepResult(StepStatus.DONE, {"culprit_nodes": nodes, "verdict": analysis.verdict})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import subprocess
 import time
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sentinel.config import CoordinatorConfig
+from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions.base import (
     ActionContext,
     BaseAction,
@@ -26,6 +28,16 @@ from sentinel.coordinator.actions.base import (
     StepResult,
     StepStatus,
 )
+from sentinel.coordinator.effects import EffectKind
+from sentinel.coordinator.lifecycle import (
+    ENDED_JOBS,
+    OUT_OF_SERVICE,
+    EffectState,
+    Entity,
+    NodeState,
+    StepState,
+)
+from sentinel.coordinator.store.rows import EffectRow
 
 
 class ExcludeFileBackend(EvictionBackend):
@@ -38,6 +50,9 @@ class ExcludeFileBackend(EvictionBackend):
         if not self.path.exists():
             return []
         return [ln.strip() for ln in self.path.read_text().splitlines() if ln.strip()]
+
+    def is_evicted(self, node: str) -> bool:
+        return node in self.nodes()
 
     def evict(self, node: str, reason: str) -> str:
         current = self.nodes()
@@ -66,26 +81,32 @@ class SlurmBackend(EvictionBackend):
         self.scontrol = scontrol
         self.timeout_s = timeout_s
 
-    def _update(self, node: str, *fields: str) -> None:
-        """`scontrol update NodeName=NODE FIELD...`; any way it fails is an EvictionError with
-        scontrol's own message (the controller down, the node unknown, no scontrol at all)."""
-        argv = [self.scontrol, "update", f"NodeName={node}", *fields]
+    def _scontrol(self, *args: str) -> str:
+        """Run scontrol; any way it fails is an EvictionError with scontrol's own message (the
+        controller down, the node unknown, no scontrol at all, no answer within the timeout)."""
+        argv = [self.scontrol, *args]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise EvictionError(f"{self.scontrol} update NodeName={node}: {e}") from None
+            raise EvictionError(f"{' '.join(argv[:3])}: {e}") from None
         if done.returncode != 0:
             err = done.stderr.strip() or done.stdout.strip()
-            raise EvictionError(f"{' '.join(argv[:4])} exited {done.returncode}: {err}")
+            raise EvictionError(f"{' '.join(argv[:3])} exited {done.returncode}: {err}")
+        return done.stdout
 
     def evict(self, node: str, reason: str) -> str:
         started = time.monotonic()
-        self._update(node, "State=DRAIN", f"Reason={reason}")
+        self._scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
         return f"drained {node} through scontrol in {time.monotonic() - started:.3f}s"
 
     def restore(self, node: str, reason: str) -> str:
-        self._update(node, "State=RESUME")
+        self._scontrol("update", f"NodeName={node}", "State=RESUME")
         return f"resumed {node} through scontrol"
+
+    def is_evicted(self, node: str) -> bool:
+        """`scontrol show node`'s State holds DRAIN (draining or drained) for a drained node."""
+        state = re.search(r"\bState=(\S+)", self._scontrol("show", "node", node))
+        return state is not None and "DRAIN" in state.group(1).upper()
 
 
 class KubernetesBackend(EvictionBackend):
@@ -109,6 +130,14 @@ class KubernetesBackend(EvictionBackend):
         context = ssl.create_default_context() if self.api.startswith("https") else None
         with urllib.request.urlopen(req, data=data, timeout=30, context=context) as resp:
             return json.loads(resp.read() or b"{}")
+
+    def is_evicted(self, node: str) -> bool:
+        current = self._call("GET", f"/api/v1/nodes/{node}")
+        spec = current.get("spec", {})
+        taints = spec.get("taints") or []
+        return bool(spec.get("unschedulable")) and any(
+            t.get("key") == self.taint_key for t in taints
+        )
 
     def evict(self, node: str, reason: str) -> str:
         current = self._call("GET", f"/api/v1/nodes/{node}")
@@ -139,27 +168,21 @@ class EvictParams(BaseModel):
 
 def incident_nodes(ctx: ActionContext, target: str) -> list[str]:
     if target == "culprits":
-        return list(ctx.context.get("culprit_nodes", []))
-    inc_target = str(ctx.incident["target"])
-    if not inc_target.startswith("job:"):
-        return [inc_target]
-    return list(ctx.incident["detail"].get("nodes", []))
+        return list(ctx.plan.culprits)
+    if not ctx.incident.target.startswith("job:"):
+        return [ctx.incident.target]
+    return list(ctx.incident.detail.nodes)
 
 
 def _budget_refusal(ctx: ActionContext) -> str | None:
     budget = ctx.cfg.eviction
-    row = ctx.store.one(
-        "SELECT COUNT(*) AS n FROM nodes WHERE state='evicted' AND state_changed_at >= ?",
-        (ctx.now - budget.window_s,),
-    )
-    recent = int(row["n"]) if row else 0
+    recent = ctx.store.count_nodes(OUT_OF_SERVICE, changed_since=ctx.now - budget.window_s)
     if recent >= budget.max_per_window:
         return (
             f"eviction budget spent: {recent} node(s) evicted in the last "
             f"{budget.window_s:g} s (max {budget.max_per_window})"
         )
-    row = ctx.store.one("SELECT COUNT(*) AS n FROM nodes WHERE state='active'")
-    active = int(row["n"]) if row else 0
+    active = ctx.store.count_nodes([NodeState.ACTIVE])
     if active - 1 < budget.min_fleet:
         return (
             f"evicting would leave {active - 1} active node(s), below min_fleet {budget.min_fleet}"
@@ -167,29 +190,25 @@ def _budget_refusal(ctx: ActionContext) -> str | None:
     return None
 
 
+def _is_free_spare(ctx: ActionContext, name: str) -> bool:
+    row = ctx.store.node(name)
+    return row is None or row.state in (NodeState.SPARE, NodeState.RETURNED)
+
+
 def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
     """A node in a job's gang may go only when a hot spare of that job can take its place:
     the gang's shape (TP x PP x DP) is fixed, so evicting it without one would shrink the job
     or leave it unable to start. Spares already promised to nodes this run evicted count as
     taken."""
-    jobs = ctx.store.query(
-        "SELECT id, status FROM jobs WHERE state NOT IN ('finished','failed','lost')"
-    )
-    for job in jobs:
-        status = job["status"] or {}
-        if node not in status.get("nodes", []):
+    for job in ctx.store.jobs(_JOBS_LIMIT, exclude_states=ENDED_JOBS):
+        if node not in job.status.nodes:
             continue
-        free = [
-            s
-            for s in status.get("spares", [])
-            if (row := ctx.store.one("SELECT state FROM nodes WHERE name=?", (s,))) is None
-            or row["state"] == "spare"
-        ]
-        mapped = ctx.context.get("spare_map", {})
-        promised = [n for n in ctx.context.get("evicted", []) if n != node and n not in mapped]
+        free = [s for s in job.status.spares if _is_free_spare(ctx, s)]
+        mapped = ctx.plan.spare_map
+        promised = [n for n in ctx.plan.exclude if n != node and n not in mapped]
         if len(free) - len(promised) < 1:
             return (
-                f"no hot spare left to take {node}'s place in job {job['id']}"
+                f"no hot spare left to take {node}'s place in job {job.id}"
                 f" ({len(free)} free, {len(promised)} already promised): evicting it would"
                 " shrink the gang below its size"
             )
@@ -202,43 +221,110 @@ class EvictNode(BaseAction):
     description = "take the node out of service through the eviction backend (budgeted)"
 
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+        """Per node: check the rails, move it to draining and record the drain (an effect);
+        wait until every drain has an outcome."""
         assert isinstance(params, EvictParams)
         nodes = incident_nodes(ctx, params.target)
         if not nodes:
             return StepResult(StepStatus.FAILED, {"error": "no node to evict"})
-        done: list[str] = []
-        for node in nodes:
-            row = ctx.store.one("SELECT state FROM nodes WHERE name=?", (node,))
-            already = row is not None and row["state"] == "evicted"
-            if not already:
-                refusal = _budget_refusal(ctx) or _replacement_refusal(ctx, node)
-                if refusal:
-                    return StepResult(StepStatus.ESCALATE, {"node": node, "reason": refusal})
-            if ctx.dry_run:
-                done.append(f"dry-run: would evict {node}")
-                continue
-            try:  # the scheduler is told why and by which incident
-                done.append(
-                    ctx.backend.evict(node, f"{params.reason} [incident {ctx.incident['id']}]")
-                )
-            except EvictionError as e:  # a person decides; the node stays as it was
-                return StepResult(
-                    StepStatus.ESCALATE,
-                    {"node": node, "backend": ctx.backend.name, "error": str(e)},
-                )
-            ctx.store.execute(
-                "INSERT INTO nodes (name, state, state_changed_at, reason) VALUES (?,?,?,?)"
-                " ON CONFLICT(name) DO UPDATE SET state='evicted', reason=excluded.reason,"
-                " state_changed_at=CASE WHEN nodes.state='evicted' THEN nodes.state_changed_at"
-                " ELSE excluded.state_changed_at END",
-                (node, "evicted", ctx.now, params.reason),
+        if ctx.dry_run:
+            return StepResult(
+                StepStatus.DONE,
+                {
+                    "nodes": nodes,
+                    "backend": ctx.backend.name,
+                    "did": [f"dry-run: would evict {n}" for n in nodes],
+                },
             )
-            evicted = ctx.context.setdefault("evicted", [])
-            if node not in evicted:
-                evicted.append(node)
+        done: list[str] = []
+        retry = _approved_again(ctx)
+        for node in nodes:
+            key, effect = _latest_drain(ctx, node)
+            if effect is not None and effect.state == EffectState.FAILED and retry:
+                key, effect = _next_drain_key(key), None  # approved again: ask anew
+            if effect is None:
+                row = ctx.store.node(node)
+                if row is not None and row.state == NodeState.EVICTED:  # an earlier repair's
+                    did = f"{node} already evicted"
+                else:
+                    refusal = self._start(ctx, key, node, params.reason)
+                    if refusal:
+                        return StepResult(StepStatus.ESCALATE, {"node": node, "reason": refusal})
+                    continue
+            elif effect.state == EffectState.FAILED:  # the scheduler was not told: a person
+                # decides (the node stays as it was; approving the run asks the scheduler again)
+                error = str(effect.result.get("error", "the drain failed"))
+                return StepResult(
+                    StepStatus.ESCALATE, {"node": node, "backend": ctx.backend.name, "error": error}
+                )
+            elif effect.state == EffectState.INTENDED:
+                continue
+            else:
+                did = str(effect.result.get("did", ""))
+            done.append(did)
+            if node not in ctx.plan.exclude:
+                ctx.plan.exclude.append(node)
+        if len(done) < len(nodes):
+            return StepResult(StepStatus.WAIT, {"draining": nodes})
         return StepResult(
             StepStatus.DONE, {"nodes": nodes, "backend": ctx.backend.name, "did": done}
         )
+
+    @staticmethod
+    def _start(ctx: ActionContext, key: str, node: str, reason: str) -> str | None:
+        """Record the drain of `node` (effect `key`), or why the rails refuse it. The scheduler
+        is told why and by which incident."""
+        row = ctx.store.node(node)
+        if row is None or row.state != NodeState.DRAINING:
+            refusal = _budget_refusal(ctx) or _replacement_refusal(ctx, node)
+            if refusal:
+                return refusal
+        if row is None:
+            lifecycle.add_node(ctx.store, node, NodeState.ACTIVE, ctx.now)
+        lifecycle.move(
+            ctx.store,
+            Entity.NODE,
+            node,
+            NodeState.DRAINING,
+            ctx.now,
+            ctx.who,
+            reason,
+            incident_id=ctx.incident.id,
+            reason=reason,
+        )
+        lifecycle.intend_effect(
+            ctx.store,
+            key,
+            EffectKind.EVICT,
+            node,
+            {"reason": f"{reason} [incident {ctx.incident.id}]"},
+            ctx.incident.id,
+            ctx.now,
+        )
+        return None
+
+
+def _latest_drain(ctx: ActionContext, node: str) -> tuple[str, EffectRow | None]:
+    """This step's latest drain of `node`: its key and effect (None: not asked yet). The first
+    is `<step>/evict:<node>`; each retry after a failed one adds `#N`."""
+    key, effect = f"{ctx.key}/evict:{node}", None
+    while (found := ctx.store.effect(key)) is not None:
+        effect = found
+        key = _next_drain_key(key)
+    if effect is None:
+        return key, None
+    return effect.key, effect
+
+
+def _next_drain_key(key: str) -> str:
+    base, _, n = key.partition("#")
+    return f"{base}#{int(n or 0) + 1}"
+
+
+def _approved_again(ctx: ActionContext) -> bool:
+    """The step escalated and its run was approved again: an operator asks for a new try."""
+    step = ctx.store.step(ctx.key)
+    return step is not None and step.state == StepState.ESCALATED
 
 
 class SwapParams(BaseModel):
@@ -254,10 +340,10 @@ class SwapSpare(BaseAction):
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, SwapParams)
         job = ctx.job()
-        spares: list[str] = list(job["status"].get("spares", [])) if job else []
-        mapping: dict[str, str] = ctx.context.setdefault("spare_map", {})
+        spares = list(job.status.spares) if job else []
+        mapping = ctx.plan.spare_map
         missing: list[str] = []
-        for node in ctx.context.get("evicted", []) + ctx.context.get("to_swap", []):
+        for node in ctx.plan.exclude:
             if node in mapping:
                 continue
             spare = self._free_spare(ctx, spares, mapping)
@@ -266,12 +352,17 @@ class SwapSpare(BaseAction):
                 continue
             mapping[node] = spare
             if not ctx.dry_run:
-                why = f"swapped in for {node}"
-                ctx.store.execute(
-                    "INSERT INTO nodes (name, state, state_changed_at, reason)"
-                    " VALUES (?,'active',?,?) ON CONFLICT(name) DO UPDATE SET state='active',"
-                    " state_changed_at=excluded.state_changed_at, reason=excluded.reason",
-                    (spare, ctx.now, why),
+                lifecycle.add_node(ctx.store, spare, NodeState.SPARE, ctx.now)  # if unknown
+                lifecycle.move(
+                    ctx.store,
+                    Entity.NODE,
+                    spare,
+                    NodeState.ACTIVE,
+                    ctx.now,
+                    ctx.who,
+                    f"swapped in for {node}",
+                    incident_id=ctx.incident.id,
+                    reason=f"swapped in for {node}",
                 )
         if missing and params.required:
             return StepResult(StepStatus.ESCALATE, {"reason": f"no hot spare left for {missing}"})
@@ -279,13 +370,10 @@ class SwapSpare(BaseAction):
 
     @staticmethod
     def _free_spare(ctx: ActionContext, spares: list[str], mapping: dict[str, str]) -> str | None:
-        for spare in spares:
-            if spare in mapping.values():
-                continue
-            row = ctx.store.one("SELECT state FROM nodes WHERE name=?", (spare,))
-            if row is None or row["state"] == "spare":
-                return spare
-        return None
+        taken = set(mapping.values())
+        return next((s for s in spares if s not in taken and _is_free_spare(ctx, s)), None)
 
+
+_JOBS_LIMIT = 10_000
 
 __all__ = ["EvictNode", "ExcludeFileBackend", "KubernetesBackend", "SlurmBackend", "SwapSpare"]

@@ -1,7 +1,8 @@
-"""Job actions: they build a restart plan in the run's context and send it to the supervisor.
+"""Job actions: they build the run's restart plan (`RepairPlan`) and send it to the supervisor.
 
 `rollback`, `skip_batches` and `lr_scale` only shape the plan; `resume` sends it as one
-`job.restart` command and waits until the supervisor reports the new generation running.
+`job.restart` command (the plan is its argument model) and waits until the supervisor reports
+the new generation running.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
-from sentinel.protocol import CommandKind
+from sentinel.coordinator.effects import EffectKind
+from sentinel.coordinator.lifecycle import EffectState
+from sentinel.protocol import CommandKind, JobState
+from sentinel.protocol import LrScale as LrScalePlan
 
 
 class _P(BaseModel):
@@ -50,17 +55,15 @@ class Rollback(BaseAction):
 
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, RollbackParams)
-        first = ctx.incident.get("first_step")
-        since = (ctx.incident.get("detail") or {}).get("suspect_since")
+        first = ctx.incident.first_step
+        since = ctx.incident.detail.suspect_since
         if since is not None:
-            first = int(since) if first is None else min(int(first), int(since))
+            first = since if first is None else min(first, since)
         if params.to == "before_incident" and first is not None:
-            ctx.context["resume_before_step"] = max(0, int(first) - params.margin_steps)
+            ctx.plan.resume_before_step = max(0, first - params.margin_steps)
         else:
-            ctx.context["resume_before_step"] = None
-        return StepResult(
-            StepStatus.DONE, {"resume_before_step": ctx.context["resume_before_step"]}
-        )
+            ctx.plan.resume_before_step = None
+        return StepResult(StepStatus.DONE, {"resume_before_step": ctx.plan.resume_before_step})
 
 
 class SkipParams(_P):
@@ -75,19 +78,18 @@ class SkipBatches(BaseAction):
 
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, SkipParams)
-        batch = ctx.incident["detail"].get("batch", ctx.incident.get("first_step"))
+        detail = ctx.incident.detail
+        batch = detail.batch if detail.batch is not None else ctx.incident.first_step
         if batch is None:
             return StepResult(StepStatus.FAILED, {"error": "the incident names no batch or step"})
-        lo, hi = max(0, int(batch) - params.before), int(batch) + params.after
-        ranges: list[list[int]] = ctx.context.setdefault("skip_batches", [])
-        if [lo, hi] not in ranges:
-            ranges.append([lo, hi])
+        lo, hi = max(0, batch - params.before), batch + params.after
+        if (lo, hi) not in ctx.plan.skip_batches:
+            ctx.plan.skip_batches.append((lo, hi))
         return StepResult(StepStatus.DONE, {"skip": [lo, hi]})
 
 
-class LrScaleParams(_P):
-    factor: float = Field(gt=0, le=1.0)
-    steps: int = Field(ge=1)
+class LrScaleParams(LrScalePlan):
+    pass
 
 
 class LrScale(BaseAction):
@@ -97,8 +99,8 @@ class LrScale(BaseAction):
 
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, LrScaleParams)
-        ctx.context["lr_scale"] = {"factor": params.factor, "steps": params.steps}
-        return StepResult(StepStatus.DONE, dict(ctx.context["lr_scale"]))
+        ctx.plan.lr_scale = LrScalePlan(factor=params.factor, steps=params.steps)
+        return StepResult(StepStatus.DONE, ctx.plan.lr_scale.model_dump())
 
 
 class ResumeParams(_P):
@@ -115,22 +117,15 @@ class Resume(BaseAction):
         job = ctx.job()
         if job is None:
             return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
-        plan = {
-            "exclude": list(ctx.context.get("evicted", [])),
-            "spare_map": dict(ctx.context.get("spare_map", {})),
-            "resume_before_step": ctx.context.get("resume_before_step"),
-            "skip_batches": list(ctx.context.get("skip_batches", [])),
-            "lr_scale": ctx.context.get("lr_scale"),
-            "reason": f"incident {ctx.incident['id']} ({ctx.incident['fault']})",
-        }
+        ctx.plan.reason = f"incident {ctx.incident.id} ({ctx.incident.fault})"
+        plan = ctx.plan.model_dump(mode="json")
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would restart", "plan": plan})
-        marker = f"generation_before:{ctx.key}"
-        before = int(ctx.context.setdefault(marker, int(job["generation"])))
+        before = ctx.context.marks.setdefault(f"generation_before:{ctx.key}", job.generation)
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
-        if int(job["generation"]) > before:  # restarted; a new failure is a new incident
-            return StepResult(StepStatus.DONE, {"command": cid, "generation": job["generation"]})
-        if job["state"] == "failed":  # the supervisor could not form the gang and gave up
+        if job.generation > before:  # restarted; a new failure is a new incident
+            return StepResult(StepStatus.DONE, {"command": cid, "generation": job.generation})
+        if job.state == JobState.FAILED:  # the supervisor could not form the gang and gave up
             return StepResult(
                 StepStatus.FAILED,
                 {"error": "the supervisor reports the job failed", "command": cid},
@@ -156,9 +151,8 @@ class WaitCheckpoint(BaseAction):
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would wait for a checkpoint"})
         job = ctx.job()
-        checkpoints = list(job["status"].get("checkpoints", [])) if job else []
-        newest = max(checkpoints, default=-1)
-        floor = int(ctx.context.setdefault(f"ckpt_floor:{ctx.key}", newest))
+        newest = max(job.status.checkpoints, default=-1) if job else -1
+        floor = ctx.context.marks.setdefault(f"ckpt_floor:{ctx.key}", newest)
         if newest > floor:
             return StepResult(StepStatus.DONE, {"checkpoint": newest})
         if ctx.now - ctx.step_started_at > params.timeout_s:
@@ -178,11 +172,19 @@ class Notify(BaseAction):
 
     def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
         assert isinstance(params, NotifyParams)
-        from sentinel.coordinator.actions.base import log
-
-        log.warning(
-            "notify: %s",
-            params.message,
-            extra={"incident": ctx.incident["id"], "severity": params.severity},
-        )
-        return StepResult(StepStatus.DONE, {"message": params.message, "severity": params.severity})
+        args = {"message": params.message, "severity": params.severity}
+        effect = ctx.store.effect(ctx.key)
+        if effect is None:
+            lifecycle.intend_effect(
+                ctx.store,
+                ctx.key,
+                EffectKind.NOTIFY,
+                f"incident:{ctx.incident.id}",
+                args,
+                ctx.incident.id,
+                ctx.now,
+            )
+            return StepResult(StepStatus.WAIT, {})
+        if effect.state == EffectState.INTENDED:
+            return StepResult(StepStatus.WAIT, {})
+        return StepResult(StepStatus.DONE, args)
