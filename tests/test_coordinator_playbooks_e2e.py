@@ -368,7 +368,7 @@ def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coo
     assert sum("-> mitigated" in line for line in log) == 3
 
 
-def test_repeated_crash_with_no_spare_escalates_and_a_short_gang_fails(
+def test_repeated_crash_with_no_spare_escalates_and_a_short_gang_waits(
     job_factory: Any, coord: Coordinator
 ) -> None:
     # rank 1 (node-0) dies in generations 0 and 1; the job has no spare to take node-0's place
