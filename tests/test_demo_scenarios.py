@@ -105,7 +105,8 @@ def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: 
     assert code == 0
     assert_repaired(res, "corrupt_batch", "loss_spike", [])
     (fault,) = res["faults"]
-    assert fault["detected_step"] == fault["injected_step"] == 40
+    # batch 40 (counted from 0) is the trainer's step 41: detected at the step that consumed it
+    assert fault["detected_step"] == fault["injected_step"] == 41
     assert fault["actions"] == ["rollback", "skip_batches", "lr_scale", "resume"]
     assert res["bit_identity_required"]  # the reference replayed the skip list and LR window
     assert "skipping batches [(40, 240)] with the learning rate scaled 0.5:100@0" in stdout
