@@ -260,10 +260,10 @@ class Agent:
     async def _watch_loop(self) -> None:
         """Deadline on NVML calls, the kernel log, and the watchdog ping: none of it waits on
         a sweep, so a wedged driver changes the verdict and does not get the agent restarted."""
-        # A quarter of the deadline (the verdict moves at most that late), at most a second,
-        # and often enough to ping systemd at half its watchdog interval.
+        # A quarter of the deadline (the verdict moves at most that much late), at most a
+        # second, and a quarter of systemd's watchdog interval: the ping is due at half of it.
         dog = self.notifier.watchdog_interval_s
-        tick = min(1.0, self.cfg.nvml_call_deadline_s / 4, (dog or 2.0) / 2)
+        tick = min(1.0, self.cfg.nvml_call_deadline_s / 4, (dog or 4.0) / 4)
         while True:
             stall = self.backend.stalled(self.cfg.nvml_call_deadline_s)
             if stall is not None:
