@@ -112,7 +112,10 @@ class Agent:
             backend,
             host,
             self.evaluator,
-            expected_gpus=expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
+            # Simulated GPUs have no PCI devices: only a configured count applies to them.
+            expected_gpus=cfg.expected_gpus
+            if cfg.sim is not None
+            else expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
             kernel_log=self.kernel_log,
         )
         self.ranks = RankMetrics()
