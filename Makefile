@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned: the CPU wheel on disk. An unpinned torch pulls gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,dev]'
+	$(PY) -m pip install -q -e '.[torch,demo,dev]'
 	touch $(STAMP)
 
 # The combined default drill; each run gets its own report directory under demo-out/.
@@ -27,8 +27,9 @@ test: venv system-deps lint
 system-deps:
 	scripts/install-system-deps.sh
 
+# Every benchmark in turn, with a live progress display on a terminal (benchmarks/__main__.py).
 bench: venv
-	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) -m benchmarks
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,7 @@ Builds the fake libnvidia-ml.so.1 in a temp dir and re-executes itself with LD_L
 pointing there (the loader reads it only at process start). Prints a JSON object as the last
 line: `sweep_ms_p50`, `sweep_ms_p99` (one full collection sweep: every field of every GPU plus
 draining XID events; wall clock) and the same as CPU time of the sweeping thread;
+`urgent_cpu_us_p50` (the check between sweeps: XID events, DBE counts, temperatures);
 `collect_ms_p50/p99` (the sweep plus judging it: rules and holds, rates, peer outliers);
 `render_ms_p50` (one /metrics exposition of the agent's registry after a real sweep); and
 `cpu_core_fraction`: a real `sentinel agent` process on the same fake library, collecting every
@@ -70,7 +71,14 @@ def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
             times_ms.append((time.perf_counter() - start) * 1000)
             cpu_ms.append((time.thread_time() - cpu_start) * 1000)
         assert all(r.tensor_active is not None and not r.lost for r in readings)
+        urgent_us = []
+        for _ in range(sweeps):
+            cpu_start = time.thread_time()
+            backend.urgent(92.0)
+            urgent_us.append((time.thread_time() - cpu_start) * 1e6)
     return {
+        # The between-sweeps check (XID events, DBE counts, temperatures), CPU of its thread.
+        "urgent_cpu_us_p50": round(statistics.median(urgent_us), 1),
         "gpus": GPUS,
         "sweeps": sweeps,
         "sweep_ms_p50": round(statistics.median(times_ms), 3),

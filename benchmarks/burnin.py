@@ -4,12 +4,20 @@
   on the same 8 simulated ranks, sizes and backend (gloo), in one run, interleaved so both see
   the same machine. Target >= 0.95.
 - quick_s: wall time of `sentinel burnin --sim-nodes 4 --gpus-per-node 2 --quick`.
+- straggler screen: `--straggler-runs N` (default 10) process-level runs of
+  `sentinel burnin --sim-nodes 4 --gpus-per-node 2 --phases stragglers` with rank 5's GPU 1.05x
+  slow (busy, not asleep: `sentinel.burnin.faults`), and N runs with no fault.
+  `straggler_flagged_runs`: runs that flagged rank 5 and no other rank (target >= 9 of 10);
+  `straggler_clean_false_runs`: clean runs that flagged any rank (target 0 of 10). Each run's
+  flagged ranks and the slow rank's relative GEMM time are listed; the machine's load average
+  is reported with them, as timings on a shared machine are noisy.
 
-Run: python benchmarks/burnin.py [--skip-quick]; the last line is JSON.
+Run: python benchmarks/burnin.py [--skip-quick] [--straggler-runs N]; the last line is JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -106,14 +114,63 @@ def quick_seconds() -> float:
     return round(time.perf_counter() - t0, 1)
 
 
+SLOW_RANK, SLOWDOWN = 5, 1.05
+STRAGGLER_SCENARIO = f"""
+fleet: {{nodes: {NODES}, gpus_per_node: {GPUS}, spares: 0}}
+trainer: {{tp: 2, pp: 2, dp: 2}}
+faults:
+  - {{kind: straggler, rank: {SLOW_RANK}, slowdown: {SLOWDOWN}}}
+"""
+
+
+def straggler_run(tmp: Path, slow: bool) -> dict[str, object]:
+    """One process-level straggler screen of the simulated 8-rank gang."""
+    report = tmp / "report.json"
+    cmd = [sys.executable, "-m", "sentinel", "burnin", "--sim-nodes", str(NODES)]
+    cmd += ["--gpus-per-node", str(GPUS), "--phases", "stragglers", "--no-progress"]
+    cmd += ["--json", str(report)]
+    if slow:
+        (tmp / "slow.yaml").write_text(STRAGGLER_SCENARIO)
+        cmd += ["--scenario", str(tmp / "slow.yaml")]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=900)
+    rep = json.loads(report.read_text())
+    rel = rep["straggler_detail"]["ranks"][str(SLOW_RANK)].get("relative_time")
+    return {"flagged": rep["stragglers"], "rank5_relative_time": rel, "load": os.getloadavg()[0]}
+
+
+def straggler_screen(runs: int) -> dict[str, object]:
+    slow, clean = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(runs):  # alternate, so both kinds of run see the same machine
+            slow.append(straggler_run(Path(tmp), slow=True))
+            clean.append(straggler_run(Path(tmp), slow=False))
+            print(f"straggler screen: slow {slow[-1]}, clean {clean[-1]}", file=sys.stderr)
+    return {
+        "straggler_slowdown": SLOWDOWN,
+        "straggler_runs": runs,
+        "straggler_flagged_runs": sum(r["flagged"] == [SLOW_RANK] for r in slow),
+        "straggler_clean_false_runs": sum(bool(r["flagged"]) for r in clean),
+        "straggler_slow_runs_detail": slow,
+        "straggler_clean_runs_detail": clean,
+    }
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--rank"]:
         rank_main(Path(sys.argv[2]))
         return
+    p = argparse.ArgumentParser()
+    p.add_argument("--skip-quick", action="store_true")
+    p.add_argument("--skip-busbw", action="store_true")
+    p.add_argument("--straggler-runs", type=int, default=10)
+    args = p.parse_args()
     result: dict[str, object] = {"ranks": NODES * GPUS, "backend": "gloo", "sizes": SIZES}
-    result.update(busbw_efficiency())
-    if "--skip-quick" not in sys.argv:
+    if not args.skip_busbw:
+        result.update(busbw_efficiency())
+    if not args.skip_quick:
         result["quick_s"] = quick_seconds()
+    if args.straggler_runs:
+        result.update(straggler_screen(args.straggler_runs))
     print(json.dumps(result))
 
 

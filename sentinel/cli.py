@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "sentinel.commands.fr_cmd",
     "sentinel.commands.burnin_cmd",
     "sentinel.commands.demo_cmd",
+    "sentinel.commands.status_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -86,11 +86,18 @@ class AgentConfig(StrictModel):
     spool_max_events: int = Field(default=100_000, ge=1)
     batch_max_events: int = Field(default=500, ge=1)
     rank_socket: Path | None = Path("/run/sentinel/agent.sock")
+    # Where this node's ranks dump flight recorders (node-local): carried to the coordinator
+    # after an fr.dump command, for the job's analysis. None: not carried.
+    fr_dir: Path | None = None
     heartbeat_s: float = Field(default=15.0, gt=0)
     sim: SimConfig | None = None
     thresholds: HealthThresholds = HealthThresholds()
     # A call into NVML older than this makes the node unhealthy (rule nvml_unresponsive).
     nvml_call_deadline_s: float = Field(default=5.0, gt=0)
+    # Between sweeps, this often: a cheap look at XID events, double-bit ECC counts and
+    # temperatures; one that moved triggers a sweep at once (a hardware fault is judged within
+    # a fraction of the interval).
+    urgent_poll_s: float = Field(default=0.25, gt=0)
     # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
     expected_gpus: int | None = Field(default=None, ge=0)
     pci_devices_dir: Path = Path("/sys/bus/pci/devices")
@@ -118,6 +125,8 @@ class CoordinatorConfig(StrictModel):
     eviction_backend: Literal["exclude_file", "slurm", "kubernetes"] = "exclude_file"
     exclude_file: Path | None = None  # default: <state_dir>/exclude.txt
     scontrol: str = "scontrol"
+    # One `scontrol update`, controller down included (scontrol retries MessageTimeout).
+    scontrol_timeout_s: float = Field(default=30.0, gt=0)
     kubernetes_api: str = "https://kubernetes.default.svc"
     kubernetes_token_file: Path | None = None
     kubernetes_taint_key: str = "sentinel.dev/evicted"
@@ -144,7 +153,9 @@ class SupervisorConfig(StrictModel):
     coordinator_url: str = "http://127.0.0.1:9400"
     token_file: Path | None = None
     job_id: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
-    launcher: Literal["local"] = "local"
+    # local: ranks as local processes (the simulated fleet); slurm: a job step per generation
+    # inside the Slurm allocation `sentinel run` runs in (or asks for with salloc).
+    launcher: Literal["local", "slurm"] = "local"
     nodes: int = Field(default=2, ge=1)
     gpus_per_node: int = Field(default=2, ge=1)
     spares: int = Field(default=1, ge=0)
@@ -164,6 +175,9 @@ class SupervisorConfig(StrictModel):
     # Flight recorder: where the ranks dump on `fr.dump` (the hooks' fr_dir); when set, the
     # supervisor analyzes the dumps and reports `fr.analysis` for the playbook that asked.
     fr_dir: Path | None = None
+    # Dumps are node-local: collect them from the coordinator, where each node's agent carried
+    # its own (`agent.fr_dir`), instead of reading fr_dir.
+    fr_from_coordinator: bool = False
     fr_wait_s: float = Field(default=30.0, gt=0)
     fr_analyze_command: list[str] = Field(
         default_factory=lambda: ["sentinel", "fr", "analyze"], min_length=1

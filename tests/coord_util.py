@@ -75,10 +75,11 @@ def job_status(
 
 
 class Coordinator:
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, host: str = "127.0.0.1") -> None:
         self.state = state
+        self.host = host
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -93,7 +94,7 @@ class Coordinator:
                 *SENTINEL,
                 "coordinator",
                 "--listen",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--state-dir",
                 str(self.state),
             ],

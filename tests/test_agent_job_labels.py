@@ -5,7 +5,6 @@ series (checked with Prometheus' own query engine through promtool)."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from fake_nvml import FakeGpu, build_library
 from fake_nvml.agent import FakeNvmlAgent, wait_until
+from system_deps import require_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "deploy" / "prometheus"
@@ -68,10 +68,10 @@ def test_ranks_label_their_gpus_while_connected(tmp_path: Path, lib: Path) -> No
         assert agent.stop() == 0, agent.log()
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_the_job_join_in_prometheus() -> None:
+    promtool = require_command("promtool", "prometheus")
     r = subprocess.run(
-        ["promtool", "test", "rules", "queries_test.yml"],
+        [promtool, "test", "rules", "queries_test.yml"],
         cwd=PROM, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr

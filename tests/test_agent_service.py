@@ -254,3 +254,30 @@ def test_agent_and_its_deps_never_import_torch() -> None:
         [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+def test_hardware_faults_are_judged_between_sweeps(
+    tmp_path: Path, coordinator: StandInCoordinator
+) -> None:
+    """Sweeps every 10 s: a double-bit ECC error, a GPU at 96 °C and an XID 79 each reach the
+    coordinator as an unhealthy GPU verdict long before the next sweep, because the urgent
+    check between sweeps (every 0.25 s) sees them move and sweeps at once."""
+    coordinator.start()
+    fleet = SimFleet(tmp_path, ["node-0"], 4, interval_s=10.0,
+                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    with fleet:
+        wait_until(lambda: "node.verdict" in coordinator.kinds())
+        time.sleep(0.5)  # clear of the first sweep: the next is ~9.5 s away
+        for gpu, fault in enumerate(({"kind": "ecc_dbe"}, {"kind": "thermal", "temp_c": 96},
+                                     {"kind": "xid", "xid": 79})):  # fmt: skip
+            start = time.monotonic()
+            fleet.inject("node-0", {**fault, "gpu": gpu})
+
+            def unhealthy(g: int = gpu) -> bool:
+                return any(e.kind == EventKind.GPU_VERDICT and e.payload["gpu"] == g
+                           and e.payload["verdict"] == "unhealthy" for e in coordinator.received)  # fmt: skip
+
+            wait_until(unhealthy, timeout_s=5.0)
+            assert time.monotonic() - start < 5.0, fault  # half the sweep interval
+        log = fleet.agents["node-0"].log_file.read_text()
+        assert log.count("urgent signal: sweeping now") >= 3

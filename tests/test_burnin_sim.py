@@ -10,9 +10,10 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# Eight ranks time-share two cores here, so their timings are noisier than on a real fleet: the
-# straggler in this combined-fault test is 1.25x. The 1.10x figure is proven across network
-# namespaces (tests/test_burnin_netns.py), where fewer ranks share the cores.
+# Four faults at once on the simulated 8-rank fleet (a slow link, a GPU 1.25x slow, an SDC, an
+# ECC error): each is pinned on its own node or rank and nothing else is flagged. How often a
+# 1.05x GPU is flagged, and a clean gang is not, is measured over repeated process-level runs by
+# benchmarks/burnin.py, not asserted from one run.
 FAULTS = """
 fleet: {nodes: 4, gpus_per_node: 2, spares: 0}
 trainer: {tp: 2, pp: 2, dp: 2}

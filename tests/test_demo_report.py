@@ -1,167 +1,40 @@
-"""The demo's HTML report and its SVG helpers, on a realistic synthetic demo."""
+"""The demo's HTML report on a realistic synthetic demo: what a reader sees in each section
+and figure (the figures' text is text in their SVG, and each has a caption saying what it
+shows). `test_demo_report_browser.py` renders the same page in a real browser."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 import re
+import sqlite3
+import sys
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
+from demo_report_data import make_data
 
-from sentinel.demo import svg
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
-from sentinel.demo.figures import GOODPUT_PARTS, rank_matrix, rolled_back_from, straggler_note
+from sentinel.demo.drill import rank_samples
+from sentinel.demo.figures import loss_chart, loss_top
+from sentinel.demo.lanes import place_labels
+from sentinel.demo.rankmap import (
+    blocks,
+    colour_norm,
+    describe,
+    hold_until_next_report,
+    node_of,
+    rank_heatmap,
+    report_stride,
+)
+from sentinel.demo.readings import GOODPUT_PARTS, rolled_back_from, straggler_note
 from sentinel.demo.report import write_report
+from sentinel.demo.result import Generation
 
-EVIL = "rank-5<script>alert(1)</script>"
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "wbr", "source"}
-
-
-def _loss(step: int) -> float:
-    return 4.0 * math.exp(-step / 40) + 1.5
-
-
-def make_data() -> DemoData:
-    """Gen 0 runs steps 1-47, a fault at 45 is detected at 47, gen 1 resumes from checkpoint 40.
-    Rank 5 is a straggler (1.3x), rank 6 hangs at step 100 (no samples after)."""
-    steps = [StepPoint(s, _loss(s), 0, 0.5 * s) for s in range(1, 48)]
-    steps += [StepPoint(s, _loss(s), 1, 40 + 0.5 * s) for s in range(41, 121)]
-    steps[30] = StepPoint(31, 55.0, 0, 15.5)  # a loss spike far off the scale
-    reference = [StepPoint(s, _loss(s), 0, 0.5 * s) for s in range(1, 121)]
-    ranks = [
-        RankSample(r, s, 0.5 * (1.3 if r == 5 else 1.0) + 0.001 * r, 0.31 if r != 5 else 0.24)
-        for r in range(8)
-        for s in range(1, 121)
-        if not (r == 6 and s > 100)
-    ]
-    result = {
-        "verdict": "pass",
-        "scenario": "default",
-        "completed_steps": 120,
-        "incidents": [
-            {
-                "id": "inc-1",
-                "kind": "ecc_dbe",
-                "target": "node-2",
-                "detected_step": 47,
-                "actions": ["cordon node-2", "swap in spare-0", "rollback to step 40"],
-                "resolution": "resolved",
-            },
-            {
-                "id": "inc-2",
-                "kind": "straggler",
-                "target": EVIL,
-                "detected_step": 33,
-                "actions": [{"kind": "evict", "target": "node-2"}],
-                "resolution": "resolved",
-            },
-        ],
-        "faults": [
-            {
-                "kind": "ecc_dbe",
-                "target": "node-2",
-                "injected_step": 45,
-                "detected": True,
-                "detected_step": 47,
-                "incident": "inc-1",
-                "actions": ["cordon node-2"],
-                "time_to_detect_s": 1.2,
-                "time_to_resume_s": 21.5,
-            },
-            {
-                "kind": "straggler",
-                "target": EVIL,
-                "injected_step": 30,
-                "detected": True,
-                "detected_step": 33,
-                "incident": "inc-2",
-                "actions": [],
-                "time_to_detect_s": 4.0,
-            },
-            {
-                "kind": "hang",
-                "target": "rank-6",
-                "injected_step": 100,
-                "detected": False,
-                "detected_step": None,
-                "incident": None,
-                "actions": [],
-            },
-        ],
-        "false_incidents": [],
-        "evicted_nodes": ["node-2"],
-        "final_digest": "sha256:abc123",
-        "reference_digest": "sha256:abc123",
-        "bit_identical": True,
-        "time_account": {
-            "wall_s": 100.0,
-            "seconds": {
-                "productive": 80.0,
-                "rollback": 5.0,
-                "detection": 3.0,
-                "repair": 12.0,
-                "checkpoint": 0.0,
-                "burnin": 0.0,
-                "startup": 0.0,
-            },
-            "repair_stages_s": {
-                "stop": 4.0,
-                "relaunch": 3.0,
-                "rendezvous": 1.0,
-                "checkpoint_load": 2.0,
-                "build": 2.0,
-            },
-            "effective_ratio": 0.8,
-        },
-    }
-    nodes = {f"node-{i}": {"verdict": "pass", "reasons": []} for i in range(4)}
-    nodes["node-3"] = {"verdict": "fail", "reasons": ["link node-3<->node-0: 0.25 GB/s"]}
-    links = [
-        {
-            "a": f"node-{a}",
-            "b": f"node-{b}",
-            "gbps": 0.25 if 3 in (a, b) else 1.0,
-            "verdict": "fail" if 3 in (a, b) else "pass",
-        }
-        for a in range(4)
-        for b in range(a + 1, 4)
-    ]
-    burnin = {
-        "verdict": "fail",
-        "nodes": nodes,
-        "links": links,
-        "exclude": ["node-3"],
-        "collectives": [
-            {
-                "op": "all_reduce",
-                "bytes": 1 << 20,
-                "algbw_gbps": 0.9,
-                "busbw_gbps": 1.35,
-                "correct": True,
-            }
-        ],
-    }
-    timeline = [
-        TimelineEntry(1.0, None, "burnin", "node-3", "link node-3 slow: excluded"),
-        TimelineEntry(15.0, 30, "fault", EVIL, "straggler injected"),
-        TimelineEntry(16.5, 33, "detect", EVIL, "straggler detected"),
-        TimelineEntry(22.5, 45, "fault", "node-2", "ecc_dbe injected"),
-        TimelineEntry(23.7, 47, "incident", "node-2", "inc-1 opened"),
-        TimelineEntry(24.0, None, "action", "node-2", "cordon node-2"),
-        TimelineEntry(30.0, None, "action", "spare-0", "swap in spare-0"),
-        TimelineEntry(45.2, 41, "resume", None, "resumed from step 40"),
-    ]
-    return DemoData(
-        result,
-        steps,
-        reference,
-        ranks,
-        burnin,
-        timeline,
-        nodes_of_ranks={r: f"node-{r // 2}" for r in range(8)},
-    )
 
 
 class TreeCheck(HTMLParser):
@@ -213,6 +86,23 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def figure(html: str, ident: str) -> tuple[str, str]:
+    """A figure's SVG text (labels, legends, ticks: what a reader sees) and its caption."""
+    match = re.search(rf'<figure id="fig-{ident}">(.*?)</figure>', html, re.S)
+    assert match, f"no figure {ident}"
+    drawn = re.search(r"<svg .*</svg>", match.group(1), re.S)
+    assert drawn, f"figure {ident} has no SVG"
+    parse(match.group(1))
+    # What is drawn: without the chart's own name and description, or its style sheet.
+    tree = parse(re.sub(r"<title .*?</desc>|<style.*?</style>", "", drawn.group(0), flags=re.S))
+    caption = re.search(r"<figcaption>(.*?)</figcaption>", match.group(1), re.S)
+    assert caption and len(caption.group(1)) > 40, f"figure {ident} has no caption"
+    return " ".join(t.strip() for t in tree.text if t.strip()), unescape(caption.group(1))
+
+
+FIGURES = ("loss", "rank-step-time", "rank-mfu", "burnin-links", "timeline", "goodput")
+
+
 def test_page_is_well_formed_and_self_contained(full: str) -> None:
     tree = parse(full)
     names = {t for t, _ in tree.tags}
@@ -229,7 +119,24 @@ def test_page_is_well_formed_and_self_contained(full: str) -> None:
         "how-to-read",
     ):
         section(full, ident)
-    assert full.count("<svg ") == 6  # loss, step time, MFU, burn-in, timeline, goodput
+    assert full.count("<svg ") == 6 and full.count("<figure ") == 6
+    for ident in FIGURES:
+        figure(full, ident)
+
+
+def test_figures_are_named_and_their_ids_do_not_clash(full: str) -> None:
+    """Six inline SVGs share one document: every id is unique and every reference (clip
+    paths, reused glyphs, rasterised cells) points at an id of the page. Each chart is an
+    image with a title and a description for assistive technology."""
+    ids = re.findall(r'\bid="([^"]+)"', full)
+    assert len(ids) == len(set(ids)), [i for i in ids if ids.count(i) > 1][:5]
+    refs = re.findall(r"url\(#([^)]+)\)", full) + re.findall(r'href="#([^"]+)"', full)
+    assert refs and set(refs) <= set(ids)
+    for ident in FIGURES:
+        head = re.search(rf'<svg [^>]*data-chart="{ident}"[^>]*>', full)
+        assert head and 'role="img"' in head.group(0)
+        assert f'aria-labelledby="{ident}-title {ident}-desc"' in head.group(0)
+        assert f'<title id="{ident}-title">' in full and f'<desc id="{ident}-desc">' in full
 
 
 def test_header_and_what_happened(full: str) -> None:
@@ -250,51 +157,78 @@ def test_text_is_escaped(full: str) -> None:
     assert "rank-5&lt;script&gt;alert(1)&lt;/script&gt;" in full
 
 
-def test_loss_chart_series_markers_and_bands(full: str) -> None:
-    loss = section(full, "loss")
-    names = re.findall(r'<g class="series" data-name="([^"]+)"', loss)
-    assert names == [
-        "clean reference run",
-        "generation 0",
-        "generation 1",
-        "generation 0, rolled back",
-    ]
-    assert loss.count('class="marker"') == 5  # 3 faults + 2 incidents
-    assert loss.count('class="band"') == 1
-    assert loss.count('class="off-scale"') == 1  # the spike at step 31 is pinned, not scaled to
+def test_loss_chart_shows_generations_rollbacks_markers_and_the_spike(full: str) -> None:
+    text, caption = figure(section(full, "loss"), "loss")
+    for name in ("clean reference run", "generation 0", "generation 1", "generation 2"):
+        assert name in text
+    assert "generation 0, rolled back" in text and "generation 1, rolled back" in text
+    assert "rolled back, then replayed" in text
+    assert "✕ ecc_dbe" in text and "⚑ ecc_dbe" in text and "✕ hang" in text
+    assert "55 off scale" in text  # the spike at step 31 is pinned to the top, not scaled to
+    assert "Generation 0 trained steps 41-47, then they were rolled back" in caption
+    assert "Generation 1 trained steps 101-103, then they were rolled back" in caption
+    assert "ecc_dbe at step 45" in caption and "Off the scale: step 31 (55)" in caption
 
 
-def test_rank_heatmaps_have_a_cell_per_rank_and_step(full: str) -> None:
+def test_rank_heatmaps_label_where_each_rank_actually_ran(full: str) -> None:
+    """Rank 6 was planned for node-3, which burn-in excluded: it ran on spare-0. Ranks 4-5
+    moved from node-2 to spare-1 after the ECC error. Every generation's rows are there."""
     ranks = section(full, "ranks")
-    step_svg, mfu_svg = ranks.split("<svg ")[1:3]
-    assert step_svg.count('class="cell"') == 8 * 120
-    assert step_svg.count("no sample") == 20  # rank 6 hangs after step 100
-    assert "rank 5 · node-2" in step_svg
-    assert mfu_svg.count('class="cell"') == 8 * 120 and "% MFU" in mfu_svg
+    text, caption = figure(ranks, "rank-step-time")
+    assert "node-3" not in ranks
+    assert "g0 · rank 6 · spare-0" in text and "g2 · rank 7 · spare-0" in text
+    assert "g0 · rank 4 · node-2" in text and "g1 · rank 4 · spare-1" in text
+    assert sum(f"· rank {r} ·" in text for r in range(8)) == 8
+    assert text.count("· rank 5 ·") == 3  # one row per generation
+    assert "Generation 0 on node-0, node-1, node-2, spare-0 trained steps 1-47" in caption
+    assert "Generation 1 on node-0, node-1, spare-1, spare-0 trained steps 41-103" in caption
+
+
+def test_rank_heatmaps_show_lost_work_the_hang_and_the_checkpoints(full: str) -> None:
+    ranks = section(full, "ranks")
+    for ident in ("rank-step-time", "rank-mfu"):
+        text, caption = figure(ranks, ident)
+        assert "of which 41-47 were rolled back" in caption
+        assert "of which 101-103 were rolled back" in caption
+        # The hung step never reports: it is drawn as the step each rank was in when stopped.
+        assert "step 104 never finished (no report in the 41.1 s before the next launch)" in caption
+        assert "✕ step 48 unfinished" in text and "✕ step 104 unfinished" in text
+        assert (
+            "trained, then rolled back" in text and "unfinished when its generation stopped" in text
+        )
+        assert all(f"ckpt {c}" in text for c in (20, 40, 60, 80, 100))
+        assert "Checkpoints saved after steps 20, 40, 60, 80, 100, 120" in caption
+    assert "% MFU" in figure(ranks, "rank-mfu")[0]
     assert "rank 5 at 0.655 s, 1.30x the median" in ranks
 
 
 def test_burnin_matrix_outlines_the_slow_node(full: str) -> None:
     burnin = section(full, "burnin")
-    assert burnin.count('class="cell"') == 16
-    assert burnin.count('class="flagged"') == 6  # node-3's three links, both directions
-    assert burnin.count("no sample") == 4  # the diagonal was not measured
+    text, caption = figure(burnin, "burnin-links")
+    assert text.count("0.25") == 6 and text.count("—") == 4  # the diagonal was not measured
+    assert (
+        "Failed links (outlined in red): node-0<->node-3, node-1<->node-3, node-2<->node-3"
+        in caption
+    )
     flagged = burnin.split("Flagged nodes")[1]
     assert "node-3" in flagged and "0.25 GB/s" in flagged and "node-0</td>" not in flagged
 
 
 def test_timeline_correctness_goodput(full: str) -> None:
-    timeline = section(full, "timeline")
-    assert timeline.count('class="event"') == 8 + 3  # entries + measured detect/resume bars
+    text, caption = figure(section(full, "timeline"), "timeline")
     for span in ("1.2 s to detect", "21.5 s to resume", "4.0 s to detect"):
-        assert f">{span}</text>" in timeline
+        assert span in text and span in caption
     for lane in ("Faults", "Detection", "Actions", "Resume", "Burn-in"):
-        assert f">{lane}</text>" in timeline
-    assert ">Info</text>" not in timeline
+        assert lane in text
+    assert "Info" not in text
+    assert "8 timeline entries over 45 s" in caption
+    assert section(full, "timeline").count("<tr>") == 1 + 8  # the table has every entry
     correct = section(full, "correctness")
     assert "Bit-identical to the clean reference" in correct and correct.count("sha256:abc123") == 2
     goodput = section(full, "goodput")
-    assert goodput.count('class="segment"') == len(GOODPUT_PARTS)
+    text, caption = figure(goodput, "goodput")
+    assert all(label in text for _k, label, _c in GOODPUT_PARTS)
+    assert "productive steps 80.0 s (80%)" in caption and "repair 12.0 s (12%)" in caption
     assert ">80.0%<" in goodput and "repair: checkpoint load" in goodput
 
 
@@ -320,77 +254,124 @@ def test_missing_parts_say_not_available(tmp_path: Path) -> None:
     assert html.count('class="na"') == 8 and "<svg " not in html
 
 
+def test_without_matplotlib_each_figure_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Matplotlib is the demo's extra: without it the page still holds everything else."""
+    for module in ("sentinel.demo.figures", "sentinel.demo.rankmap", "sentinel.demo.lanes"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
+    html = write_report(tmp_path, make_data()).read_text(encoding="utf-8")
+    parse(html)
+    assert "<svg " not in html and html.count("pip install &#x27;sentinel[demo]&#x27;") == 6
+    assert "rank 5 at 0.655 s" in html and ">80.0%<" in html
+
+
 def test_timeline_kind_is_checked() -> None:
     with pytest.raises(ValueError, match="timeline kind 'oops'"):
         TimelineEntry(0.0, None, "oops", None, "x")
 
 
-def test_rolled_back_and_rank_matrix_helpers() -> None:
-    steps = [
-        StepPoint(s, 1.0, g, 0.0)
+def test_rolled_back_steps_and_the_straggler_note() -> None:
+    pairs = [
+        (g, s)
         for g, rng in ((0, range(1, 30)), (1, range(20, 40)), (2, range(35, 50)))
         for s in rng
     ]
-    assert rolled_back_from(steps) == {0: 20, 1: 35}
+    assert rolled_back_from(pairs) == {0: 20, 1: 35}
     samples = [RankSample(r, s, float(s), None) for r in (0, 1) for s in range(1, 451)]
-    ranks, cols, matrix = rank_matrix(samples, "step_s")
-    assert ranks == [0, 1] and len(cols) == 150 and cols[:2] == [1, 4]
-    assert matrix[0][0] == 3.0  # a bin keeps its slowest step
-    assert straggler_note(samples[:450]) is None
+    assert straggler_note(samples[:450]) is None  # one rank: nobody to compare it with
+    assert "rank 1 at" not in (straggler_note(samples) or "rank 1 at")
 
 
-def test_scales_and_ticks() -> None:
-    s = svg.LinearScale((0, 10), (100, 200))
-    assert s(0) == 100 and s(5) == 150 and s(10) == 200
-    assert svg.LinearScale((3, 3), (0, 10))(3) == 5
-    assert svg.nice_ticks(0, 1, 5) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert svg.nice_ticks(1, 120, 10) == [20, 40, 60, 80, 100, 120]
-    assert svg.nice_ticks(0.013, 0.049, 4) == [0.02, 0.03, 0.04]
-    assert svg.nice_domain(1.53, 5.4) == (1.0, 6.0)
-    assert svg.nice_domain(2.0, 2.0) == (1.8, 2.2)
-    assert [svg.fmt_tick(v) for v in (0.30000000000000004, 25000, 3)] == ["0.3", "25k", "3"]
+def test_generation_blocks_keep_lost_work_and_the_unfinished_step() -> None:
+    """Two samples of step 12 on rank 0 (lost, then replayed) both stay; the step after each
+    rank's last report in a stopped generation is unfinished, with how long it went silent."""
+    gens = [Generation(0.0, 0, ("node-0",)), Generation(30.0, 1, ("spare-0",))]
+    samples = [RankSample(r, s, 1.0 + s, None, 0, 2.0 * s) for r in (0, 1) for s in range(1, 14)]
+    samples = [x for x in samples if not (x.rank == 1 and x.step == 13)]  # rank 1 stuck in 13
+    samples += [RankSample(r, s, 2.0, None, 1, 40.0 + s) for r in (0, 1) for s in range(11, 21)]
+    first, second = blocks(samples, gens, "step_s", finished=True)
+    assert first.values[(0, 12)] == 13.0 and second.values[(0, 12)] == 2.0
+    assert first.lost_from == 11 and second.lost_from is None
+    assert first.unfinished == {0: 14, 1: 13} and second.unfinished == {}
+    assert first.stopped_for_s == pytest.approx(30.0 - 26.0)
+    assert [node_of(first.nodes, r, 2) for r in (0, 1, 2)] == ["node-0", "node-0", None]
+    cut_short = [x for x in samples if x.generation == 0 and x.step <= 3 - x.rank]
+    (unfinished_run,) = blocks(cut_short, gens[:1], "step_s", finished=False)
+    assert unfinished_run.unfinished == {0: 4, 1: 3} and unfinished_run.stopped_for_s is None
+    text = describe([first, second], 2, [10], "Step time")
+    assert "Generation 0 on node-0 trained steps 1-13, of which 11-13 were rolled back" in text
+    assert "step 13, 14 never finished (no report in the 4.0 s before the next launch)" in text
 
 
-def test_colour_mapping() -> None:
-    scale = svg.ColourScale(0.0, 1.0)
-    assert scale.colour(0.0) == svg.VIRIDIS[0] and scale.colour(1.0) == svg.VIRIDIS[-1]
-    assert scale.colour(2.0) == svg.VIRIDIS[-1] and scale.colour(None) == svg.MISSING
-    assert scale.colour(float("nan")) == svg.MISSING
-    assert svg.mix("#000000", "#ffffff", 0.5) == "#808080"
-    log = svg.ColourScale(0.5, 60.0, log=True)
-    assert log.fraction(0.5) == 0 and 0.0 < log.fraction(0.52) < 0.05 and log.fraction(60) == 1
-    assert log.ticks() == [0.5, 1, 2, 5, 10, 20, 50]
-    hang = svg.ColourScale.for_values([0.5] * 30 + [0.65] * 10 + [62.0])  # one hung step
-    assert hang.saturated and hang.hi == 0.65 and hang.colour(62.0) == svg.VIRIDIS[-1]
-    assert not svg.ColourScale.for_values([0.5, 0.65]).saturated
-    assert svg.ink_on(svg.VIRIDIS[0]) == "#ffffff" and svg.ink_on(svg.VIRIDIS[-1]) == svg.INK
-    with pytest.raises(ValueError, match="positive"):
-        svg.ColourScale(0.0, 1.0, log=True)
+def test_ranks_reporting_every_few_steps_stop_where_the_metrics_do() -> None:
+    """With a report every 2 steps (the drills' compressed default), the step in progress when
+    a generation stopped comes from the trainer's metrics, which close every step."""
+    gens = [Generation(0.0, 0, ("node-0",)), Generation(30.0, 1, ("spare-0",))]
+    samples = [RankSample(r, s, 1.0, None, 0, float(s)) for r in (0, 1) for s in range(1, 15, 2)]
+    samples += [RankSample(r, s, 1.0, None, 1, 40.0 + s) for r in (0, 1) for s in range(11, 21, 2)]
+    metrics = [StepPoint(s, 1.0, 0, 0.0) for s in range(1, 15)]
+    metrics += [StepPoint(s, 1.0, 1, 0.0) for s in range(11, 21)]
+    first, _second = blocks(samples, gens, "step_s", True, metrics)
+    assert first.unfinished == {0: 15, 1: 15} and first.lost_from == 11
+    assert report_stride(samples) == 2 and report_stride(samples[:1]) == 1
+    row = np.array([np.nan, 1.0, np.nan, np.nan, 4.0, np.nan])
+    hold_until_next_report(row)  # inside the reported range only: no sample stays no sample
+    assert np.array_equal(row, [np.nan, 1.0, 4.0, 4.0, 4.0, np.nan], equal_nan=True)
+    chart = rank_heatmap(samples, gens, 1, [], "step_s", True, metrics)
+    assert "step 15 never finished" in chart.caption
+    assert "Ranks report every 2 steps" in chart.caption
 
 
-def test_chart_helpers_escape_and_validate() -> None:
-    chart = svg.line_chart(
-        [svg.Series("a<b", [(0, 1.0), (1, float("nan")), (2, 3.0)], "#000")],
-        title="t&t",
-        x_label="x",
-        y_label="y",
+def test_colour_scales_are_not_flattened_by_a_stall() -> None:
+    norm, extend = colour_norm([0.5] * 30 + [0.65] * 10 + [62.0], "step_s")  # one hung step
+    assert extend == "max" and norm.vmax == pytest.approx(1.5) and norm.vmin == 0.5
+    norm, extend = colour_norm([0.5, 0.65], "step_s")
+    assert extend == "neither" and (norm.vmin, norm.vmax) == (0.5, 0.65)
+    norm, extend = colour_norm([30.0] * 9 + [1.0], "mfu")
+    assert extend == "min" and norm.vmin == pytest.approx(10.0)
+    assert loss_top([4.0, 3.0, 2.0] * 30 + [55.0]) is not None
+    assert loss_top([4.0, 3.0, 2.0]) is None and loss_top([float("nan")]) is None
+
+
+def test_timeline_labels_never_overlap() -> None:
+    xs = [0.0, 0.5, 1.0, 1.5, 50.0]
+    levels = place_labels(xs, ["a long label of twenty"] * 5, span_s=100.0)
+    assert levels == [0, 1, 2, None, 0]  # the fourth has no room: the table lists it
+
+
+def test_rank_samples_keep_every_generation(tmp_path: Path) -> None:
+    """From a coordinator store: the hooks' step s is the trainer's s + 1, and a replayed
+    step's report sits beside the lost one, each in the generation launched before it."""
+    db = tmp_path / "coordinator.db"
+    conn = sqlite3.connect(db)
+    conn.execute(
+        "CREATE TABLE events (id TEXT PRIMARY KEY, kind TEXT NOT NULL, node TEXT, rank INTEGER,"
+        " job TEXT, ts REAL NOT NULL, payload TEXT NOT NULL, received_at REAL NOT NULL,"
+        " incident_id INTEGER)"
     )
-    parse(chart)
-    assert "a&lt;b" in chart and "t&amp;t" in chart
-    assert chart.count(" M") == 1 and "off the scale" in chart  # NaN breaks the line, is flagged
-    with pytest.raises(ValueError, match="finite"):
-        svg.line_chart([svg.Series("a", [], "#000")], title="t", x_label="x", y_label="y")
-    with pytest.raises(ValueError, match="rows"):
-        svg.heatmap([[1.0]], ["a", "b"], ["c"], title="t", x_label="x", y_label="y", unit="s")
-    with pytest.raises(ValueError, match="unknown lanes"):
-        svg.lane_chart(["A"], [svg.LaneEvent("B", 0, None, "x", "#000")], title="t", x_label="s")
-    assert svg.labelled_columns([str(s) for s in range(1, 121)], 12) == {
-        i - 1 for i in range(10, 121, 10)
-    }
-    assert svg.labelled_columns(["a", "b", "c", "d"], 2) == {0, 2}
-    spans, flips = svg.label_extents([10, 95], ["abc", "abc"], 10, 100)
-    assert flips == [False, True] and spans[1][1] == 99 and spans[0][0] == 6
-    assert svg.place_labels([(0, 50), (10, 60), (20, 70), (100, 120)], 2) == [0, 1, None, 0]
+    rows = [(0, 1005.0, 10, 1.5), (0, 1006.0, 11, 1.6), (0, 1050.0, 10, 2.5), (1, 1051.0, 10, 2.4)]
+    for i, (rank, ts, step, step_s) in enumerate(rows):
+        payload = json.dumps({"step": step, "step_s": step_s, "mfu": 0.3})
+        conn.execute(
+            "INSERT INTO events VALUES (?, 'rank.step', 'node-0', ?, 'j', ?, ?, ?, NULL)",
+            (str(i), rank, ts, payload, ts),
+        )
+    conn.execute(
+        "INSERT INTO events VALUES ('x', 'gpu.sample', 'node-0', NULL, 'j', 1, '{}', 1, NULL)"
+    )
+    conn.commit()
+    conn.close()
+    gens = [Generation(0.0, 0, ("node-0",)), Generation(40.0, 1, ("spare-0",))]
+    got = rank_samples(db, 1000.0, gens)
+    assert [(s.generation, s.rank, s.step, s.step_s) for s in got] == [
+        (0, 0, 11, 1.5),
+        (0, 0, 12, 1.6),
+        (1, 0, 11, 2.5),
+        (1, 1, 11, 2.4),
+    ]
+    assert got[0].t == 5.0 and got[0].mfu == 0.3
+    assert rank_samples(tmp_path / "absent.db", 0.0, gens) == []
 
 
 def test_partial_inputs_degrade_to_notes(tmp_path: Path) -> None:
@@ -407,6 +388,9 @@ def test_partial_inputs_degrade_to_notes(tmp_path: Path) -> None:
     assert "Not available: the burn-in report has no measured link bandwidths" in html
     assert "Not available: no training steps were recorded" in section(html, "loss")
     one_gen = [p for p in base.steps if p.generation == 1]
-    html = write_report(tmp_path, dataclasses.replace(base, steps=one_gen)).read_text("utf-8")
-    loss = section(html, "loss")
-    assert 'class="band"' not in loss and loss.count('<g class="series"') == 2
+    loss = loss_chart(one_gen, base.reference_steps, base.result)
+    assert "rolled back" not in loss.svg and "rolled back" not in loss.caption
+    assert "generation 1" in loss.svg and "generation 0" not in loss.svg
+    # Ranks reported before any generation was known are still drawn, without a node.
+    ranks = rank_heatmap(base.ranks, [], 2, [], "step_s")
+    assert "g1 · rank 4" in ranks.svg and "spare-" not in ranks.svg and "node-" not in ranks.svg

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from terminal import ANSI, run_in_pty
 
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
@@ -198,3 +199,19 @@ def test_an_eviction_with_no_spare_fails_and_says_why(tmp_path: Path, cache: Pat
     assert lines[verdict + 1].startswith("  FAIL: ecc_dbe on node-1: not repaired")
     report = (tmp_path / "out" / "report.html").read_text()
     assert report.index('id="problems"') < report.index('id="what-happened"')
+
+
+@pytest.mark.slow
+def test_the_demo_shows_live_progress_on_a_terminal(tmp_path: Path, cache: Path) -> None:
+    """Under a pseudo-terminal: the training steps as a live bar with an ETA, the timeline's
+    incidents printed above it; the same lines saved in the run directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_DEMO_CACHE"] = str(cache)
+    argv = [*SENTINEL, "demo", "--scenario", "crash", "--quick", "--out", str(tmp_path / "out")]
+    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
+    text = ANSI.sub("", drawn)
+    assert code == 0, text[-3000:]
+    assert ANSI.search(drawn) and "demo training" in text and "35/35" in text and "eta" in text
+    assert "?? incident #1" in text and "replaying after a rollback" in text
+    assert "verdict: PASS" in text
+    assert (tmp_path / "out" / "timeline.jsonl").exists()

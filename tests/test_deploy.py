@@ -115,8 +115,8 @@ def test_coordinator_unit_type_matches_the_coordinator() -> None:
 
 
 def test_slurm_scripts_pass_shellcheck() -> None:
-    scripts = sorted(str(p) for p in SLURM.glob("*.sh"))
-    assert len(scripts) == 3
+    scripts = sorted(str(p) for p in [*SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")])
+    assert len(scripts) == 4
     shellcheck = require_command("shellcheck", "shellcheck")
     r = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True, cwd=SLURM)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -146,6 +146,7 @@ def slurm_env(tmp_path: Path) -> dict[str, str]:
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
         "SENTINEL_BIN": str(bin_dir / "sentinel"),
+        "SENTINEL_GATE_BURNIN_CMD": f"{bin_dir / 'sentinel'} burnin --quick",
     }
 
 

@@ -139,6 +139,29 @@ def test_values_changing_between_sweeps_are_picked_up(start: Starter, config: Pa
             assert_matches(reading, gpu)
 
 
+def test_the_urgent_check_sees_dbe_heat_and_xids_and_keeps_the_xids(
+    start: Starter, config: Path
+) -> None:
+    """Between sweeps the agent reads only the volatile DBE count, the temperature and the
+    XID event set; each moving is reported once, and an XID seen there is still drained."""
+    gpus = [distinct_gpu(i) for i in range(2)]
+    gpus[0].temp_gpu = gpus[1].temp_gpu = 60
+    write_config(config, gpus)
+    backend = start()
+    backend.sweep()
+    assert backend.ask("urgent 92")["urgent"] is None
+    gpus[1].ecc_dbe_volatile += 1
+    write_config(config, gpus)
+    assert backend.ask("urgent 92")["urgent"].startswith("gpu 1: dbe")
+    assert backend.ask("urgent 92")["urgent"] is None  # reported once
+    gpus[0].temp_gpu = 96
+    write_config(config, gpus)
+    assert backend.ask("urgent 92")["urgent"].startswith("gpu 0:")
+    write_config(config, gpus, xids=[(1, 79)])
+    assert backend.ask("urgent 92")["urgent"] == "xid 79 on gpu 1"
+    assert [(x["gpu"], x["xid"]) for x in backend.ask("xids")["xids"]] == [(1, 79)]
+
+
 def test_unsupported_fields_are_none_logged_once_and_not_asked_again(
     start: Starter, config: Path
 ) -> None:

@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 
 from sentinel.agent.delivery import Backoff
+from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.rank_socket import RankSocketServer
-from sentinel.protocol import ProtocolError, decode_command, encode
+from sentinel.protocol import CommandKind, ProtocolError, decode_command, encode
 
 log = logging.getLogger("sentinel.agent.commands")
 
 
 class CommandRelay:
     def __init__(
-        self, url: str, token: str | None, node_id: str, ranks: RankSocketServer, wait_s: float = 20
+        self,
+        url: str,
+        token: str | None,
+        node_id: str,
+        ranks: RankSocketServer,
+        wait_s: float = 20,
+        fr: FrCarrier | None = None,
     ) -> None:
+        self.fr = fr  # carries the ranks' flight-recorder dumps after an fr.dump
+        self._carrying: set[asyncio.Task[int]] = set()
         self.base = url.rstrip("/")
         self.token = token
         self.node_id = node_id
@@ -56,7 +66,15 @@ class CommandRelay:
             except ProtocolError as e:
                 log.error("coordinator sent a malformed command", extra={"reason": str(e)})
                 continue
+            since = time.time() - 1.0  # mtime granularity: a dump this second still counts
             reached = self.ranks.broadcast(encode(cmd))
+            check_id = cmd.args.get("check_id")
+            if cmd.kind == CommandKind.FR_DUMP and self.fr is not None and reached and check_id:
+                task = asyncio.create_task(
+                    self.fr.carry(session, self.base, str(check_id), since, reached)
+                )
+                self._carrying.add(task)
+                task.add_done_callback(self._carrying.discard)
             log.info("relayed %s to %d rank(s)", cmd.kind.value, reached, extra={"id": cmd.id})
             ack = {"ok": True, "detail": {"relayed_to_ranks": reached}}
             async with session.post(f"{self.base}/v1/commands/{cmd.id}/ack", json=ack) as resp:

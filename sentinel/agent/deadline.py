@@ -105,12 +105,32 @@ class SweepThread:
     def __init__(self, name: str = "collect") -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]
         self._jobs = queue.SimpleQueue()
+        self._idle: tuple[float, Callable[[], None]] | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def when_idle(self, every_s: float, fn: Callable[[], None] | None) -> None:
+        """Run `fn` on this thread whenever it has had no work for `every_s`: between sweeps,
+        without an event-loop round trip each time. `fn` must not raise; None stops it."""
+        self._idle = (every_s, fn) if fn is not None else None
+        self._jobs.put((lambda: None, concurrent.futures.Future()))  # wake to pick it up
+
+    def _next(self) -> tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None:
+        idle = self._idle
+        if idle is None:
+            return self._jobs.get()
+        try:
+            return self._jobs.get(timeout=idle[0])
+        except queue.Empty:
+            idle[1]()
+            return None
+
     def _run(self) -> None:
         while True:
-            fn, fut = self._jobs.get()
+            job = self._next()
+            if job is None:
+                continue
+            fn, fut = job
             if not fut.set_running_or_notify_cancel():
                 continue
             try:

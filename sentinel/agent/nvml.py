@@ -157,6 +157,8 @@ class NvmlBackend(GpuBackend):
             except _GpuLost:
                 self._lost_reading(gpu)
         self._events = self._create_event_set()
+        self._pending_xids: list[XidEvent] = []  # seen between sweeps, for the next drain
+        self._urgent_seen: dict[int, tuple[int, bool]] = {}  # (volatile DBE, hot) per GPU
         self.watch = WATCH
         log.info("NVML ready", extra={"gpus": count, "driver": self._driver_version()})
 
@@ -563,7 +565,34 @@ class NvmlBackend(GpuBackend):
                 log.warning("gpu %d: XID events unavailable (%s)", gpu.index, exc)
         return events
 
+    def urgent(self, critical_c: float) -> str | None:
+        """XID events (kept for the next `drain_xids`), the volatile double-bit ECC count and
+        the temperature: one event wait and two reads per GPU, through the deadline watch."""
+        self._pending_xids += self._wait_xids()
+        if self._pending_xids:
+            x = self._pending_xids[-1]
+            return f"xid {x.xid} on gpu {x.gpu}"
+        dbe, vol = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+        found = None
+        for gpu in self._gpus:
+            if gpu.handle is None:
+                continue
+            count = self._call(gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors,
+                               gpu.handle, dbe, vol)  # fmt: skip
+            temp = self._call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, gpu.handle,
+                              nvml.NVML_TEMPERATURE_GPU)  # fmt: skip
+            hot = temp is not None and temp >= critical_c
+            seen = self._urgent_seen.get(gpu.index, (count or 0, hot))
+            self._urgent_seen[gpu.index] = (count or 0, hot)
+            if found is None and ((count or 0) > seen[0] or (hot and not seen[1])):
+                found = f"gpu {gpu.index}: dbe {count}, {temp} C"
+        return found
+
     def drain_xids(self) -> list[XidEvent]:
+        found, self._pending_xids = self._pending_xids + self._wait_xids(), []
+        return found
+
+    def _wait_xids(self) -> list[XidEvent]:
         if self._events is None:
             return []
         by_address: dict[int | None, _Gpu] = {

@@ -109,5 +109,12 @@ class GpuBackend(abc.ABC):
     def sweep(self) -> list[GpuReading]:
         return [self.read(i) for i in range(self.gpu_count())]
 
+    def urgent(self, critical_c: float) -> str | None:
+        """Between sweeps, a few cheap reads of the signals that cannot wait for the next one:
+        an XID event pending (kept for `drain_xids`), a new double-bit ECC error, a GPU at or
+        past `critical_c`. What was found (for the log), or None. Backends without a cheap way
+        to tell answer None and are judged at their sweeps."""
+        return None
+
     def close(self) -> None:  # noqa: B027  (optional hook; most backends hold nothing)
         """Release the library or files the backend holds."""

@@ -29,6 +29,7 @@ from sentinel.agent.deadline import SweepThread
 from sentinel.agent.delivery import Deliverer
 from sentinel.agent.expected import expected_gpus
 from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
+from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.host import HostSource
 from sentinel.agent.kmsg import KernelLog, watched_devices
@@ -132,10 +133,14 @@ class Agent:
             token = cfg.token_file.read_text().strip() if cfg.token_file else None
             self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
             if self.rank_server is not None:
-                self.relay = CommandRelay(cfg.coordinator_url, token, cfg.node_id, self.rank_server)
+                fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
+                self.relay = CommandRelay(
+                    cfg.coordinator_url, token, cfg.node_id, self.rank_server, fr=fr
+                )
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()
+        self._urgent_sweeps: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.metrics_port: int | None = None
@@ -155,6 +160,7 @@ class Agent:
             asyncio.create_task(self._watch_loop(), name="watch"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
         ]
+        self._watch_urgent(asyncio.get_running_loop())
         if self.deliverer is not None:
             self._tasks.append(asyncio.create_task(self.deliverer.run(), name="deliver"))
         if self.relay is not None:
@@ -171,9 +177,10 @@ class Agent:
 
     async def stop(self) -> None:
         self.notifier.stopping()
-        for task in self._tasks:
+        self._sweeper.when_idle(0.0, None)  # no more checks between sweeps
+        for task in [*self._tasks, *self._urgent_sweeps]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._urgent_sweeps]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.rank_server is not None:
@@ -259,6 +266,31 @@ class Agent:
             next_at = max(next_at + self.cfg.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
             await self.collect_once()
+
+    def _watch_urgent(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Between sweeps, every `urgent_poll_s` of the sweep thread's idle time, a cheap look
+        at what cannot wait for the next sweep (an XID, a double-bit ECC error, a GPU past its
+        critical temperature); when one shows, a full sweep runs at once, so a hardware fault
+        is judged within a fraction of the interval instead of up to a whole one. It runs on
+        the sweep thread like every NVML call: a wedged driver stops it, never the event loop."""
+        critical = self.cfg.thresholds.gpu_temp_unhealthy_c
+
+        def check() -> None:
+            try:
+                found = self.backend.urgent(critical)
+            except Exception:
+                log.exception("urgent check failed")
+                return
+            if found is not None:
+                loop.call_soon_threadsafe(self._sweep_now, found)
+
+        self._sweeper.when_idle(self.cfg.urgent_poll_s, check)
+
+    def _sweep_now(self, found: str) -> None:
+        log.info("urgent signal: sweeping now", extra={"signal": found})
+        task = asyncio.create_task(self.collect_once(), name="urgent-sweep")
+        self._urgent_sweeps.add(task)
+        task.add_done_callback(self._urgent_sweeps.discard)
 
     async def _watch_loop(self) -> None:
         """Deadline on NVML calls, the kernel log, and the watchdog ping: none of it waits on

@@ -160,6 +160,7 @@ class SimulatedGpus(GpuBackend):
         self._spec = MODELS[model]
         self._clock = clock
         self._faults_file = faults_file
+        self._urgent_seen: dict[int, tuple[int, bool, bool]] = {}  # (dbe, lost, hot) per GPU
         self._offset = 0  # bytes of the faults file already applied
         self._line_no = 0
         self._xids: list[XidEvent] = []
@@ -204,6 +205,19 @@ class SimulatedGpus(GpuBackend):
         self._poll_faults()
         drained, self._xids = self._xids, []
         return drained
+
+    def urgent(self, critical_c: float) -> str | None:
+        self._poll_faults()
+        if self._xids:
+            return f"xid {self._xids[-1].xid} on gpu {self._xids[-1].gpu}"
+        for g in self._gpus:
+            seen = self._urgent_seen.get(g.index, (0, False, False))
+            hot = g.thermal_c is not None and g.thermal_c >= critical_c
+            now = (g.dbe_volatile, g.lost, hot)
+            self._urgent_seen[g.index] = now
+            if now[0] > seen[0] or (now[1] and not seen[1]) or (now[2] and not seen[2]):
+                return f"gpu {g.index}: dbe {g.dbe_volatile}, lost {g.lost}, hot {hot}"
+        return None
 
     # --- readings ---------------------------------------------------------------------------
 

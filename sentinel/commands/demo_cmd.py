@@ -1,5 +1,6 @@
-"""`sentinel demo [--scenario NAME|FILE] [--out DIR] [--json FILE] [--quick]`: the simulated-fleet
-drill (coordinator, agents, supervised trainer, injected faults, graded against a clean run)."""
+"""`sentinel demo [--fleet local|slurm] [--scenario NAME|FILE] [--out DIR] [--json FILE]
+[--quick]`: the fault drill (coordinator, agents, supervised trainer, injected faults, graded
+against a clean run), on the simulated fleet or on a real Slurm cluster it starts itself."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+from sentinel.live import LiveProgress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="default",
         help="a shipped scenario name (scenarios/NAME.yaml) or a scenario file (default: default)",
     )
+    p.add_argument(
+        "--fleet",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: ranks as local processes; slurm: a real Slurm cluster of the scenario's "
+        "size on this machine (root, slurm-wlm and munge), started and torn down here",
+    )
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="run directory")
     add_json_option(p, "the result")
     p.add_argument(
@@ -36,11 +45,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
+class DemoDisplay:
+    """On a terminal: the training steps as a live bar (step, ETA), the drill's timeline
+    (faults, incidents opening and closing, actions, resumes) printed above it."""
+
+    def __init__(self, live: LiveProgress) -> None:
+        self.live, self.last = live, 0
+
+    def echo(self, line: str) -> None:
+        self.live.event(line)
+
+    def step(self, step: int, steps: int) -> None:
+        if self.last == 0:
+            self.live.phase("training", steps)
+        label = "replaying after a rollback" if step <= self.last else ""
+        self.last = max(self.last, step)
+        self.live.advance(label, to=step)
+
+
 def run(args: argparse.Namespace) -> int:
     from sentinel.demo.drill import run_drill, summary_lines
     from sentinel.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    if args.fleet == "slurm":
+        from sentinel.slurm.cluster import missing_requirements
+
+        why = missing_requirements()
+        if why:
+            raise InputError(f"--fleet slurm: a Slurm cluster cannot start here: {why}")
     if args.out.exists() and any(args.out.iterdir()):
         raise InputError(f"--out {args.out} is not empty: pick a new directory or remove it")
     check_json_target(args)
@@ -48,14 +81,20 @@ def run(args: argparse.Namespace) -> int:
     # With `--json` on stdout, the lines for a person go to stderr.
     human = sys.stderr if json_to_stdout(args) else sys.stdout
 
-    def echo(line: str) -> None:
-        print(line, file=human, flush=True)
-
     def stop(sig: int, _frame: object) -> None:
         raise SystemExit(128 + sig)  # unwinds through the drill's `finally`: no orphans
 
     signal.signal(signal.SIGTERM, stop)
-    result = run_drill(scenario, args.out, shorten=args.quick, echo=echo)
+    with LiveProgress("demo", human) as live:
+        display = DemoDisplay(live) if live.terminal else None
+        result = run_drill(
+            scenario,
+            args.out,
+            shorten=args.quick,
+            echo=display.echo if display else lambda line: print(line, file=human, flush=True),
+            progress=display.step if display else None,
+            fleet=args.fleet,
+        )
     for line in summary_lines(result):
         print(line, file=human)
     print(f"report: {args.out / 'report.html'}  result: {args.out / 'result.json'}", file=human)

@@ -1,18 +1,32 @@
-"""`sentinel run [--config FILE] -- TRAINER_COMMAND...`: the job supervisor."""
+"""`sentinel run [--config FILE] [--launcher local|slurm] -- TRAINER_COMMAND...`: the job
+supervisor."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sentinel.exitcodes import InputError
+
+if TYPE_CHECKING:
+    from sentinel.config import SupervisorConfig
+    from sentinel.supervisor.launcher import Launcher
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="supervise a training job (launch, watch, restart on command)")
     p.add_argument("--config", type=Path, help="config file; section `supervisor`")
+    p.add_argument(
+        "--launcher",
+        choices=["local", "slurm"],
+        help="local: ranks as local processes; slurm: a job step per generation in this Slurm "
+        "allocation (or one asked for with salloc)",
+    )
     p.add_argument("--job-id", help="job id (default from config)")
     p.add_argument("--coordinator", help="coordinator URL, e.g. http://127.0.0.1:9400")
     p.add_argument("--token-file", type=Path, help="file holding a job (or admin) token")
@@ -42,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from sentinel.config import load_config
-    from sentinel.supervisor.launcher import LocalLauncher
     from sentinel.supervisor.supervisor import Supervisor
 
     argv = list(args.trainer)
@@ -54,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = {
         k: v
         for k, v in {
+            "launcher": args.launcher,
             "job_id": args.job_id,
             "coordinator_url": args.coordinator,
             "token_file": args.token_file,
@@ -77,11 +91,36 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no token: pass --token-file FILE or set SENTINEL_TOKEN")
     exclude = read_exclude(args.exclude_file)
     control = (args.log_dir or Path(".")) / f"{cfg.job_id}.control.jsonl"
+    with make_launcher(cfg, args.log_dir) as launcher:
+        try:
+            sup = Supervisor(cfg, argv, launcher, token, control.resolve(), exclude)
+        except ValueError as e:
+            raise InputError(f"cannot place the gang: {e}") from None
+        return asyncio.run(sup.run())
+
+
+@contextlib.contextmanager
+def make_launcher(cfg: SupervisorConfig, log_dir: Path | None) -> Iterator[Launcher]:
+    """The configured launcher; for Slurm, in the current allocation or in one asked for here
+    (and given back when the job ends)."""
+    from sentinel.supervisor.launcher import LocalLauncher
+
+    if cfg.launcher == "local":
+        yield LocalLauncher(log_dir)
+        return
+    from sentinel.slurm.allocation import Allocation, SlurmError
+    from sentinel.supervisor.slurm_launcher import SlurmLauncher
+
     try:
-        sup = Supervisor(cfg, argv, LocalLauncher(args.log_dir), token, control.resolve(), exclude)
-    except ValueError as e:
-        raise InputError(f"--exclude-file {args.exclude_file}: {e}") from None
-    return asyncio.run(sup.run())
+        alloc = Allocation.current() or Allocation.request(
+            cfg.nodes + cfg.spares, f"sentinel-{cfg.job_id}"
+        )
+    except SlurmError as e:
+        raise InputError(f"--launcher slurm: no allocation to run in: {e}") from None
+    try:
+        yield SlurmLauncher(alloc, log_dir)
+    finally:
+        alloc.release()
 
 
 def read_exclude(path: Path | None) -> frozenset[str]:

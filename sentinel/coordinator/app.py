@@ -18,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator import queries
+from sentinel.coordinator import fr_files, queries
 from sentinel.coordinator.auth import Principal
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.openapi import openapi_document
@@ -278,6 +278,13 @@ async def run_action(request: web.Request) -> web.Response:
     return web.json_response(doc)
 
 
+def _fr_route(fn: Callable[..., Awaitable[web.Response]]) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        return await fn(request, _principal(request), request.app[SERVICE].cfg.state_dir)
+
+    return handler
+
+
 async def no_route(request: web.Request) -> web.Response:
     """What no route serves, for an authenticated caller (an anonymous one got 401 first, so a
     probe learns nothing about which routes exist): 405 where another method would do, else 404."""
@@ -342,6 +349,8 @@ def build_app(cfg: CoordinatorConfig, service: Service | None = None) -> web.App
     r.add_get("/v1/actions", _authenticated(_list_route(queries.actions)))
     r.add_post("/v1/actions", _authenticated(run_action))
     r.add_get("/v1/audit", _authenticated(_list_route(queries.audit)))
+    r.add_put("/v1/fr/{check}/{node}/{name}", _authenticated(_fr_route(fr_files.put_dump)))
+    r.add_get("/v1/fr/{check}", _authenticated(_fr_route(fr_files.get_dumps)))
     r.add_get("/v1/openapi.json", _authenticated(openapi))
     r.add_get("/healthz", healthz)
     r.add_get("/metrics", _authenticated(metrics_handler))

@@ -45,6 +45,13 @@ _ROUTES: list[tuple[str, str, str, str]] = [
     ("get", "/v1/actions", "Every action run (playbook steps and manual)", "operator, admin"),
     ("post", "/v1/actions", "Run an action by hand on an incident", "operator, admin"),
     ("get", "/v1/audit", "Audit log: who did what, why", "operator, admin"),
+    (
+        "put",
+        "/v1/fr/{check}/{node}/{name}",
+        "Upload one flight-recorder dump file of an fr.dump check",
+        "node (own node), admin",
+    ),
+    ("get", "/v1/fr/{check}", "Every dump file of a check (base64)", "job, operator, admin"),
     ("get", "/metrics", "Prometheus metrics", "any token"),
     ("get", "/healthz", "Liveness", "none"),
 ]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.demo.result import Generation
+
 TIMELINE_KINDS = ("fault", "detect", "incident", "action", "resume", "burnin", "info")
 
 
@@ -24,12 +26,17 @@ class StepPoint:
 
 @dataclass(frozen=True)
 class RankSample:
-    """One rank's wall time for one step, and its model FLOPs utilisation when known."""
+    """One rank's wall time for one step, and its model FLOPs utilisation when known. `step` is
+    numbered as the trainer's metrics are (the hooks' step s is the trainer's step s + 1);
+    `generation` is the supervisor's generation that ran it, `t` when it was reported (demo
+    seconds). A step trained, rolled back and trained again has one sample per generation."""
 
     rank: int
     step: int
     step_s: float
     mfu: float | None
+    generation: int = 0
+    t: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,9 @@ class TimelineEntry:
 class DemoData:
     """Everything the report draws. `result` is the demo JSON of DESIGN.md; in its `faults`,
     `time_to_detect_s` runs from injection to detection and `time_to_resume_s` from detection
-    to the first resumed step. `summary` replaces the derived one-line summary;
-    `nodes_of_ranks` labels heatmap rows with the node that hosted each rank."""
+    to the first resumed step. `summary` replaces the derived one-line summary.
+    `generations` are the gang's launches (the supervisor's log): node K of a generation's
+    nodes hosted its ranks K * `gpus_per_node` onwards. `checkpoints` are the steps saved."""
 
     result: dict[str, Any]
     steps: list[StepPoint]
@@ -66,4 +74,6 @@ class DemoData:
     burnin: dict[str, Any] | None
     timeline: list[TimelineEntry]
     summary: str | None = None
-    nodes_of_ranks: dict[int, str] = field(default_factory=dict)
+    generations: list[Generation] = field(default_factory=list)
+    gpus_per_node: int = 1
+    checkpoints: list[int] = field(default_factory=list)

@@ -16,18 +16,20 @@ from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
 from sentinel.demo.account import time_account
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings
-from sentinel.demo.inject import MetricsTail
+from sentinel.demo.inject import CheckpointSave, MetricsTail
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
 from sentinel.demo.run import (
     AGENT_INTERVAL_S,
     DRILL_COMPRESSION,
+    HANG_FLOOR_S,
     Demo,
     drill_hooks,
     quick,
     trainer_args,
     write_scenario,
 )
+from sentinel.demo.slurm import SlurmDemo, add_slurm_facts
 from sentinel.scenario import Scenario
 
 
@@ -89,14 +91,20 @@ def run_drill(
     *,
     shorten: bool,
     echo: Callable[[str], None],
+    progress: Callable[[int, int], None] | None = None,
     timeout_s: float | None = None,
     stall_s: float = 240.0,
+    fleet: str = "local",
 ) -> dict[str, Any]:
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
     write_scenario(scenario, out / "scenario.yaml")
-    demo = Demo(scenario, out, echo)
+    demo = (
+        Demo(scenario, out, echo, progress)
+        if fleet == "local"
+        else SlurmDemo(scenario, out, echo, progress)
+    )
     warnings = repair_warnings(scenario, load_playbooks(default_playbooks_dir()))
     for warning in warnings:
         demo.note("info", None, f"WARNING: {warning}")
@@ -132,7 +140,10 @@ def run_drill(
         burnin_exclude=demo.rec.burnin_exclude,
         reference_has_lr_scale=lr is not None,
         generations=generations(out / "supervisor.log", demo.rec.t0),
-        timing=demo.timing,
+        timing=dataclasses.replace(
+            demo.timing,
+            hang_timeout_s=hang_timeout_s(out / "coordinator" / "coordinator.db", HANG_FLOOR_S),
+        ),
     )
     result = build_result(evidence)
     result["warnings"] = warnings
@@ -143,9 +154,11 @@ def run_drill(
     }
     result["time_account"] = account_of(demo, tail, evidence)
     demo.rec.timeline = align_timeline(demo.rec.timeline, result)
+    if isinstance(demo, SlurmDemo):
+        result = add_slurm_facts(result, demo.final_states)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
-    write_report_for(out, demo, result, ref_steps)
+    write_report_for(out, demo, result, ref_steps, tail.saves, evidence.generations)
     return result
 
 
@@ -178,42 +191,67 @@ def align_timeline(timeline: list[TimelineEntry], result: dict[str, Any]) -> lis
     ]
 
 
-def rank_samples(db: Path) -> list[RankSample]:
-    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
-    after the coordinator has stopped; a replayed step keeps its last report."""
+def _events(db: Path, kind: str) -> list[tuple[int | None, float, dict[str, Any]]]:
+    """(rank, ts, payload) of every stored event of `kind`, read after the coordinator stopped."""
     if not db.exists():
         return []
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute(
-            "SELECT rank, payload FROM events WHERE kind='rank.step' AND rank IS NOT NULL"
-            " ORDER BY ts"
+            "SELECT rank, ts, payload FROM events WHERE kind=? ORDER BY ts", (kind,)
         ).fetchall()
     finally:
         conn.close()
-    out: dict[tuple[int, int], RankSample] = {}
-    for rank, payload in rows:
-        p = json.loads(payload)
-        out[(int(rank), int(p["step"]))] = RankSample(
-            int(rank), int(p["step"]), float(p["step_s"]), p.get("mfu")
+    return [(None if r is None else int(r), float(ts), json.loads(p)) for r, ts, p in rows]
+
+
+def hang_timeout_s(db: Path, floor_s: float) -> float:
+    """The timeout the first watchdog to fire had reached (the hooks' timeout adapts: the larger
+    of its floor and k times the slowest recent step); the floor when none fired."""
+    timeouts = [
+        float(p["timeout_s"]) for _r, _t, p in _events(db, "rank.hang") if p.get("timeout_s")
+    ]
+    return min(timeouts, default=floor_s)
+
+
+def rank_samples(db: Path, t0: float, gens: list[Generation]) -> list[RankSample]:
+    """Each rank's reported step times (`rank.step` events) from the coordinator's store, read
+    after the coordinator has stopped. Every generation's report of a step is kept (a step
+    rolled back and replayed has two), each with the generation launched last before it."""
+    starts = sorted((g.t, g.number) for g in gens)
+    out: dict[tuple[int, int, int], RankSample] = {}
+    for rank, ts, p in _events(db, "rank.step"):
+        if rank is None:
+            continue
+        t = ts - t0
+        gen = max((n for start, n in starts if start <= t), default=0)
+        step = int(p["step"]) + 1  # the hooks count from 0, the trainer's metrics from 1
+        out[(rank, step, gen)] = RankSample(
+            rank, step, float(p["step_s"]), p.get("mfu"), generation=gen, t=t
         )
-    return sorted(out.values(), key=lambda r: (r.step, r.rank))
+    return sorted(out.values(), key=lambda r: (r.generation, r.step, r.rank))
 
 
 def write_report_for(
-    out: Path, demo: Demo, result: dict[str, Any], ref_steps: list[tuple[int, float]]
+    out: Path,
+    demo: Demo,
+    result: dict[str, Any],
+    ref_steps: list[tuple[int, float]],
+    saves: list[CheckpointSave],
+    gens: list[Generation],
 ) -> Path:
     from sentinel.demo.report import write_report
 
-    fleet = demo.scenario.fleet
     data = DemoData(
         result=result,
         steps=demo.step_points(),
         reference_steps=[StepPoint(s, loss, 0, 0.0) for s, loss in ref_steps],
-        ranks=rank_samples(out / "coordinator" / "coordinator.db"),
+        ranks=rank_samples(out / "coordinator" / "coordinator.db", demo.rec.t0, gens),
         burnin=demo.rec.burnin,
         timeline=demo.rec.timeline,
-        nodes_of_ranks={r: fleet.node_of_rank(r) for r in range(fleet.world_size)},
+        generations=gens,
+        gpus_per_node=demo.scenario.fleet.gpus_per_node,
+        checkpoints=sorted({s.step for s in saves}),
     )
     return write_report(out, data)
 

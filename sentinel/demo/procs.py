@@ -49,18 +49,20 @@ class CoordinatorProcess:
     log_file: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # the address it listens on (a cluster network's, on Slurm)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cmd = [*SENTINEL, "--log-format", "json", "coordinator", "--listen",
-               f"127.0.0.1:{self.port}", "--state-dir", str(self.state_dir)]  # fmt: skip
+               f"{self.host}:{self.port}", "--state-dir", str(self.state_dir)]  # fmt: skip
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
-                cmd, env={**os.environ, **COORDINATOR_ENV}, stdout=log, stderr=log
+                cmd, env={**os.environ, **COORDINATOR_ENV, **self.env}, stdout=log, stderr=log
             )
         client = CoordinatorClient(self.url, "")
         deadline = time.monotonic() + timeout_s

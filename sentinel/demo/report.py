@@ -1,19 +1,24 @@
 """The demo's HTML report: one self-contained page (inline CSS and SVG, no script, no assets).
 
 `write_report(out_dir, data)` writes `out_dir/report.html`. Each section says plainly when its
-input is missing instead of failing, so a partial demo still leaves a readable page.
+input is missing instead of failing, so a partial demo still leaves a readable page. The figures
+are matplotlib's (the `demo` extra); each is a `<figure>` whose caption says in words what it
+shows, which is also the chart's accessible description.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sentinel.demo import figures
 from sentinel.demo.data import DemoData
-from sentinel.demo.svg import esc
+from sentinel.demo.readings import GOODPUT_PARTS, measured_links, natural_key, straggler_note
+
+if TYPE_CHECKING:
+    from sentinel.demo.plot import Chart
 
 CSS = """
 :root { --ink:#1f2328; --muted:#57606a; --line:#d8dee4; --bg:#ffffff; --soft:#f6f8fa;
@@ -41,7 +46,9 @@ td.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap
 .ok { color:var(--pass); font-weight:600; } .bad { color:var(--fail); font-weight:600; }
 .na { color:var(--muted); font-style:italic; background:var(--soft); border-left:4px solid var(--line);
   padding:8px 12px; margin:8px 0; }
-svg.chart { display:block; max-width:100%; min-width:640px; height:auto; margin:8px 0; }
+figure { margin:12px 0; }
+svg.chart { display:block; max-width:100%; min-width:640px; height:auto; }
+figcaption { color:var(--muted); font-size:13px; margin-top:4px; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size:13px;
   background:var(--soft); padding:2px 6px; border-radius:4px; word-break:break-all; }
 .big { font-size:28px; font-weight:700; }
@@ -89,9 +96,61 @@ def _section(ident: str, title: str, lead: str, *content: str) -> str:
     return f'<section id="{ident}">\n<h2>{esc(title)}</h2>\n{lead_html}\n{"".join(content)}\n</section>'
 
 
-def _chart(svg: str) -> str:
-    """A chart keeps a legible minimum width; narrower screens scroll it sideways."""
-    return f'<div class="scroll">{svg}</div>'
+def esc(value: object) -> str:
+    """Any value as HTML text or attribute content."""
+    return escape(str(value), quote=True)
+
+
+def _chart(draw: Callable[[], Chart]) -> str:
+    """A figure with its caption. A chart keeps a legible minimum width; narrower screens
+    scroll it sideways. Without matplotlib the page still says everything else."""
+    try:
+        made = draw()
+    except ImportError as e:
+        return not_available(f"this figure needs matplotlib ({e}): pip install 'sentinel[demo]'")
+    return (
+        f'<figure id="fig-{made.ident}"><div class="scroll">{made.svg}</div>'
+        f"<figcaption>{esc(made.caption)}</figcaption></figure>"
+    )
+
+
+def _loss_chart(data: DemoData) -> Chart:
+    from sentinel.demo.figures import loss_chart
+
+    return loss_chart(data.steps, data.reference_steps, data.result)
+
+
+def _rank_chart(data: DemoData, field: str) -> Chart:
+    from sentinel.demo.rankmap import rank_heatmap
+
+    finished = data.result.get("final_digest") is not None
+    return rank_heatmap(
+        data.ranks,
+        data.generations,
+        data.gpus_per_node,
+        data.checkpoints,
+        field,
+        finished,
+        data.steps,
+    )
+
+
+def _burnin_chart(report: dict[str, Any]) -> Chart:
+    from sentinel.demo.figures import burnin_heatmap
+
+    return burnin_heatmap(report)
+
+
+def _timeline_chart(data: DemoData) -> Chart:
+    from sentinel.demo.lanes import timeline_chart
+
+    return timeline_chart(data.timeline, data.result)
+
+
+def _goodput_chart(account: dict[str, Any]) -> Chart:
+    from sentinel.demo.figures import goodput_chart
+
+    return goodput_chart(account)
 
 
 def not_available(what: str) -> str:
@@ -304,7 +363,7 @@ def _loss(data: DemoData) -> str:
         "loss",
         "Loss curve",
         lead,
-        _chart(figures.loss_chart(data.steps, data.reference_steps, data.result)),
+        _chart(lambda: _loss_chart(data)),
     )
 
 
@@ -317,15 +376,19 @@ def _ranks(data: DemoData) -> str:
             not_available("no per-rank step times were recorded."),
         )
     lead = (
-        "One row per rank, one column per step; brighter is slower. A straggler is a bright row, "
-        "a hang a bright column or a row that stops (crossed grey cells: no sample)."
+        "One row per rank in each generation of the gang, labelled with the node it actually "
+        "ran on then; one column per step; brighter is slower (for MFU: lower). Hatched steps "
+        "were trained, then lost to a rollback: the next generation's rows show them again. "
+        "A red cell is the step each rank was in when its generation stopped (a hang or a crash "
+        "never reports it). Dotted lines mark checkpoint saves: the step after a save carries "
+        "its cost, which is not an incident."
     )
-    parts = [_chart(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "step_s"))]
-    note = figures.straggler_note(data.ranks)
+    parts = [_chart(lambda: _rank_chart(data, "step_s"))]
+    note = straggler_note(data.ranks)
     if note:
         parts.append(f'<p id="straggler-note">{esc(note)}</p>')
     if any(s.mfu is not None for s in data.ranks):
-        parts.append(_chart(figures.rank_heatmap(data.ranks, data.nodes_of_ranks, "mfu")))
+        parts.append(_chart(lambda: _rank_chart(data, "mfu")))
     else:
         parts.append("<h3>Model FLOPs utilisation</h3>")
         parts.append(not_available("the ranks did not report MFU."))
@@ -341,8 +404,8 @@ def _burnin(report: dict[str, Any] | None) -> str:
     parts = [
         f'<p>Burn-in verdict: <span class="{cls}">{esc(verdict)}</span>. Excluded nodes: {esc(", ".join(map(str, report.get("exclude") or [])) or "none")}.</p>'
     ]
-    if figures.measured_links(report):
-        parts.append(_chart(figures.burnin_heatmap(report)))
+    if measured_links(report):
+        parts.append(_chart(lambda: _burnin_chart(report)))
     else:
         parts.append(not_available("the burn-in report has no measured link bandwidths."))
     nodes = report.get("nodes") or {}
@@ -355,7 +418,7 @@ def _burnin(report: dict[str, Any] | None) -> str:
                 f'<span class="bad">{_val(v.get("verdict"))}</span>',
                 esc("; ".join(map(str, v.get("reasons") or [])) or "—"),
             ]
-            for n, v in sorted(flagged, key=lambda x: figures.natural_key(x[0]))
+            for n, v in sorted(flagged, key=lambda x: natural_key(x[0]))
         ]
         parts.append(_table(["Node", "Verdict", "Reasons"], rows))
     else:
@@ -406,7 +469,8 @@ def _timeline(data: DemoData) -> str:
         )
     lead = (
         "Everything that happened, by time since the demo started, one lane per kind. Light bars "
-        "show each fault's measured time to detect and time to resume. Hover a mark for its full text."
+        "show each fault's measured time to detect and time to resume. Labels that would overlap "
+        "are left out of the chart; the table below has every entry in full."
     )
     rows = [
         [f"{e.t:.1f} s", _val(e.step), esc(e.kind), _val(e.target), esc(e.text)]
@@ -421,7 +485,7 @@ def _timeline(data: DemoData) -> str:
         "timeline",
         "Incident timeline",
         lead,
-        _chart(figures.timeline_chart(data.timeline, data.result)),
+        _chart(lambda: _timeline_chart(data)),
         table,
     )
 
@@ -464,12 +528,12 @@ def _goodput(account: dict[str, Any] | None) -> str:
         "The effective training time ratio is the productive share."
     )
     big = f'<p>Effective training time ratio: <span class="big" id="goodput-ratio">{esc(shown)}</span> of {_secs(account.get("wall_s") if account else None)}</p>'
-    rows = [[esc(label), _secs(seconds.get(key))] for key, label, _c in figures.GOODPUT_PARTS]
+    rows = [[esc(label), _secs(seconds.get(key))] for key, label, _c in GOODPUT_PARTS]
     stages = (account or {}).get("repair_stages_s") or {}
     rows += [[esc(f"repair: {name.replace('_', ' ')}"), _secs(v)] for name, v in stages.items()]
     table = _table(["Category", "Seconds"], rows, numeric=(1,))
     return _section(
-        "goodput", title, lead, big, _chart(figures.goodput_chart(account or {})), table
+        "goodput", title, lead, big, _chart(lambda: _goodput_chart(account or {})), table
     )
 
 
@@ -478,11 +542,11 @@ def _how_to_read() -> str:
         "<b>Verdict</b>: pass when every injected fault was detected on the right node or rank and repaired (its playbook finished, training resumed, and the faulty hardware no longer trains), met its time targets, training finished, and there were no false incidents. A failed drill lists why at the top.",
         "<b>What happened</b>: the drill's own account of each fault next to what Sentinel saw. “Missed” in red means a fault went undetected.",
         "<b>Loss curve</b>: a healthy repair looks like a dashed stretch (the rolled-back steps) followed by a new colour retracing it and landing back on the grey reference line.",
-        "<b>Per-rank step time</b>: compare rows; a uniformly brighter row is a straggler, a cut-off row a hang or crash.",
+        "<b>Per-rank step time</b>: compare rows within a generation; a uniformly brighter row is a straggler, a red cell where a generation's rows stop is a hang or crash, hatching marks work lost to a rollback.",
         "<b>Burn-in</b>: a slow node shows as a dark row and column; its links are outlined in red.",
         "<b>Timeline</b>: read left to right, fault → detection → actions → resume; the gaps are the time to detect and the time to repair.",
         "<b>Correctness</b>: identical digests mean the repaired run ended exactly where a run that never failed would have.",
-        "Hover any chart mark for its exact value. This page is self-contained: no script, no network.",
+        "Each figure's caption says in words what it shows. This page is self-contained: no script, no network.",
     ]
     return _section(
         "how-to-read",

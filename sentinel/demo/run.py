@@ -110,8 +110,15 @@ class Recording:
 
 
 class Demo:
-    def __init__(self, scenario: Scenario, out: Path, echo: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        out: Path,
+        echo: Callable[[str], None],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.scenario, self.out, self.echo = scenario, out.resolve(), echo
+        self.progress = progress  # (step, steps in all) for a live display
         self.rec = Recording(t0=time.time())
         self.print_every = max(1, scenario.trainer.steps // 12)
         self.markers = MarkerWatch(self.out / "run" / "faults")
@@ -145,6 +152,8 @@ class Demo:
         gen = observer.seen.generation_at(line.t)
         replay = line.step <= max((ln.step for ln, _g in self.rec.lines), default=0)
         self.rec.lines.append((line, gen))
+        if self.progress is not None:
+            self.progress(line.step, self.scenario.trainer.steps)
         for index, f in enumerate(self.scenario.faults):
             ref = f"fault:{index}"
             if (
@@ -201,6 +210,20 @@ class Demo:
         self.note("burnin", None, f"burn-in {self.rec.burnin['verdict']}: excluded {excluded}")
         return exclude
 
+    # --- where the fleet runs (the Slurm drill overrides these) -------------------------------
+
+    def coordinator(self) -> CoordinatorProcess:
+        return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")
+
+    def fleet(self, names: list[str]) -> SimFleet:
+        return SimFleet(
+            self.out / "fleet", names, self.scenario.fleet.gpus_per_node, AGENT_INTERVAL_S
+        )
+
+    def fleet_env(self) -> dict[str, str]:
+        """More environment for the supervisor and, through it, every rank."""
+        return {}
+
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         fleet, o = self.scenario.fleet, self.out
         trainer = [sys.executable, "-m", "trainer_hooks.reference.train",
@@ -220,9 +243,9 @@ class Demo:
         """Coordinator, agents, supervisor; follow and observe until the job ends."""
         exclude = self.burnin()
         fleet_spec, o = self.scenario.fleet, self.out
-        coord = CoordinatorProcess(o / "coordinator", o / "coordinator.log")
+        coord = self.coordinator()
         names = fleet_spec.node_names() + fleet_spec.spare_names()
-        fleet = SimFleet(o / "fleet", names, fleet_spec.gpus_per_node, AGENT_INTERVAL_S)
+        fleet = self.fleet(names)
         sup: SupervisorProcess | None = None
         follower: Follower | None = None
         observer: Observer | None = None
@@ -245,7 +268,7 @@ class Demo:
             observer.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
                                     o / "supervisor.log",
-                                    hooks_env(o))  # fmt: skip
+                                    hooks_env(o) | self.fleet_env())  # fmt: skip
             sup.start()
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "

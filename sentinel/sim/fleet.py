@@ -17,9 +17,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -31,10 +31,11 @@ class AgentProcess:
     rank_socket: Path
     log_file: Path
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # where it listens (its node's address on a cluster network)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def get(self, path: str, timeout: float = 2.0) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
@@ -83,13 +84,22 @@ class SimFleet:
         cmd = [
             sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
             "--sim", "--gpus", str(self.gpus_per_node), "--node-id", a.node_id,
-            "--listen", f"127.0.0.1:{a.port}", "--sim-faults", str(a.faults_file),
+            "--listen", f"{a.host}:{a.port}", "--sim-faults", str(a.faults_file),
             "--rank-socket", str(a.rank_socket), "--spool-dir", str(a.faults_file.parent / "spool"),
             "--interval", str(self.interval_s),
         ]  # fmt: skip
         if self.coordinator_url:
             cmd += ["--coordinator", self.coordinator_url]
         return cmd
+
+    def agent_env(self, a: AgentProcess) -> dict[str, str]:
+        """More environment for one agent (a subclass: its node-local directories)."""
+        return {}
+
+    def launch(self, a: AgentProcess) -> list[str]:
+        """The agent's argv as started: here a local process; a subclass may wrap it (run it
+        inside its node's network namespace)."""
+        return self.command(a)
 
     def start(self, timeout_s: float = 30.0) -> None:
         for a in self.agents.values():
@@ -99,8 +109,9 @@ class SimFleet:
             token = self.token_files.get(a.node_id, self.token_file)
             if token is not None:
                 env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
+            env.update(self.agent_env(a))
             with a.log_file.open("ab") as log:
-                a.proc = subprocess.Popen(self.command(a), stderr=log, stdout=log, env=env)
+                a.proc = subprocess.Popen(self.launch(a), stderr=log, stdout=log, env=env)
         deadline = time.monotonic() + timeout_s
         for a in self.agents.values():
             while True:

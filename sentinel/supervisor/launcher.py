@@ -2,9 +2,9 @@
 
 `LocalLauncher` runs every rank as a local process with a torchrun-style environment (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) plus its simulated node
-identity `SENTINEL_NODE`. On a real fleet the same supervisor drives `torchrun` on each node
-(one `torchrun --nnodes=N --node-rank=K ...` per node, e.g. through `srun`), which sets the same
-variables; only the launcher differs.
+identity `SENTINEL_NODE`. On a real fleet the same supervisor runs each generation as a Slurm
+job step (`sentinel.supervisor.slurm_launcher`), which sets the same variables on every node;
+only the launcher differs.
 """
 
 from __future__ import annotations
@@ -81,6 +81,11 @@ class Gang(ABC):
 class Launcher(ABC):
     @abstractmethod
     def launch(self, plan: GangPlan) -> Gang: ...
+
+    def node_names(self, count: int) -> list[str] | None:
+        """The names of the first `count` nodes it launches on (gang, then spares), where the
+        launcher decides them (a Slurm allocation); None: the simulated `node-K`/`spare-K`."""
+        return None
 
 
 class LocalGang(Gang):

@@ -12,11 +12,13 @@ file named by `SENTINEL_CONTROL_FILE` in every rank's environment.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 import re
 import signal
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,11 +115,20 @@ def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[
     return found
 
 
-def initial_job(nodes: int, spares: int, gpus_per_node: int, exclude: frozenset[str]) -> JobState:
+def initial_job(
+    nodes: int,
+    spares: int,
+    gpus_per_node: int,
+    exclude: frozenset[str],
+    given: list[str] | None = None,
+) -> JobState:
     """The first node map: excluded nodes (a burn-in's exclude list) give their place to spares,
-    in order; with too few spares the job cannot start at its size."""
-    names = [f"node-{i}" for i in range(nodes)]
-    free = [s for s in (f"spare-{i}" for i in range(spares)) if s not in exclude]
+    in order; with too few spares the job cannot start at its size. `given`: the launcher's
+    node names (gang first, then spares), else the simulated fleet's `node-K` and `spare-K`."""
+    if given is None:
+        given = [f"node-{i}" for i in range(nodes)] + [f"spare-{i}" for i in range(spares)]
+    names = given[:nodes]
+    free = [s for s in given[nodes : nodes + spares] if s not in exclude]
     placed = []
     for name in names:
         if name not in exclude:
@@ -147,7 +158,8 @@ class Supervisor:
         self.launcher = launcher
         self.token = token
         self.control_file = control_file
-        self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude)
+        names = launcher.node_names(cfg.nodes + cfg.spares)
+        self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude, names)
         self.gang: Gang | None = None
         self.plan: GangPlan | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -239,17 +251,15 @@ class Supervisor:
                 self.job.apply_restart(
                     args, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
                 )
-            except GangError as e:  # never shrink the job silently: fail it, loudly
-                log.error("cannot restart the job: %s", e)
-                self.job.state = "failed"
-                self.exit_code = 1
-                self.done.set()
+            except GangError as e:  # never shrink the job: wait, visibly, for a person
+                log.error("cannot restart the job, waiting for nodes: %s", e)
+                self.job.state = "waiting_for_nodes"
             else:
                 self._launch()
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
-            if kind == CommandKind.FR_DUMP and self.cfg.fr_dir is not None:
+            if kind == CommandKind.FR_DUMP and (self.cfg.fr_dir or self.cfg.fr_from_coordinator):
                 task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
@@ -257,9 +267,17 @@ class Supervisor:
 
     async def _analyze_fr(self, check_id: str | None, since: float) -> None:
         """Wait for the ranks' dumps, run the analyzer, report what it found."""
+        world = len(self.job.nodes) * self.job.gpus_per_node
+        if self.cfg.fr_from_coordinator:
+            if check_id is None:
+                log.error("an fr.dump without a check id: its node-local dumps cannot be found")
+                return
+            with tempfile.TemporaryDirectory(prefix="sentinel-fr-") as tmp:
+                await self._collect_fr(check_id, Path(tmp), world)
+                await self._run_fr_analyzer(Path(tmp), check_id)
+            return
         fr_dir = self.cfg.fr_dir
         assert fr_dir is not None
-        world = len(self.job.nodes) * self.job.gpus_per_node
         deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
         while time.time() < deadline:
             fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
@@ -268,6 +286,32 @@ class Supervisor:
             elif len(fresh) >= world and time.time() - last[1] >= 1.0:
                 break  # every rank dumped and nothing new for a second
             await asyncio.sleep(0.25)
+        await self._run_fr_analyzer(fr_dir, check_id)
+
+    async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
+        """The dumps the nodes' agents carried to the coordinator: until every rank's is there
+        and nothing new came for two seconds, or fr_wait_s."""
+        assert self.session is not None
+        url = f"{self.cfg.coordinator_url}/v1/fr/{check_id}"
+        deadline, last = time.time() + self.cfg.fr_wait_s, (-1, 0.0)
+        files: list[dict[str, Any]] = []
+        while time.time() < deadline:
+            try:
+                async with self.session.get(url) as r:
+                    files = (await r.json())["files"] if r.status == 200 else files
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                log.warning("cannot read carried dumps (%s); retrying", e)
+            if len(files) != last[0]:
+                last = (len(files), time.time())
+            elif len(files) >= world and time.time() - last[1] >= 2.0:
+                break
+            await asyncio.sleep(0.5)
+        for f in files:  # one directory, as the analyzer reads it; names are per rank
+            (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
+        log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
+                 len({f["node"] for f in files}))  # fmt: skip
+
+    async def _run_fr_analyzer(self, fr_dir: Path, check_id: str | None) -> None:
         argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
         try:
             proc = await asyncio.create_subprocess_exec(

@@ -49,6 +49,8 @@ def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
         xids = backend.drain_xids()
         elapsed_ms = (time.perf_counter() - start) * 1000
         return {"xids": [dataclasses.asdict(x) for x in xids], "ms": elapsed_ms}
+    if command.startswith("urgent "):
+        return {"urgent": backend.urgent(float(command.split()[1]))}
     if command == "errors":
         unsupported = [sorted(backend.unsupported(i)) for i in range(backend.gpu_count())]
         return {"errors": dict(backend.errors), "unsupported": unsupported}

@@ -20,6 +20,7 @@ from sentinel.coordinator.actions.job import (
     StopJob,
     WaitCheckpoint,
 )
+from sentinel.coordinator.actions.restore import ReturnNode
 
 ACTIONS: dict[str, BaseAction] = {
     a.name: a
@@ -35,6 +36,7 @@ ACTIONS: dict[str, BaseAction] = {
         Notify(),
         SdcRecompute(),
         FrDump(),
+        ReturnNode(),
     )
 }
 

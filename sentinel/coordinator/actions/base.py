@@ -44,6 +44,10 @@ class StepResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+class EvictionError(RuntimeError):
+    """The scheduler could not be told (its command failed, timed out, or is missing)."""
+
+
 class EvictionBackend(ABC):
     """Takes a node out of service where the scheduler looks (exclude file, Slurm, Kubernetes)."""
 
@@ -52,6 +56,10 @@ class EvictionBackend(ABC):
     @abstractmethod
     def evict(self, node: str, reason: str) -> str:
         """Idempotent; returns a short description of what was done."""
+
+    def restore(self, node: str, reason: str) -> str:
+        """Put an evicted node back in service (an operator's decision); idempotent."""
+        raise EvictionError(f"the {self.name} backend cannot return nodes; do it by hand")
 
 
 @dataclass

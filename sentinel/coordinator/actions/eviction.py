@@ -10,6 +10,7 @@ import json
 import os
 import ssl
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from sentinel.coordinator.actions.base import (
     ActionContext,
     BaseAction,
     EvictionBackend,
+    EvictionError,
     StepResult,
     StepStatus,
 )
@@ -47,19 +49,43 @@ class ExcludeFileBackend(EvictionBackend):
         os.replace(tmp, self.path)  # readers see the old list or the new one, never half
         return f"{node} added to {self.path}"
 
+    def restore(self, node: str, reason: str) -> str:
+        current = self.nodes()
+        if node not in current:
+            return f"{node} not in {self.path}"
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{n}\n" for n in current if n != node))
+        os.replace(tmp, self.path)
+        return f"{node} removed from {self.path}"
+
 
 class SlurmBackend(EvictionBackend):
     name = "slurm"
 
-    def __init__(self, scontrol: str = "scontrol") -> None:
+    def __init__(self, scontrol: str = "scontrol", timeout_s: float = 30.0) -> None:
         self.scontrol = scontrol
+        self.timeout_s = timeout_s
+
+    def _update(self, node: str, *fields: str) -> None:
+        """`scontrol update NodeName=NODE FIELD...`; any way it fails is an EvictionError with
+        scontrol's own message (the controller down, the node unknown, no scontrol at all)."""
+        argv = [self.scontrol, "update", f"NodeName={node}", *fields]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise EvictionError(f"{self.scontrol} update NodeName={node}: {e}") from None
+        if done.returncode != 0:
+            err = done.stderr.strip() or done.stdout.strip()
+            raise EvictionError(f"{' '.join(argv[:4])} exited {done.returncode}: {err}")
 
     def evict(self, node: str, reason: str) -> str:
-        argv = [self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
-        return f"drained {node} through scontrol"
+        started = time.monotonic()
+        self._update(node, "State=DRAIN", f"Reason={reason}")
+        return f"drained {node} through scontrol in {time.monotonic() - started:.3f}s"
+
+    def restore(self, node: str, reason: str) -> str:
+        self._update(node, "State=RESUME")
+        return f"resumed {node} through scontrol"
 
 
 class KubernetesBackend(EvictionBackend):
@@ -97,7 +123,7 @@ class KubernetesBackend(EvictionBackend):
 
 def make_backend(cfg: CoordinatorConfig) -> EvictionBackend:
     if cfg.eviction_backend == "slurm":
-        return SlurmBackend(cfg.scontrol)
+        return SlurmBackend(cfg.scontrol, cfg.scontrol_timeout_s)
     if cfg.eviction_backend == "kubernetes":
         token = cfg.kubernetes_token_file.read_text().strip() if cfg.kubernetes_token_file else None
         return KubernetesBackend(cfg.kubernetes_api, token, cfg.kubernetes_taint_key)
@@ -191,7 +217,15 @@ class EvictNode(BaseAction):
             if ctx.dry_run:
                 done.append(f"dry-run: would evict {node}")
                 continue
-            done.append(ctx.backend.evict(node, params.reason))
+            try:  # the scheduler is told why and by which incident
+                done.append(
+                    ctx.backend.evict(node, f"{params.reason} [incident {ctx.incident['id']}]")
+                )
+            except EvictionError as e:  # a person decides; the node stays as it was
+                return StepResult(
+                    StepStatus.ESCALATE,
+                    {"node": node, "backend": ctx.backend.name, "error": str(e)},
+                )
             ctx.store.execute(
                 "INSERT INTO nodes (name, state, state_changed_at, reason) VALUES (?,?,?,?)"
                 " ON CONFLICT(name) DO UPDATE SET state='evicted', reason=excluded.reason,"

@@ -1,0 +1,63 @@
+"""`sentinel status [--json]`: fleet, jobs, open incidents and playbook runs from a coordinator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
+from sentinel.exitcodes import ExitCode, InputError
+
+URL_ENV, TOKEN_ENV = "SENTINEL_COORDINATOR_URL", "SENTINEL_TOKEN"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status",
+        help="fleet, jobs, open incidents and playbook runs, from a coordinator",
+        description="Reads the coordinator's HTTP API with an operator (or admin) token. Exit 0 "
+        "when nothing is open, 1 when incidents are open, 2 on bad input or a refused token.",
+    )
+    p.add_argument(
+        "--coordinator",
+        metavar="URL",
+        default=os.environ.get(URL_ENV, "http://127.0.0.1:9400"),
+        help=f"coordinator URL (default: ${URL_ENV} or http://127.0.0.1:9400)",
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"file holding an operator token (default: ${TOKEN_ENV}; never on the command line)",
+    )
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    add_json_option(p, "the status")
+    p.set_defaults(handler=run)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        return args.token_file.read_text().strip()
+    except OSError as e:
+        raise InputError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sentinel.status import Client, StatusError, gather, render
+
+    try:
+        doc = gather(Client(args.coordinator, _token(args), args.timeout))
+    except StatusError as e:
+        if e.bad_input:
+            raise InputError(str(e)) from None
+        print(f"sentinel: {e}", file=sys.stderr)
+        return ExitCode.PROBLEM_FOUND
+    emit_json(args, doc)
+    if not json_to_stdout(args):
+        render(doc, Console())
+    return ExitCode.PROBLEM_FOUND if doc["incidents_open"] else ExitCode.OK

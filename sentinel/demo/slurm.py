@@ -1,0 +1,120 @@
+"""The drill on a real Slurm cluster (`sentinel demo --fleet slurm`).
+
+The cluster is started for the scenario's size (nodes plus spares, one namespace each) and torn
+down afterwards. The coordinator listens on the cluster network; each node's agent (`--sim`
+GPUs) runs inside its node's namespace and reaches it over the bridge with its own node token;
+`sentinel run --launcher slurm` asks Slurm for an allocation of every node and runs each
+generation of the reference trainer as a job step, its ranks meeting over gloo on `eth0`.
+Evictions drain the node in Slurm (`scontrol`), with the incident's id in the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sentinel.demo.observe import Observer
+from sentinel.demo.procs import CoordinatorProcess
+from sentinel.demo.run import AGENT_INTERVAL_S, Demo
+from sentinel.sim.fleet import AgentProcess, SimFleet
+from sentinel.slurm.cluster import NodeState, SlurmCluster
+
+_INCIDENT = re.compile(r"\[incident (\d+)\]")
+
+
+class ClusterFleet(SimFleet):
+    """Simulated-GPU agents, each inside its Slurm node's namespace, on its node's address."""
+
+    def __init__(
+        self, cluster: SlurmCluster, workdir: Path, names: list[str], gpus: int, interval_s: float
+    ) -> None:
+        super().__init__(workdir, names, gpus, interval_s)
+        self.cluster = cluster
+        for name, agent in self.agents.items():
+            agent.host = cluster.host(name).addr
+
+    def launch(self, a: AgentProcess) -> list[str]:
+        return self.cluster.on_node(a.node_id, self.command(a))
+
+    def agent_env(self, a: AgentProcess) -> dict[str, str]:
+        return {"SENTINEL_AGENT__FR_DIR": str(node_fr_dir(self.workdir.parent, a.node_id))}
+
+
+def node_fr_dir(out: Path, node: str) -> Path:
+    """A node's own flight-recorder directory: nothing reads it but that node's agent."""
+    return out / "nodes" / node / "fr"
+
+
+class SlurmDemo(Demo):
+    def __init__(
+        self,
+        scenario: Any,
+        out: Path,
+        echo: Callable[[str], None],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        super().__init__(scenario, out, echo, progress)
+        self.cluster: SlurmCluster | None = None
+        self.final_states: dict[str, NodeState] = {}
+
+    def coordinator(self) -> CoordinatorProcess:
+        assert self.cluster is not None
+        env = {"SLURM_CONF": str(self.cluster.conf),
+               "SENTINEL_COORDINATOR__EVICTION_BACKEND": "slurm"}  # fmt: skip
+        return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log",
+                                  host=self.cluster.controller_addr, env=env)  # fmt: skip
+
+    def fleet(self, names: list[str]) -> SimFleet:
+        assert self.cluster is not None
+        return ClusterFleet(self.cluster, self.out / "fleet", names,
+                            self.scenario.fleet.gpus_per_node, AGENT_INTERVAL_S)  # fmt: skip
+
+    def fleet_env(self) -> dict[str, str]:
+        assert self.cluster is not None
+        return {"SLURM_CONF": str(self.cluster.conf), "GLOO_SOCKET_IFNAME": self.cluster.iface,
+                "OMP_NUM_THREADS": "1",
+                # dumps stay on their node; the agents carry them to the coordinator
+                "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
+                "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true"}  # fmt: skip
+
+    def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
+        argv = super().supervisor_argv(coord_url, job_token, exclude)
+        return [argv[0], "--launcher", "slurm", *argv[1:]]
+
+    def train(self, timeout_s: float, stall_s: float) -> tuple[Observer, Any]:
+        fleet = self.scenario.fleet
+        names = fleet.node_names() + fleet.spare_names()
+        cluster = SlurmCluster(names, cpus=max(2, fleet.gpus_per_node))
+        with cluster:
+            self.cluster = cluster
+            self.note("info", None, f"Slurm cluster up: {', '.join(names)} on "
+                      f"{cluster.bridge.name} ({cluster.controller_addr}/24)")  # fmt: skip
+            try:
+                return super().train(timeout_s, stall_s)
+            finally:
+                self.final_states = cluster.node_states()
+                self.cluster = None
+
+
+def drained_by_incident(states: dict[str, NodeState]) -> dict[int, str]:
+    """Which node each incident drained, from the reasons Slurm holds."""
+    out = {}
+    for node, st in states.items():
+        m = _INCIDENT.search(st.reason)
+        if m and st.state in {"drained", "draining"}:
+            out[int(m.group(1))] = node
+    return out
+
+
+def add_slurm_facts(result: dict[str, Any], states: dict[str, NodeState]) -> dict[str, Any]:
+    """The demo's result plus `fleet: "slurm"`, per fault the node drained in Slurm for its
+    incident (`drained_node`, None when the repair drained nothing), and `slurm_nodes`."""
+    drained = drained_by_incident(states)
+    for fault in result.get("faults", []):
+        inc = fault.get("incident")
+        fault["drained_node"] = drained.get(int(inc)) if inc is not None else None
+    result["fleet"] = "slurm"
+    result["slurm_nodes"] = {n: {"state": s.state, "reason": s.reason} for n, s in states.items()}
+    return result

@@ -1,0 +1,174 @@
+"""`sentinel status`: the fleet, jobs, open incidents and their playbook runs, read from a
+coordinator's HTTP API (the same reads an operator's token may make), for a person on one
+screen or as one JSON document."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+# The incident states an operator still has to look at (the coordinator's ACTIVE_STATES).
+OPEN_STATES = ("open", "acting", "escalated", "mitigated")
+MAX_INCIDENTS = 20  # the open incidents fetched in detail (their runs and steps)
+
+
+class StatusError(Exception):
+    """The coordinator could not be asked; `bad_input` when it refused the request itself."""
+
+    def __init__(self, message: str, bad_input: bool = False) -> None:
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+class Client:
+    def __init__(self, url: str, token: str | None, timeout_s: float = 10.0) -> None:
+        self.url, self.token, self.timeout_s = url.rstrip("/"), token, timeout_s
+
+    def get(self, path: str) -> Any:
+        req = urllib.request.Request(self.url + path)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            why = _error_text(e)
+            raise StatusError(
+                f"{self.url}{path}: {e.code} {why}", bad_input=e.code in (401, 403)
+            ) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise StatusError(f"cannot reach the coordinator at {self.url}: {reason}") from None
+
+
+def _error_text(e: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(e.read()).get("error", e.reason))
+    except (ValueError, AttributeError):
+        return str(e.reason)
+
+
+def gather(client: Client, now: float | None = None) -> dict[str, Any]:
+    """One JSON document: fleet counts and the nodes needing a look, jobs, open incidents with
+    their playbook runs and steps."""
+    now = time.time() if now is None else now
+    nodes = client.get("/v1/nodes")
+    jobs = client.get("/v1/jobs")
+    incidents = [i for s in OPEN_STATES for i in client.get(f"/v1/incidents?state={s}")]
+    incidents.sort(key=lambda i: i["id"])
+    detailed = [client.get(f"/v1/incidents/{i['id']}") for i in incidents[-MAX_INCIDENTS:]]
+    return {
+        "coordinator": client.url,
+        "at": now,
+        "fleet": {
+            "nodes": len(nodes),
+            "by_state": dict(Counter(n["state"] for n in nodes)),
+            "by_verdict": dict(Counter(n.get("verdict") or "unknown" for n in nodes)),
+        },
+        "attention": [
+            n for n in nodes if n["state"] != "active" or n.get("verdict") not in (None, "healthy")
+        ],
+        "jobs": [_job(j, now) for j in jobs],
+        "incidents": [_incident(i, now) for i in detailed],
+        "incidents_open": len(incidents),
+    }
+
+
+def _job(j: dict[str, Any], now: float) -> dict[str, Any]:
+    status = j.get("status") or {}
+    beat = j.get("last_heartbeat")
+    return {
+        "id": j["id"],
+        "state": j["state"],
+        "generation": j["generation"],
+        "heartbeat_age_s": None if beat is None else round(now - beat, 1),
+        "nodes": status.get("nodes", []),
+        "spares": status.get("spares", []),
+    }
+
+
+def _incident(i: dict[str, Any], now: float) -> dict[str, Any]:
+    runs = [
+        {
+            "id": r["id"],
+            "playbook": r["playbook"],
+            "status": r["status"],
+            "step": r["step_index"],
+            "steps": [
+                {"action": a["action"], "state": a["state"], "target": a.get("target")}
+                for a in i.get("actions", [])
+                if a.get("run_id") == r["id"]
+            ],
+        }
+        for r in i.get("runs", [])
+    ]
+    keys = ("id", "fault", "target", "job", "state", "playbook", "acknowledged_by")
+    return {k: i.get(k) for k in keys} | {"age_s": round(now - i["opened_at"], 1), "runs": runs}
+
+
+# --- for a person -----------------------------------------------------------------------------
+
+
+def render(doc: dict[str, Any], console: Console) -> None:
+    console.print(Group(_header(doc), _jobs(doc), _incidents(doc), _attention(doc)))
+
+
+def _header(doc: dict[str, Any]) -> Text:
+    f = doc["fleet"]
+    states = ", ".join(f"{n} {s}" for s, n in sorted(f["by_state"].items())) or "none"
+    verdicts = ", ".join(f"{n} {v}" for v, n in sorted(f["by_verdict"].items())) or "none"
+    text = Text(f"Sentinel coordinator {doc['coordinator']}\n", style="bold")
+    text.append(f"fleet: {f['nodes']} nodes ({states}); verdicts: {verdicts}\n", style="")
+    text.append(
+        f"open incidents: {doc['incidents_open']}",
+        style="red" if doc["incidents_open"] else "green",
+    )
+    return text
+
+
+def _jobs(doc: dict[str, Any]) -> Table:
+    t = Table(title="jobs", title_justify="left", expand=False)
+    for col in ("job", "state", "generation", "heartbeat", "nodes", "spares"):
+        t.add_column(col)
+    for j in doc["jobs"]:
+        age = "-" if j["heartbeat_age_s"] is None else f"{j['heartbeat_age_s']:.0f}s ago"
+        t.add_row(
+            j["id"], j["state"], str(j["generation"]), age, _names(j["nodes"]), _names(j["spares"])
+        )
+    return t
+
+
+def _incidents(doc: dict[str, Any]) -> Table:
+    t = Table(title="open incidents and their playbook runs", title_justify="left")
+    for col in ("id", "fault", "target", "state", "age", "playbook run"):
+        t.add_column(col)
+    for i in doc["incidents"]:
+        run = i["runs"][-1] if i["runs"] else None
+        steps = " > ".join(f"{s['action']}:{s['state']}" for s in run["steps"]) if run else ""
+        how = f"{run['playbook']} {run['status']} {steps}".strip() if run else i["playbook"] or "-"
+        t.add_row(str(i["id"]), i["fault"], i["target"], i["state"], f"{i['age_s']:.0f}s", how)
+    return t
+
+
+def _attention(doc: dict[str, Any]) -> Table:
+    t = Table(title="nodes needing a look", title_justify="left")
+    for col in ("node", "state", "verdict", "reason"):
+        t.add_column(col)
+    for n in doc["attention"][:10]:
+        t.add_row(n["name"], n["state"], n.get("verdict") or "-", n.get("reason") or "")
+    if len(doc["attention"]) > 10:
+        t.add_row("...", f"{len(doc['attention']) - 10} more", "", "")
+    return t
+
+
+def _names(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" +{len(names) - most}" if len(names) > most else "")
