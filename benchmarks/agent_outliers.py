@@ -16,8 +16,9 @@ node by node, poll by poll at 1 Hz, on readings with realistic noise:
   jitter of a 15 MHz step; one-poll dips of 300 MHz at 2e-6 per GPU-poll;
 - corrected errors: none, but for rare bursts that stay under every limit.
 
-False flags: flag episodes on a fault-free fleet over `--hours`, scaled to per 1,000 GPUs per
-day (target <= 1). Recall: `--faults` nodes each get one GPU made odd (hotter at the same power,
+False flags: `peer_outlier` findings raised on a fault-free fleet over `--hours` (through the
+rule's raise, clear and hold, as the agent raises them), scaled to per 1,000 GPUs per day
+(target <= 1). Recall: `--faults` nodes each get one GPU made odd (hotter at the same power,
 clocks cut, power cut, or an error-rate burst) and count as found when the detector flags that
 GPU, and only it, by the second poll. Fault sizes: +10..15 C at the same power, clocks 12..22%
 lower, power 25..40% lower, 100..500 corrected errors a minute. Prints one JSON line.
@@ -37,9 +38,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sentinel.agent.holds import Holds  # noqa: E402
 from sentinel.agent.outliers import PeerOutliers  # noqa: E402
 from sentinel.agent.readings import GpuReading  # noqa: E402
 from sentinel.config import HealthThresholds  # noqa: E402
+from sentinel.faults.catalog import rule  # noqa: E402
+from sentinel.protocol import Finding  # noqa: E402
+
+PEER_OUTLIER = rule("peer_outlier")
 
 GPUS = 8
 FAULTS = ("hot_at_power", "clocks_cut", "power_cut", "error_burst")
@@ -107,22 +113,32 @@ def detectors(nodes: int) -> list[PeerOutliers]:
 
 
 def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
+    """Flags as the agent raises them: `peer_outlier` through the rule's own raise, clear and
+    hold (sentinel/agent/holds.py), one poll a second."""
     fleet = Fleet(nodes, np.random.default_rng(seed))
     found = detectors(nodes)
-    flagged: set[tuple[int, int]] = set()
+    holds = Holds()
+    raised: set[tuple[int, int]] = set()
     episodes = 0
     quiet = {g: 0.0 for g in range(GPUS)}
     start = time.process_time()
-    for _ in range(polls):
+    for t in range(polls):
         rows = [a.tolist() for a in fleet.step()]
         for n in range(nodes):
             node = readings(rows[0][n], rows[1][n], rows[2][n], rows[3][n])
-            for g, (why, _) in found[n].update(node, quiet).items():
-                if why is not None and (n, g) not in flagged:
+            for g, (why, clear) in found[n].update(node, quiet).items():
+                if why is None and (n, g) not in raised:
+                    continue  # quiet and nothing held: the agent's fast path
+                finding = None if why is None else Finding(
+                    rule="peer_outlier", verdict=PEER_OUTLIER.verdict,
+                    action=PEER_OUTLIER.action, detail=why,
+                )  # fmt: skip
+                up = holds.step((n, g), PEER_OUTLIER, finding, lambda c=clear: c, float(t))
+                if up is not None and (n, g) not in raised:
                     episodes += 1
-                    flagged.add((n, g))
-                elif why is None:
-                    flagged.discard((n, g))
+                    raised.add((n, g))
+                elif up is None:
+                    raised.discard((n, g))
     cpu_s = time.process_time() - start
     gpu_days = nodes * GPUS * polls / 86_400
     return {

@@ -89,14 +89,15 @@ def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
     assert_repaired(res, "sdc", "sdc", ["node-1"])
     (fault,) = res["faults"]
     assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
-    assert fault["injected_step"] == 12 and fault["detected_step"] == 15
+    # The fault strikes at loop index 12 (step 13); the drill's spot check runs every 25 steps.
+    assert fault["injected_step"] == 13 and fault["detected_step"] == 26
     assert fault["actions"][0] == "sdc_recompute" and res["incidents"][0]["target"] == "node-1"
     log = (tmp_path / "out" / "supervisor.log").read_text()
     assert "launching generation 1 on ['node-0', 'spare-0']" in log
-    # Back to checkpoint 10, before the corruption began; checkpoint 20 would hold it. The last
-    # check every rank passed ran at step 10 (after the exchange posted at step 9).
-    assert '"resume_before_step": 11' in log and "step-00000010" in log
-    assert "step   11  loss" in stdout and "replayed after rollback" in stdout
+    # No check had passed since the corruption could have begun (the first ran at step 25,
+    # after it): no checkpoint can be trusted, so the run starts over from its first step.
+    assert '"resume_before_step": 0' in log
+    assert "step    1  loss 4.8457 (replayed after rollback)" in stdout
 
 
 def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: Path) -> None:
@@ -104,7 +105,8 @@ def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: 
     assert code == 0
     assert_repaired(res, "corrupt_batch", "loss_spike", [])
     (fault,) = res["faults"]
-    assert fault["detected_step"] == fault["injected_step"] == 40
+    # batch 40 (counted from 0) is the trainer's step 41: detected at the step that consumed it
+    assert fault["detected_step"] == fault["injected_step"] == 41
     assert fault["actions"] == ["rollback", "skip_batches", "lr_scale", "resume"]
     assert res["bit_identity_required"]  # the reference replayed the skip list and LR window
     assert "skipping batches [(40, 240)] with the learning rate scaled 0.5:100@0" in stdout

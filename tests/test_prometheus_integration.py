@@ -15,6 +15,7 @@ alert rule reads has data; nothing is exempt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -144,10 +145,15 @@ class PromAPI:
 
 
 def prometheus_config(
-    fleet: SimFleet, coordinator: Coordinator, token_file: Path, textfile_target: str
+    fleet: SimFleet,
+    coordinator: Coordinator,
+    token_file: Path,
+    textfile_target: str,
+    dcgm_target: str,
 ) -> dict[str, Any]:
     """The shipped scrape.yml with the agent and coordinator targets swapped for the fleet's,
-    scraped each second. A `node` job stands in for node_exporter serving the burn-in textfile."""
+    scraped each second. A `node` job stands in for node_exporter serving the burn-in textfile,
+    and a `dcgm-exporter` job for a dcgm-exporter beside the agents (it needs DCGM and a GPU)."""
     config = yaml.safe_load((PROM_DIR / "scrape.yml").read_text())
     config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
     config["rule_files"] = [str(PROM_DIR / "alerts.yml")]
@@ -160,15 +166,14 @@ def prometheus_config(
     coord["authorization"]["credentials_file"] = str(token_file)
     coord["static_configs"] = [{"targets": [f"127.0.0.1:{coordinator.port}"]}]
     node = {"job_name": "node", "static_configs": [{"targets": [textfile_target]}]}
-    config["scrape_configs"] = [agent, coord, node]
+    dcgm = {"job_name": "dcgm-exporter", "static_configs": [{"targets": [dcgm_target]}]}
+    config["scrape_configs"] = [agent, coord, node, dcgm]
     return config
 
 
-@pytest.fixture(scope="module")
-def textfile_exporter() -> Iterator[str]:
-    """Serves the burn-in report's exposition at /metrics, as node_exporter's textfile collector
-    would serve the file `sentinel dashboards burnin-textfile` writes."""
-    body = exposition(SAMPLE_REPORT, time.time() - 600)
+@contextlib.contextmanager
+def static_exporter(body: bytes) -> Iterator[str]:
+    """An HTTP server answering every GET with `body` as a Prometheus exposition."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -189,6 +194,22 @@ def textfile_exporter() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def textfile_exporter() -> Iterator[str]:
+    """Serves the burn-in report's exposition at /metrics, as node_exporter's textfile collector
+    would serve the file `sentinel dashboards burnin-textfile` writes."""
+    with static_exporter(exposition(SAMPLE_REPORT, time.time() - 600)) as target:
+        yield target
+
+
+@pytest.fixture(scope="module")
+def gpuless_dcgm_exporter() -> Iterator[str]:
+    """A dcgm-exporter whose DCGM connection failed: it answers scrapes, with no GPU series (the
+    real one needs DCGM and a GPU, so an empty exposition stands in for it)."""
+    with static_exporter(b"") as target:
+        yield target
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +258,7 @@ def training(
     """The hooked reference trainer, rank r on RANK_NODES[r], each rank reporting through its
     node's agent socket, started once Prometheus scrapes every target (so it sees each rank's
     event counters at 0 before the faults). It hangs at HANG_STEP and is killed at teardown."""
-    prom.wait("the agents, the coordinator and the textfile scraped", lambda: all_up(prom))
+    prom.wait("every target scraped", lambda: all_up(prom))
     out = tmp_path_factory.mktemp("train")
     args = [*TRAIN_ARGS, "--out", str(out), "--data-dir", str(out / "data")]
     env = {**os.environ, **HOOKS_ENV, "SENTINEL_HOOKS_FR_DIR": str(out / "fr")}
@@ -261,12 +282,13 @@ def prom(
     fleet: SimFleet,
     coordinator: Coordinator,
     textfile_exporter: str,
+    gpuless_dcgm_exporter: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PromAPI]:
     prometheus = require_command("prometheus", "prometheus")
     work = tmp_path_factory.mktemp("prometheus")
     token = write_token(work / "coordinator.token", coordinator.token("--role", "operator"))
-    config = prometheus_config(fleet, coordinator, token, textfile_exporter)
+    config = prometheus_config(fleet, coordinator, token, textfile_exporter, gpuless_dcgm_exporter)
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     log = (work / "prometheus.log").open("wb")
@@ -305,7 +327,7 @@ def _ready(url: str) -> bool:
 
 def all_up(prom: PromAPI) -> bool:
     active = prom.get("/api/v1/targets")["data"]["activeTargets"]
-    return len(active) == 5 and all(t["health"] == "up" for t in active)
+    return len(active) == 6 and all(t["health"] == "up" for t in active)
 
 
 @pytest.fixture(scope="module")
@@ -421,7 +443,7 @@ def test_every_alert_rule_evaluates_cleanly(faulted: PromAPI) -> None:
             assert faulted.query(selector)["data"]["result"], f"{name}: no series {selector}"
 
 
-def test_injected_faults_fire_their_alerts(faulted: PromAPI) -> None:
+def test_injected_faults_fire_their_alerts(faulted: PromAPI, gpuless_dcgm_exporter: str) -> None:
     def alerts() -> list[dict[str, Any]]:
         return list(faulted.get("/api/v1/alerts")["data"]["alerts"])
 
@@ -446,6 +468,12 @@ def test_injected_faults_fire_their_alerts(faulted: PromAPI) -> None:
     assert states[("SentinelNodeUnhealthy", "node-2")] == "pending"
     assert states[("SentinelGpuThermalSlowdown", "node-1")] == "pending"
     assert ("SentinelGpuThermalSlowdown", "node-0") not in states
+    # The dcgm-exporter answering with no GPU (its rule's `for:` is 10 minutes).
+    assert [
+        a["labels"]["instance"]
+        for a in alerts()
+        if a["labels"]["alertname"] == "SentinelDcgmExporterWithoutGpus"
+    ] == [gpuless_dcgm_exporter]
     assert not any(a["labels"]["alertname"] == "SentinelAgentDown" for a in alerts())
     assert not firing("SentinelGpuDoubleBitEcc", node="node-1")
     # The training run: the corrupt batch's loss spike, the hung rank, the straggling rank 1

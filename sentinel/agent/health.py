@@ -17,6 +17,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from sentinel.agent.holds import Holds
 from sentinel.agent.node_rules import NODE_RULES, NodeRule, NodeSignals, Report
@@ -52,6 +53,10 @@ _H, _U = Verdict.HEALTHY, Verdict.UNHEALTHY
 def _finding(rule: GpuRule, view: GpuView) -> Finding:
     i = rule.info
     return Finding(rule=i.name, verdict=i.verdict, action=i.action, detail=rule.detail(view))
+
+
+def _never() -> bool:
+    return False
 
 
 def judge(reading: GpuReading, thresholds: HealthThresholds) -> tuple[Finding, ...]:
@@ -209,9 +214,7 @@ class HealthEvaluator:
             why, quiet = peers.get(view.r.index, (None, True))
             view = GpuView(view.r, view.t, view.pcie_rate, view.nvlink_rate, view.sbe_rate, why,
                            quiet)  # fmt: skip
-            out[view.r.index] = tuple(
-                f for rule in RULES if (f := self._gpu_step(rule, view, now)) is not None
-            )
+            out[view.r.index] = self._gpu_findings(view, now)
             self._note_unknown_recovery(view.r)
         return out
 
@@ -228,9 +231,19 @@ class HealthEvaluator:
             sbe_rate=rates.update(gpu, "sbe", r.ecc_sbe_volatile, now),
         )
 
-    def _gpu_step(self, rule: GpuRule, view: GpuView, now: float) -> Finding | None:
-        raised = _finding(rule, view) if rule.raises(view) else None
-        return self._holds.step(view.r.index, rule.info, raised, lambda: rule.cleared(view), now)
+    def _gpu_findings(self, view: GpuView, now: float) -> tuple[Finding, ...]:
+        """Every rule's finding for one GPU; a quiet rule with nothing held costs one check."""
+        holds, gpu, out = self._holds, view.r.index, []
+        for rule in RULES:
+            if rule.raises(view):
+                found = holds.step(gpu, rule.info, _finding(rule, view), _never, now)
+            elif holds.holding(gpu, rule.info.name):
+                found = holds.step(gpu, rule.info, None, partial(rule.cleared, view), now)
+            else:
+                continue
+            if found is not None:
+                out.append(found)
+        return tuple(out)
 
     def _note_unknown_recovery(self, r: GpuReading) -> None:
         value = r.recovery_action

@@ -57,5 +57,5 @@ class Holds:
         del self._raised[key]
         return None
 
-    def active(self, scope: Hashable) -> list[str]:
-        return sorted(name for s, name in self._raised if s == scope)
+    def holding(self, scope: Hashable, name: str) -> bool:
+        return (scope, name) in self._raised

@@ -13,7 +13,9 @@ cannot drag the reference), at like load:
 - error rates (corrected ECC, PCIe replay, NVLink), per minute.
 
 Each metric has a floor under its spread (`FLOORS`): eight GPUs that agree to the degree are
-not an invitation to flag the one 1.5 C off. A GPU is flagged after `polls` sweeps in a row at
+not an invitation to flag the one 1.5 C off. And each is judged in the direction that means
+trouble (`SIDES`): hotter at the same power, slower clocks, more errors, power off either way;
+a GPU that runs cooler or faster than its peers is not a finding. A GPU is flagged after `polls` sweeps in a row at
 |z| >= `z_limit` (2: one noisy sample is not a finding) and is quiet again once every score is
 under half the limit. Pure Python: eight numbers per metric cost less than numpy's call overhead.
 """
@@ -27,24 +29,29 @@ from sentinel.agent.readings import GpuReading
 
 # The least spread a metric is judged against, in its unit (C, MHz, W, errors per minute).
 FLOORS = {"temperature at power": 2.0, "SM clock": 30.0, "power": 30.0, "error rate": 20.0}
+# +1: only above the peers is odd; -1: only below; 0: either way.
+SIDES = {"temperature at power": 1, "SM clock": -1, "power": 0, "error rate": 1}
 MAD_TO_SIGMA = 1.4826
 MIN_PEERS = 4  # fewer GPUs than this in a comparison: no reference to be odd against
 SLOPE_RANGE = (0.0, 0.15)  # C per W: what a GPU's cooling can plausibly be
 POWER_EMA = 0.1  # weight of the newest power sample in the smoothed power (~10 polls)
 
-Score = tuple[float, str, float, float]  # (z, metric, value, peers' median)
+# (how odd, in the metric's bad direction; signed z; metric; value; peers' median)
+Score = tuple[float, float, str, float, float]
 
 
 def _scores(metric: str, values: dict[int, float], worst: dict[int, Score]) -> None:
-    """Score every GPU on one metric, keeping each GPU's largest |z| in `worst`."""
+    """Score every GPU on one metric, keeping each GPU's oddest score in `worst`."""
     if len(values) < MIN_PEERS:
         return
     mid = median(values.values())
     scale = max(MAD_TO_SIGMA * median([abs(x - mid) for x in values.values()]), FLOORS[metric])
+    side = SIDES[metric]
     for gpu, x in values.items():
         z = (x - mid) / scale
-        if gpu not in worst or abs(z) > abs(worst[gpu][0]):
-            worst[gpu] = (z, metric, x, mid)
+        odd = abs(z) if side == 0 else max(0.0, side * z)
+        if gpu not in worst or odd > worst[gpu][0]:
+            worst[gpu] = (odd, z, metric, x, mid)
 
 
 def _slope(points: Sequence[tuple[float, float]]) -> float:
@@ -118,11 +125,11 @@ class PeerOutliers:
         limit, out = self.z_limit, {}
         for r in readings:
             score = worst.get(r.index)
-            z = abs(score[0]) if score is not None else 0.0
-            streak = self._streak[r.index] = self._streak.get(r.index, 0) + 1 if z >= limit else 0
+            odd = score[0] if score is not None else 0.0
+            streak = self._streak[r.index] = self._streak.get(r.index, 0) + 1 if odd >= limit else 0
             why = None
             if score is not None and streak >= self.polls:
-                zs, metric, value, mid = score
-                why = f"{metric} {value:.1f} vs peers' {mid:.1f} (robust z {zs:+.1f})"
-            out[r.index] = (why, z < limit / 2)
+                _, z, metric, value, mid = score
+                why = f"{metric} {value:.1f} vs peers' {mid:.1f} (robust z {z:+.1f})"
+            out[r.index] = (why, odd < limit / 2)
         return out

@@ -113,7 +113,10 @@ class Agent:
             backend,
             host,
             self.evaluator,
-            expected_gpus=expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
+            # Simulated GPUs have no PCI devices: only a configured count applies to them.
+            expected_gpus=cfg.expected_gpus
+            if cfg.sim is not None
+            else expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
             kernel_log=self.kernel_log,
         )
         self.ranks = RankMetrics()
@@ -292,7 +295,10 @@ class Agent:
     async def _watch_loop(self) -> None:
         """Deadline on NVML calls, the kernel log, and the watchdog ping: none of it waits on
         a sweep, so a wedged driver changes the verdict and does not get the agent restarted."""
-        tick = min(0.25, self.cfg.nvml_call_deadline_s / 4, self.cfg.interval_s)
+        # A quarter of the deadline (the verdict moves at most that much late), at most a
+        # second, and a quarter of systemd's watchdog interval: the ping is due at half of it.
+        dog = self.notifier.watchdog_interval_s
+        tick = min(1.0, self.cfg.nvml_call_deadline_s / 4, (dog or 4.0) / 4)
         while True:
             stall = self.backend.stalled(self.cfg.nvml_call_deadline_s)
             if stall is not None:

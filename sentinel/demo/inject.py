@@ -133,13 +133,16 @@ class Injector:
             if isinstance(f, NODE_FAULTS) and i not in done
         ]
 
-    def on_step(self, step: int, t: float) -> list[Injection]:
+    def on_step(self, step: int, t0: float) -> list[Injection]:
+        """Inject the faults due at `step`; each is timed when it is written (seconds since
+        `t0`), not when the step's line was read: a busy follower can read a line late."""
         fired = []
         for index, fault in self.pending():
             if step >= fault.at_step:
                 doc = fault.model_dump(mode="json", exclude={"node", "at_step"})
                 self.inject(fault.node, doc)
-                fired.append(Injection(index=index, node=fault.node, step=step, t=t))
+                now = time.time() - t0
+                fired.append(Injection(index=index, node=fault.node, step=step, t=now))
         self.injected += fired
         return fired
 
@@ -198,7 +201,7 @@ class Follower(threading.Thread):
     def drain(self) -> None:
         for line in self.tail.poll():
             self.on_line(line)
-            for inj in self.injector.on_step(line.step, line.t):
+            for inj in self.injector.on_step(line.step, self.tail.t0):
                 self.on_inject(inj)
         self.on_tick()
 

@@ -195,6 +195,10 @@ class Demo:
         exclude, report = self.out / "exclude.txt", self.out / "burnin.json"
         fleet = self.scenario.fleet
         self.note("burnin", None, f"burn-in of {fleet.nodes} nodes (links) before launch")
+        for index, f in enumerate(self.scenario.faults):
+            if f.kind == "link_degraded":  # on the timeline like every fault, as it strikes
+                self.note("fault", f.node, f"injected link_degraded on {f.node} (bandwidth "
+                          f"x{f.factor}) before launch", ref=f"fault:{index}")  # fmt: skip
         started = time.time() - self.rec.t0
         cmd = [*SENTINEL, "burnin", "--sim-nodes", str(fleet.nodes), "--gpus-per-node",
                str(fleet.gpus_per_node), "--scenario", str(spec), "--quick", "--phases", "links",

@@ -83,7 +83,8 @@ class SimFleet:
     def command(self, a: AgentProcess) -> list[str]:
         cmd = [
             sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
-            "--sim", "--gpus", str(self.gpus_per_node), "--node-id", a.node_id,
+            "--sim", "--gpus", str(self.gpus_per_node), "--expected-gpus", str(self.gpus_per_node),
+            "--node-id", a.node_id,
             "--listen", f"{a.host}:{a.port}", "--sim-faults", str(a.faults_file),
             "--rank-socket", str(a.rank_socket), "--spool-dir", str(a.faults_file.parent / "spool"),
             "--interval", str(self.interval_s),
