@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
 from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
-from trainer_hooks.reference.checkpoint import resolve_resume
+from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
 from trainer_hooks.reference.faults import load_faults
@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv, world)
         faults = load_faults(cfg.fault_file, cfg.fault_flags)
-        tiers = [cfg.ckpt_dir] + ([cfg.durable_dir] if cfg.durable_dir else [])
+        tiers = [expand_node(cfg.ckpt_dir, this_node())]
+        tiers += [cfg.durable_dir] if cfg.durable_dir else []
         resume = resolve_resume(cfg.resume_from, tiers) if cfg.resume_from else None
     except (ConfigError, InputError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     started = {"main_at": main_at, "rendezvous_s": time.time() - rendezvous_at}
     try:
         train(cfg, resume, faults, started)
-    except interleave.ScheduleMismatchError as e:  # raised on every rank together
+    except (interleave.ScheduleMismatchError, TierError) as e:  # raised on every rank together
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
