@@ -228,11 +228,15 @@ class Demo:
         """More environment for the supervisor and, through it, every rank."""
         return {}
 
+    def checkpoint_tiers(self) -> list[str]:
+        """The trainer's checkpoint flags; the supervisor resumes from `out/ckpt`."""
+        return ["--ckpt-dir", str(self.out / "ckpt")]
+
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         fleet, o = self.scenario.fleet, self.out
         trainer = [sys.executable, "-m", "trainer_hooks.reference.train",
                    *trainer_args(self.scenario), "--out", str(o / "run"),
-                   "--data-dir", str(o / "data"), "--ckpt-dir", str(o / "ckpt"),
+                   "--data-dir", str(o / "data"), *self.checkpoint_tiers(),
                    "--faults", str(o / "scenario.yaml"), "--quiet"]  # fmt: skip
         argv = ["run", "--job-id", JOB, "--coordinator", coord_url, "--token-file",
                 str(job_token), "--nodes", str(fleet.nodes), "--gpus-per-node",
