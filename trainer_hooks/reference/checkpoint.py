@@ -20,6 +20,7 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,11 @@ class _Pending:
     step: int
     path: Path
     future: Future[Any] | None
+    blocked_s: float = 0.0  # training time this save held up so far
+
+
+# Told (step, seconds the save held up training, its directory) once a checkpoint is committed.
+OnCommit = Callable[[int, float, Path], None]
 
 
 class CheckpointManager:
@@ -185,6 +191,8 @@ class CheckpointManager:
         self._stager = _ReusedBufferStager()
         self._staging: Future[None] | None = None
         self._stall_s: float | None = None
+        # Called on rank 0 once COMMITTED is written: only then can a restart resume from it.
+        self.on_commit: OnCommit | None = None
 
     def tiers(self) -> list[Path]:
         return [self.local] + ([self.durable] if self.durable else [])
@@ -228,7 +236,7 @@ class CheckpointManager:
         state = {"model": model_sd, "optim": optim_sd}
         if sync:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._pending = _Pending(step, path, None)
+            self._pending = _Pending(step, path, None, time.perf_counter() - t0)
             self._commit()
         else:
             resp = dcp.async_save(
@@ -236,7 +244,8 @@ class CheckpointManager:
             )
             assert isinstance(resp, AsyncSaveResponse), "a Future-returning stager gives both"
             self._staging = resp.staging_completion
-            self._pending = _Pending(step, path, resp.upload_completion)
+            blocked = time.perf_counter() - t0
+            self._pending = _Pending(step, path, resp.upload_completion, blocked)
         return t1 - t0, time.perf_counter() - t1
 
     def wait_staged(self) -> None:
@@ -245,7 +254,10 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._staging.result()
             self._staging = None
-            self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
+            stall = time.perf_counter() - t0
+            self._stall_s = (self._stall_s or 0.0) + stall
+            if self._pending is not None:
+                self._pending.blocked_s += stall
 
     def take_stall(self) -> float | None:
         """Seconds the last step waited for staging (None when it did not wait)."""
@@ -277,6 +289,8 @@ class CheckpointManager:
             return
         # Rank 0's save returns only after every rank's write landed and .metadata was written.
         _write_atomic(p.path / COMMITTED, json.dumps({"step": p.step}))
+        if self.on_commit is not None:
+            self.on_commit(p.step, p.blocked_s, p.path)
         if self._copier is not None:
             self._copier.join()
         if self.durable is not None:
