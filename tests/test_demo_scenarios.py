@@ -105,11 +105,13 @@ def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: 
     assert code == 0
     assert_repaired(res, "corrupt_batch", "loss_spike", [])
     (fault,) = res["faults"]
-    # batch 40 (counted from 0) is the trainer's step 41: detected at the step that consumed it
-    assert fault["detected_step"] == fault["injected_step"] == 41
+    # --quick moves batch 40 to 30, the earliest its detector allows (sentinel/demo/quick.py);
+    # batch 30 (counted from 0) is the trainer's step 31: detected at the step that consumed it
+    assert fault["detected_step"] == fault["injected_step"] == 31
     assert fault["actions"] == ["rollback", "skip_batches", "lr_scale", "resume"]
     assert res["bit_identity_required"]  # the reference replayed the skip list and LR window
-    assert "skipping batches [(40, 240)] with the learning rate scaled 0.5:100@0" in stdout
+    assert "skipping batches [(30, 230)] with the learning rate scaled 0.5:100@0" in stdout
+    assert "--quick: 40 of 50 steps, timed faults 10 steps earlier" in stdout
 
 
 @pytest.mark.slow
