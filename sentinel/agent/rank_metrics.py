@@ -88,11 +88,12 @@ class RankMetrics:
         yield events
         yield last
         for field, name, help_, scale, counter in STEP_SERIES:
-            kind = CounterMetricFamily if counter else GaugeMetricFamily
-            yield _per_rank(kind(name, help_, labels=labels), self.last_step, field, node_id, scale)
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            fam = family(name, help_, labels=labels)
+            yield _per_rank(fam, self.last_step, field, node_id, scale)
         for field, name, help_ in CHECKPOINT_SERIES:
-            fam = GaugeMetricFamily(name, help_, labels=labels)
-            yield _per_rank(fam, self.last_checkpoint, field, node_id)
+            gauge = GaugeMetricFamily(name, help_, labels=labels)
+            yield _per_rank(gauge, self.last_checkpoint, field, node_id)
 
 
 def _per_rank(
