@@ -30,6 +30,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,6 +247,11 @@ class _Pending:
     step: int
     path: Path
     future: Future[Any] | None
+    blocked_s: float = 0.0  # training time this save held up so far
+
+
+# Told (step, seconds the save held up training, its directory) once a checkpoint is committed.
+OnCommit = Callable[[int, float, Path], None]
 
 
 class CheckpointManager:
@@ -275,6 +281,8 @@ class CheckpointManager:
         self._stager = _ReusedBufferStager()
         self._staging: Future[None] | None = None
         self._stall_s: float | None = None
+        # Called on rank 0 once COMMITTED is written: only then can a restart resume from it.
+        self.on_commit: OnCommit | None = None
 
     def tiers(self) -> list[Path]:
         return [self.local] + ([self.durable] if self.durable else [])
@@ -321,7 +329,7 @@ class CheckpointManager:
         state = {"model": model_sd, "optim": optim_sd}
         if sync:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._pending = _Pending(step, path, None)
+            self._pending = _Pending(step, path, None, time.perf_counter() - t0)
             self._commit()
         else:
             resp = dcp.async_save(
@@ -329,7 +337,8 @@ class CheckpointManager:
             )
             assert isinstance(resp, AsyncSaveResponse), "a Future-returning stager gives both"
             self._staging = resp.staging_completion
-            self._pending = _Pending(step, path, resp.upload_completion)
+            blocked = time.perf_counter() - t0
+            self._pending = _Pending(step, path, resp.upload_completion, blocked)
         return t1 - t0, time.perf_counter() - t1
 
     def wait_staged(self) -> None:
@@ -338,7 +347,10 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._staging.result()
             self._staging = None
-            self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
+            stall = time.perf_counter() - t0
+            self._stall_s = (self._stall_s or 0.0) + stall
+            if self._pending is not None:
+                self._pending.blocked_s += stall
 
     def take_stall(self) -> float | None:
         """Seconds the last step waited for staging (None when it did not wait)."""
@@ -377,6 +389,7 @@ class CheckpointManager:
         if self.rank != 0:
             return
         _write_atomic(p.path / COMMITTED, json.dumps({"step": p.step}))
+        self._report(p.step, p.blocked_s, p.path)
         if self.durable is not None:
             self._start_copy(self._copy_durable, p)
         self._prune(self.local)
@@ -385,11 +398,11 @@ class CheckpointManager:
         if self._copier is not None:
             self._copier.join()
         self._copier = threading.Thread(
-            target=copy, args=(p.path, p.step), name="ckpt-durable", daemon=True
+            target=copy, args=(p.path, p.step, p.blocked_s), name="ckpt-durable", daemon=True
         )
         self._copier.start()
 
-    def _copy_durable(self, src: Path, step: int) -> None:
+    def _copy_durable(self, src: Path, step: int, blocked_s: float) -> None:
         """A shared fast tier: rank 0 copies the whole checkpoint, then commits the copy."""
         assert self.durable is not None
         self.durable.mkdir(parents=True, exist_ok=True)
@@ -398,7 +411,7 @@ class CheckpointManager:
         shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(COMMITTED))
         self._commit_durable(tmp, src.name, step)
 
-    def _copy_node_part(self, src: Path, step: int) -> None:
+    def _copy_node_part(self, src: Path, step: int, blocked_s: float) -> None:
         """A node-local fast tier: this node's files join the checkpoint being assembled in the
         durable tier; rank 0 commits it once every node's part is there."""
         assert self.durable is not None
@@ -418,6 +431,12 @@ class CheckpointManager:
             time.sleep(0.1)
         shutil.rmtree(tmp / COPIED)
         self._commit_durable(tmp, src.name, step)
+        # Only now can a restart resume from it (nothing resumes from a node-local part).
+        self._report(step, blocked_s, self.durable / src.name)
+
+    def _report(self, step: int, blocked_s: float, path: Path) -> None:
+        if self.on_commit is not None:
+            self.on_commit(step, blocked_s, path)
 
     def _commit_durable(self, tmp: Path, name: str, step: int) -> None:
         assert self.durable is not None

@@ -168,6 +168,12 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
         cfg.out.mkdir(parents=True, exist_ok=True)
         out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
     hooks = build_hooks(job)
+    # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed), not
+    # when a save starts: only a committed checkpoint can be resumed from, so "steps since the
+    # last checkpoint" counts the steps a restart now would really lose.
+    job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
+        step, blocked_s=blocked_s, path=str(path)
+    )
     # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on the
     # same clock can place them): the process was running its code from `main_at`, the
     # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
@@ -176,9 +182,9 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
     _emit({"launch": launch}, out)
     try:
         train_loop(job, out, hooks)
+        job.ckpt.finish()  # commits the last save while the hooks can still report it
     finally:
         hooks.close()
-    job.ckpt.finish()
     digest = param_digest(job.model, job.mesh)
     _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
     if out and cfg.digest_out:
