@@ -22,7 +22,7 @@ demo: venv
 # System packages first (installed as root, otherwise the command is printed and the tests that
 # need them fail naming it), then the lint gate, then every test.
 test: venv system-deps lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 system-deps:
 	scripts/install-system-deps.sh
