@@ -125,6 +125,7 @@ def main() -> int:
                 rows = breakdown(out, result)
             row = next((r for r in rows if r["kind"] == kind), {"kind": kind})
             row["verdict"] = result["verdict"]
+            row["problems"] = result.get("problems", [])  # a missed target says which
             figures.setdefault(kind, {})[fleet] = row
             print(f"{kind:8} {fleet:6} {json.dumps(row)}", flush=True)
     slurm = [f["slurm"].get("repair_s") for f in figures.values() if "slurm" in f]
