@@ -188,11 +188,10 @@ class Demo:
                 self.note("fault", f.node, f"injected link_degraded on {f.node} (bandwidth "
                           f"x{f.factor}) before launch", ref=f"fault:{index}")  # fmt: skip
         started = time.time() - self.rec.t0
-        cmd = [*SENTINEL, "burnin", "--sim-nodes", str(fleet.nodes), "--gpus-per-node",
-               str(fleet.gpus_per_node), "--scenario", str(spec), "--quick", "--phases", "links",
-               "--json", str(report), "--exclude-out", str(exclude), "--no-progress"]  # fmt: skip
+        outputs = ["--json", str(report), "--exclude-out", str(exclude), "--no-progress"]
+        cmd, env = self.burnin_command(spec, outputs)
         with (self.out / "burnin.log").open("wb") as log:
-            code = subprocess.run(cmd, stdout=log, stderr=log, timeout=900).returncode
+            code = subprocess.run(cmd, env=env, stdout=log, stderr=log, timeout=900).returncode
         if code not in (0, 1) or not report.exists():
             raise RuntimeError(f"burn-in failed to run (exit {code}); see {self.out}/burnin.log")
         self.rec.burnin_span = (started, time.time() - self.rec.t0)
@@ -203,6 +202,16 @@ class Demo:
         return exclude
 
     # --- where the fleet runs (the Slurm drill overrides these) -------------------------------
+
+    def burnin_command(
+        self, spec: Path, outputs: list[str]
+    ) -> tuple[list[str], dict[str, str] | None]:
+        """The link burn-in of the gang's nodes (argv, environment): here simulated nodes on
+        this machine, each link fault from the scenario file slowing its node's transfers."""
+        fleet = self.scenario.fleet
+        return [*SENTINEL, "burnin", "--sim-nodes", str(fleet.nodes), "--gpus-per-node",
+                str(fleet.gpus_per_node), "--scenario", str(spec), "--quick", "--phases",
+                "links", *outputs], None  # fmt: skip
 
     def coordinator(self) -> CoordinatorProcess:
         return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")

@@ -11,17 +11,22 @@ Evictions drain the node in Slurm (`scontrol`), with the incident's id in the re
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sentinel.demo.observe import Observer
-from sentinel.demo.procs import CoordinatorProcess
+from sentinel.demo.procs import SENTINEL, CoordinatorProcess
 from sentinel.demo.run import AGENT_INTERVAL_S, Demo
-from sentinel.sim.fleet import AgentProcess, SimFleet
+from sentinel.sim.fleet import AgentProcess, SimFleet, free_port
 from sentinel.slurm.cluster import NodeState, SlurmCluster
 
 _INCIDENT = re.compile(r"\[incident (\d+)\]")
+# The simulated cluster network's line rate: every gang node's link is held to it, so a
+# degraded link's `factor` is a fraction of a known speed (veth alone runs as fast as the CPUs).
+LINE_RATE_MBIT = 1000.0
 
 
 class ClusterFleet(SimFleet):
@@ -78,6 +83,47 @@ class SlurmDemo(Demo):
                 # dumps stay on their node; the agents carry them to the coordinator
                 "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
                 "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true"}  # fmt: skip
+
+    def burnin(self) -> Path | None:
+        for f in self.scenario.faults:
+            if f.kind == "link_degraded":
+                self.shape_links(f.node, f.factor)
+        return super().burnin()
+
+    def shape_links(self, slow: str, factor: float) -> None:
+        """The cluster network runs at LINE_RATE_MBIT on every gang node's link (a token
+        bucket on both ends of its veth pair), `slow`'s at `factor` of it: a degraded link the
+        burn-in must find by measuring, across namespaces."""
+        assert self.cluster is not None
+        for node in self.scenario.fleet.node_names():
+            rate = LINE_RATE_MBIT * (factor if node == slow else 1.0)
+            tbf = ["root", "tbf", "rate", f"{rate:g}mbit", "burst", "512kb", "latency", "50ms"]
+            host = self.cluster.host(node)
+            for argv in (["tc", "qdisc", "replace", "dev", host.veth, *tbf],
+                         [*host.enter(), "tc", "qdisc", "replace", "dev", self.cluster.iface,
+                          *tbf]):  # fmt: skip
+                done = subprocess.run(argv, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+
+    def burnin_command(
+        self, spec: Path, outputs: list[str]
+    ) -> tuple[list[str], dict[str, str] | None]:
+        """The real burn-in as a Slurm job step over the gang's nodes, one task per GPU, its
+        ranks meeting over gloo on the cluster network (no simulated link fault in it)."""
+        assert self.cluster is not None
+        fleet = self.scenario.fleet
+        nodes = fleet.node_names()
+        srun = ["srun", f"--nodes={len(nodes)}", f"--ntasks-per-node={fleet.gpus_per_node}",
+                f"--ntasks={len(nodes) * fleet.gpus_per_node}", "--distribution=block",
+                f"--nodelist={','.join(nodes)}", "--job-name=sentinel-burnin", "--export=ALL",
+                sys.executable, "-m", "sentinel.slurm.task", "--", *SENTINEL, "burnin",
+                "--quick", "--phases", "links", *outputs]  # fmt: skip
+        env = {**self.cluster.env(), "SENTINEL_NODES": ",".join(nodes),
+               "SENTINEL_GPUS_PER_NODE": str(fleet.gpus_per_node),
+               "MASTER_ADDR": self.cluster.host(nodes[0]).addr, "MASTER_PORT": str(free_port()),
+               "GLOO_SOCKET_IFNAME": self.cluster.iface, "OMP_NUM_THREADS": "1"}  # fmt: skip
+        return srun, env
 
     def checkpoint_tiers(self) -> list[str]:
         """Each node writes its part to its own fast tier; the shared durable tier gets the
