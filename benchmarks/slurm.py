@@ -58,15 +58,16 @@ def _log_times(supervisor_log: Path) -> tuple[list[float], list[float]]:
 
 
 def drain_seconds(db: sqlite3.Connection, incident: int) -> float:
-    """How long the evict_node action's backend call took (its result says); 0 without one."""
+    """How long the eviction's outside effect took (`scontrol update State=DRAIN` on Slurm, the
+    exclude file locally), from its intent to its outcome; 0 when the repair evicted nothing."""
     row = db.execute(
-        "SELECT result FROM actions WHERE incident_id=? AND action='evict_node' AND state='done'",
+        "SELECT created_at, done_at FROM effects WHERE incident_id=? AND kind='evict' "
+        "AND state='done' ORDER BY id LIMIT 1",
         (incident,),
     ).fetchone()
-    if row is None:
+    if row is None or row["done_at"] is None:
         return 0.0
-    m = re.search(r" in ([0-9.]+)s", row["result"])
-    return float(m.group(1)) if m else 0.0
+    return round(float(row["done_at"]) - float(row["created_at"]), 3)
 
 
 def task_starts(log_dir: Path, generation: int) -> list[float]:
