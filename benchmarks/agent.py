@@ -161,7 +161,7 @@ def measure_agent_cpu(seconds: float, scrape_every_s: float = 15.0) -> dict[str,
     """CPU share of one core used by a real agent process at a 1 s collection interval."""
     import psutil
 
-    from sentinel.sim.fleet import free_port
+    from sentinel.processes import free_port
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-agent-") as tmp:
