@@ -11,8 +11,9 @@ Evictions drain the node in Slurm (`scontrol`), with the incident's id in the re
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sentinel.demo.observe import Observer
@@ -26,16 +27,9 @@ _INCIDENT = re.compile(r"\[incident (\d+)\]")
 
 
 class SlurmDemo(Demo):
-    def __init__(
-        self,
-        scenario: Any,
-        out: Path,
-        echo: Callable[[str], None],
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__(scenario, out, echo, progress)
-        self.cluster: SlurmCluster | None = None
-        self.final_states: dict[str, NodeState] = {}
+    # the cluster while `train` runs; the nodes' Slurm states as it was torn down
+    cluster: SlurmCluster | None = None
+    final_states: Mapping[str, NodeState] = MappingProxyType({})
 
     def coordinator(self) -> CoordinatorProcess:
         assert self.cluster is not None
@@ -76,7 +70,7 @@ class SlurmDemo(Demo):
                 self.cluster = None
 
 
-def drained_by_incident(states: dict[str, NodeState]) -> dict[int, str]:
+def drained_by_incident(states: Mapping[str, NodeState]) -> dict[int, str]:
     """Which node each incident drained, from the reasons Slurm holds."""
     out = {}
     for node, st in states.items():
@@ -86,7 +80,7 @@ def drained_by_incident(states: dict[str, NodeState]) -> dict[int, str]:
     return out
 
 
-def add_slurm_facts(result: dict[str, Any], states: dict[str, NodeState]) -> dict[str, Any]:
+def add_slurm_facts(result: dict[str, Any], states: Mapping[str, NodeState]) -> dict[str, Any]:
     """The demo's result plus `fleet: "slurm"`, per fault the node drained in Slurm for its
     incident (`drained_node`, None when the repair drained nothing), and `slurm_nodes`."""
     drained = drained_by_incident(states)

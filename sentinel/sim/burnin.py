@@ -1,4 +1,4 @@
-"""Spawn a simulated fleet on this machine: N nodes x G ranks as local gloo processes.
+"""A simulated burn-in fleet on this machine: N nodes x G ranks as local gloo processes.
 
 Each rank gets RANK/WORLD_SIZE/MASTER_* like torchrun would set, plus SENTINEL_NODE, its
 simulated node identity. No torch import here: the parent only launches and waits.

@@ -160,11 +160,8 @@ class Supervisor:
         control_file: Path,
         exclude: frozenset[str] = frozenset(),
     ) -> None:
-        self.cfg = cfg
-        self.argv = argv
-        self.launcher = launcher
-        self.token = token
-        self.control_file = control_file
+        self.cfg, self.argv, self.launcher = cfg, argv, launcher
+        self.token, self.control_file = token, control_file
         names = launcher.node_names(cfg.nodes + cfg.spares)
         self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude, names)
         self.gang: Gang | None = None
