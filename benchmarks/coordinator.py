@@ -45,7 +45,7 @@ from stats import percentile_ms
 from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.service import STORE_FILE
 from sentinel.coordinator.store import Store, wal_path
-from sentinel.processes import free_port
+from sentinel.processes import free_port, stop_process
 from sentinel.protocol import new_id
 
 TARGET_NODES = 2048
@@ -347,8 +347,7 @@ def main() -> None:
             if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
                 break
     finally:
-        coord.terminate()
-        coord.wait(10)
+        stop_process(coord, 10.0)
     ok = [s for s in steps if _holds(s)]
     at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
     print(
