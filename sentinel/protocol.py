@@ -181,6 +181,18 @@ class RankStepPayload(_Strict):
     dropped_events: int = Field(default=0, ge=0)
 
 
+class RankCheckpointPayload(_Strict):
+    """A checkpoint the job can resume from is complete (committed) at `step`.
+
+    `blocked_s`: the seconds this save held up training (starting it, and waiting for its
+    staging copy), where the trainer measures it; `path`: where it lies.
+    """
+
+    step: int = Field(ge=0)
+    blocked_s: float | None = Field(default=None, ge=0)
+    path: str | None = None
+
+
 class RankFrDumpPayload(_Strict):
     """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual."""
 
@@ -252,6 +264,7 @@ class EventKind(StrEnum):
     FR_ANALYSIS = "fr.analysis"
     RANK_STEP = "rank.step"
     RANK_FR_DUMP = "rank.fr_dump"
+    RANK_CHECKPOINT = "rank.checkpoint"
 
 
 PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
@@ -268,6 +281,7 @@ PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
     EventKind.FR_ANALYSIS: FrAnalysisPayload,
     EventKind.RANK_STEP: RankStepPayload,
     EventKind.RANK_FR_DUMP: RankFrDumpPayload,
+    EventKind.RANK_CHECKPOINT: RankCheckpointPayload,
 }
 
 

@@ -233,6 +233,46 @@ def test_rank_events_are_relayed_and_reexported(
         assert samples["sentinel_agent_rank_garbage_lines_total"][0][1] == 1.0
 
 
+def test_a_checkpoint_the_hooks_report_is_relayed_and_reexported(
+    tmp_path: Path, coordinator: StandInCoordinator
+) -> None:
+    """The trainer's `checkpoint_saved` call, through the hooks' real transport and a real
+    agent's rank socket: relayed to the coordinator and exported as the last checkpoint's step,
+    time and blocking seconds, labelled with the rank that reported it."""
+    from trainer_hooks import HooksConfig, SentinelHooks  # torch: only in this test's process
+
+    coordinator.start()
+    fleet = SimFleet(tmp_path, ["node-3"], 2, interval_s=0.2,
+                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    with fleet:
+        a = fleet.agents["node-3"]
+        cfg = HooksConfig(
+            agent_socket=str(a.rank_socket), node="node-3", job="j1", instrument_collectives=False
+        )
+        hooks = SentinelHooks(cfg)
+        before = time.time()
+        try:
+            hooks.checkpoint_saved(20, blocked_s=0.25, path="/ckpt/step-00000020")
+            hooks.checkpoint_saved(30, blocked_s=0.5)
+        finally:
+            hooks.close()
+        assert hooks.errors == 0
+
+        def checkpoints() -> list[Event]:
+            return [e for e in coordinator.received if e.kind.value == "rank.checkpoint"]
+
+        wait_until(lambda: len(checkpoints()) == 2)
+        assert [e.payload["step"] for e in checkpoints()] == [20, 30]
+        assert checkpoints()[0].payload["path"] == "/ckpt/step-00000020"
+        samples = a.scrape()
+        me = {"node": "node-3", "job": "j1", "rank": "0"}
+        assert samples["sentinel_rank_last_checkpoint_step"] == [(me, 30.0)]
+        assert samples["sentinel_rank_last_checkpoint_blocked_seconds"] == [(me, 0.5)]
+        ((labels, ts),) = samples["sentinel_rank_last_checkpoint_timestamp_seconds"]
+        assert labels == me and before <= ts <= time.time()
+        assert (me | {"kind": "rank.checkpoint"}, 2.0) in samples["sentinel_rank_events_total"]
+
+
 def test_bad_input_exits_2(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "sentinel", "agent", "--sim", "--listen", "nonsense"]
     res = subprocess.run(run, capture_output=True, text=True, timeout=30)

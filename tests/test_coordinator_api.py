@@ -20,7 +20,14 @@ from prometheus_client import generate_latest
 from sentinel.coordinator.app import SERVICE, build_app
 from sentinel.coordinator.auth import Role
 from sentinel.coordinator.metrics import Metrics
-from sentinel.protocol import EventBatch, encode
+from sentinel.protocol import (
+    EventBatch,
+    EventKind,
+    RankCheckpointPayload,
+    Source,
+    encode,
+    make_event,
+)
 
 
 @pytest.fixture(params=["aiohttp", "fast path"])
@@ -136,6 +143,28 @@ async def test_batches_decoded_in_one_group_fail_alone(client: TestClient) -> No
     service = client.app[SERVICE]
     rows = await service.db(service.store.query, "SELECT node FROM events")
     assert [r["node"] for r in rows] == ["node-1"] * 3
+
+
+async def test_a_relayed_rank_checkpoint_is_stored_and_a_bad_one_refused(
+    client: TestClient,
+) -> None:
+    """A node's agent forwards its ranks' `rank.checkpoint` events like every rank event."""
+    node1 = bearer(await make_token(client, Role.NODE, node="node-1"))
+    source = Source(node="node-1", rank=0, job="job1")
+    good = make_event(
+        EventKind.RANK_CHECKPOINT, source, RankCheckpointPayload(step=40, blocked_s=0.2)
+    )
+    r = await client.post("/v1/events", data=encode(EventBatch(events=[good])), headers=node1)
+    assert r.status == 200, await r.text()
+    bad = {**json.loads(encode(good)), "payload": {"step": -1}}
+    r = await client.post("/v1/events", data=json.dumps({"v": 1, "events": [bad]}), headers=node1)
+    assert r.status == 422
+    assert "not a valid rank.checkpoint payload" in (await r.json())["error"]
+    service = client.app[SERVICE]
+    rows = await service.db(service.store.query, "SELECT kind, rank, payload FROM events")
+    assert [(r["kind"], r["rank"], r["payload"]["step"]) for r in rows] == [
+        ("rank.checkpoint", 0, 40)
+    ]
 
 
 async def test_batches_inside_the_commit_window_share_one_commit(tmp_path: Path) -> None:

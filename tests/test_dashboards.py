@@ -140,6 +140,10 @@ def test_training_run_has_goodput_restarts_checkpoint_and_a_job_selector() -> No
     for t in ("Goodput (last 10 minutes)", "Restarts from a checkpoint (time range)"):
         assert t in titles
     assert "Steps lost to rollbacks" in titles
+    # The checkpoint row has panels reading the re-exported rank.checkpoint series.
+    checkpoints = [e for t, e in expressions(d) if "since the last checkpoint" in t]
+    assert len(checkpoints) == 2
+    assert all("sentinel_rank_last_checkpoint_" in e for e in checkpoints)
     job = next(v for v in d["templating"]["list"] if v["name"] == "job")
     assert job["definition"] == "label_values(sentinel_gpu_job_info, job)"
     joined = [e for _, e in expressions(d) if "sentinel_gpu_job_info" in e]

@@ -105,11 +105,13 @@ def test_corrupt_batch_is_caught_at_its_step_and_skipped(tmp_path: Path, cache: 
     assert code == 0
     assert_repaired(res, "corrupt_batch", "loss_spike", [])
     (fault,) = res["faults"]
-    # batch 40 (counted from 0) is the trainer's step 41: detected at the step that consumed it
-    assert fault["detected_step"] == fault["injected_step"] == 41
+    # --quick moves batch 40 to 30, the earliest its detector allows (sentinel/demo/quick.py);
+    # batch 30 (counted from 0) is the trainer's step 31: detected at the step that consumed it
+    assert fault["detected_step"] == fault["injected_step"] == 31
     assert fault["actions"] == ["rollback", "skip_batches", "lr_scale", "resume"]
     assert res["bit_identity_required"]  # the reference replayed the skip list and LR window
-    assert "skipping batches [(40, 240)] with the learning rate scaled 0.5:100@0" in stdout
+    assert "skipping batches [(30, 230)] with the learning rate scaled 0.5:100@0" in stdout
+    assert "--quick: 40 of 50 steps, timed faults 10 steps earlier" in stdout
 
 
 @pytest.mark.slow
@@ -145,9 +147,9 @@ def test_bad_scenario_exits_2(tmp_path: Path) -> None:
 def test_node_faults_swap_the_struck_node_for_the_spare(
     scenario: str, incident: str, evicted: str, tmp_path: Path, cache: Path
 ) -> None:
-    # A straggler's node is swapped at the checkpoint after a few scoring windows: past the
-    # point where --quick stops, so that drill runs its whole (short) course.
-    code, res, _ = demo(scenario, tmp_path, cache, quick=scenario != "straggler")
+    # A straggler's node is swapped at the checkpoint after its scoring windows: --quick keeps
+    # the steps those need (55 of 60).
+    code, res, _ = demo(scenario, tmp_path, cache)
     assert code == 0
     assert_repaired(res, scenario, incident, [evicted])
     assert res["faults"][0]["struck_node"] == evicted
@@ -156,7 +158,7 @@ def test_node_faults_swap_the_struck_node_for_the_spare(
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: Path) -> None:
-    """What `make demo` runs, whole (its last fault is too late for --quick to shorten it):
+    """What `make demo` runs, whole (not --quick, which moves its faults earlier):
     seven faults on 8 ranks, each found by its own signal and repaired, bit-identical at the end."""
     code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
     assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]

@@ -6,8 +6,8 @@ since only pre-Ampere GPUs report retired pages), each delivering its events to 
 `sentinel coordinator` with its own node token (a node token may speak only for its node); a
 short run of the hooked reference trainer, two ranks of a tiny model on node-0 and node-1, each
 reporting every step through its node's agent socket, with a corrupt batch (a loss spike), a
-straggling rank and, at the end, a hung rank; and a burn-in report, turned into text by
-burnin_metrics, served as node_exporter's textfile collector would. Debian's `prometheus` binary
+straggling rank, checkpoints every 10 steps and, at the end, a hung rank; and a burn-in report,
+turned into text by burnin_metrics, served as node_exporter's textfile collector would. Debian's `prometheus` binary
 scrapes the agents, the coordinator (with an operator's bearer token) and the textfile every
 second, on a free loopback port with its TSDB in tmp. Every dashboard panel and every series an
 alert rule reads has data; nothing is exempt.
@@ -69,6 +69,7 @@ HANG_STEP = 30
 TRAIN_ARGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128"]
 TRAIN_ARGS += ["--corpus-tokens", "65536", "--warmup", "2", "--quiet", "--mbs", "2"]
 TRAIN_ARGS += ["--accum", "1", "--steps", str(HANG_STEP + 5), "--fault", "corrupt_batch:batch=22"]
+TRAIN_ARGS += ["--checkpoint-every", "10"]  # committed (and reported by rank 0) by the hang
 TRAIN_ARGS += [
     "--fault",
     "straggler:rank=1,slowdown=6,at_step=16",
@@ -335,7 +336,7 @@ def all_up(prom: PromAPI) -> bool:
 def faulted(fleet: SimFleet, prom: PromAPI, training: Gang) -> PromAPI:
     """Targets up and the training run started, then a DBE on node-0/0 and node-2/0, XID 79 on
     node-1/1 and a thermal fault on node-1/0, each seen by Prometheus; and the training run's
-    loss spike, straggler and hang reports in the TSDB too."""
+    loss spike, straggler, checkpoint and hang reports in the TSDB too."""
 
     fleet.inject("node-0", {"kind": "ecc_dbe", "gpu": 0})
     fleet.inject("node-1", {"kind": "xid", "gpu": 1, "xid": 79})
@@ -349,7 +350,7 @@ def faulted(fleet: SimFleet, prom: PromAPI, training: Gang) -> PromAPI:
         q = f'sentinel_rank_events_total{{job="{JOB}", kind="{kind}"}} > 0'
         return bool(prom.query(q)["data"]["result"])
 
-    for kind in ("rank.anomaly", "rank.straggler", "rank.hang"):
+    for kind in ("rank.anomaly", "rank.straggler", "rank.checkpoint", "rank.hang"):
         prom.wait(f"{kind} in the TSDB", lambda k=kind: reported(k), timeout_s=60)
     prom.wait(
         "incidents opened by the coordinator",

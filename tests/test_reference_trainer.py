@@ -134,6 +134,49 @@ def test_kill9_every_rank_then_resume_on_other_nodes_is_bit_identical(
     assert digest(out) == digest(straight8)
 
 
+def test_node_local_fast_tier_reaches_the_durable_tier_and_resumes_bit_identically(
+    straight8: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """Four simulated nodes, each with its own fast-tier directory: each holds only its ranks'
+    part, the durable tier gets the whole checkpoint in the background, and a kill -9 of the
+    gang resumes from there."""
+    out = tmp_path / "node-local"
+    tiers = ["--ckpt-dir", str(out / "nodes" / "{node}"), "--durable-dir", str(out / "durable")]
+    node_of_rank = lambda r: f"node-{r // 2}"  # noqa: E731
+    gang = start(8, out, data_dir, *PAR8, *tiers, node_of_rank=node_of_rank)
+    try:
+        wait_for(out / "durable" / "step-00000004" / "COMMITTED", gang)
+    finally:
+        gang.kill(signal.SIGKILL)
+    assert STEPS not in read_metrics(out)[0], "killed too late to test a resume"
+    for n in range(4):
+        part = out / "nodes" / f"node-{n}" / "step-00000004"
+        assert (part / "NODE_DONE").exists() and not (part / "COMMITTED").exists()
+        assert sorted(p.name for p in (part / "rng").iterdir()) == [
+            f"rank-{2 * n}.pt",
+            f"rank-{2 * n + 1}.pt",
+        ]
+        assert (part / ".metadata").exists() == (n == 0)  # rank 0 writes the metadata
+    whole = out / "durable" / "step-00000004"
+    assert len(list((whole / "rng").iterdir())) == 8 and (whole / ".metadata").exists()
+    assert not list((out / "durable").glob(".*partial"))
+    run(8, out, data_dir, *PAR8, *tiers, "--resume-from", "latest", node_of_rank=node_of_rank)
+    assert losses(read_metrics(out)[0]) == losses(read_metrics(straight8)[0])
+    assert digest(out) == digest(straight8)
+
+
+def test_node_local_fast_tier_without_a_durable_tier_is_refused(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "no-durable"
+    gang = start(
+        2, out, data_dir, *DP2, "--ckpt-dir", str(out / "nodes" / "{node}"),
+        node_of_rank=lambda r: f"node-{r}",
+    )  # fmt: skip
+    assert gang.wait(120) == [2, 2]
+    assert "is node-local" in (out / "logs" / "rank-0.log").read_text()
+
+
 def test_fsdp2_with_tp_and_pp_matches_and_resumes_bit_identically(
     single: Path, data_dir: Path, tmp_path: Path
 ) -> None:

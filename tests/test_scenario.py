@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from sentinel.exitcodes import InputError
-from sentinel.scenario import load_scenario, shipped_scenarios
+from sentinel.scenario import Scenario, load_scenario, shipped_scenarios
 
 DESIGN_EXAMPLE = """
 fleet:   {nodes: 4, gpus_per_node: 2, spares: 1}
@@ -79,9 +79,36 @@ def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
     assert "link_degraded" in shipped_scenarios() and "default" in shipped_scenarios()
 
 
-def test_quick_shortens_the_default_drill_too() -> None:
-    from sentinel.demo.run import quick
+def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
+    from sentinel.demo.quick import quick
 
-    steps = {n: quick(load_scenario(n)).trainer.steps for n in ("default", "crash", "xid")}
-    # Default: its last fault is at step 86 of 100, one checkpoint interval (10) after it.
-    assert steps == {"default": 96, "crash": 35, "xid": 35}
+    def timed(s: Scenario) -> list[int]:
+        return [getattr(f, "at_step", getattr(f, "batch", -1)) for f in s.faults]
+
+    steps = {n: quick(load_scenario(n)).trainer.steps for n in shipped_scenarios()}
+    full = {n: load_scenario(n).trainer.steps for n in shipped_scenarios()}
+    assert all(steps[n] < full[n] for n in full), (steps, full)
+    # Default: every timed fault one checkpoint interval (10) earlier, the corrupt batch as far
+    # as its detector allows (batch 35 >= 30); training ends one interval after the last fault
+    # (the hang at 76: its rollback to 70 passes it again).
+    default, short = load_scenario("default"), quick(load_scenario("default"))
+    assert timed(short) == [-1, 35, 42, 48, 58, 66, 76] and short.trainer.steps == 86
+    assert [f.kind for f in short.faults] == [f.kind for f in default.faults]
+    assert steps == {
+        "default": 86, "corrupt_batch": 40, "crash": 35, "ecc_dbe": 35, "hang": 35,
+        "link_degraded": 20, "sdc": 32, "straggler": 55, "thermal": 32, "xid": 35,
+    }  # fmt: skip
+    # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
+    assert timed(quick(load_scenario("crash"))) == [15]
+    assert timed(quick(load_scenario("corrupt_batch"))) == [30]
+
+
+def test_quick_mirrors_the_hooks_shipped_warmups() -> None:
+    """`sentinel` cannot import trainer_hooks: the warm-ups quick() respects must match them."""
+    from sentinel.demo.quick import CORRUPT_BATCH_EARLIEST, LOSS_SPIKE_WARMUP, STRAGGLER_PERSIST
+    from trainer_hooks.anomaly import make_policy
+    from trainer_hooks.config import HooksConfig
+
+    assert make_policy(HooksConfig().anomaly_policy, "loss").warmup == LOSS_SPIKE_WARMUP  # type: ignore[attr-defined]
+    assert HooksConfig().straggler_persist == STRAGGLER_PERSIST
+    assert CORRUPT_BATCH_EARLIEST >= LOSS_SPIKE_WARMUP

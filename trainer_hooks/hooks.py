@@ -7,6 +7,8 @@
             hooks.observe(loss=loss, grad_norm=clip_grad_norm_(model.parameters(), 1.0))
             opt.step()
         if hooks.should_checkpoint(): save(...)
+        # when a save is complete (committed: a restart could resume from it)
+        hooks.checkpoint_saved(saved_step, blocked_s=seconds_it_held_training)
     hooks.close()
 
 Nothing here raises into the loop: every entry point is guarded, and internal failures are
@@ -35,6 +37,7 @@ from sentinel.protocol import (
     CommandKind,
     EventKind,
     RankAnomalyPayload,
+    RankCheckpointPayload,
     RankFrDumpPayload,
     RankHangPayload,
     RankSdcPayload,
@@ -228,6 +231,19 @@ class SentinelHooks:
         """True once, on every rank at the same step, after a `checkpoint.now` command."""
         due, self._checkpoint_due = self._checkpoint_due, False
         return due
+
+    @_guarded
+    def checkpoint_saved(
+        self, step: int, *, blocked_s: float | None = None, path: str | None = None
+    ) -> None:
+        """Report a checkpoint at `step` that a restart can resume from: call it once the save
+        is complete (committed), not when it starts, since a save torn by a crash is no
+        checkpoint. One rank reporting it is enough (the one that commits); `blocked_s` is how
+        long the save held up training, if the trainer measures it."""
+        if not self.config.enabled:
+            return
+        payload = RankCheckpointPayload(step=step, blocked_s=blocked_s, path=path)
+        self._send(EventKind.RANK_CHECKPOINT, payload)
 
     def request_sdc_check(self) -> None:
         """Run the SDC check at the next exchange (all ranks together)."""

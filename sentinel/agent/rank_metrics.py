@@ -30,6 +30,16 @@ STEP_SERIES = (
      True),
 )  # fmt: skip
 
+# rank.checkpoint payload field -> (metric, help): the last checkpoint a rank reported complete.
+CHECKPOINT_SERIES = (
+    ("step", "sentinel_rank_last_checkpoint_step",
+     "Step of the last checkpoint the rank reported complete (resumable)."),
+    ("ts", "sentinel_rank_last_checkpoint_timestamp_seconds",
+     "When the rank reported its last checkpoint complete."),
+    ("blocked_s", "sentinel_rank_last_checkpoint_blocked_seconds",
+     "Seconds the last checkpoint held up training (starting the save, waiting for its copy)."),
+)  # fmt: skip
+
 
 # Kinds the alert rules count with increase(): each rank's counter starts at 0 for them, so its
 # first report is an increase Prometheus sees (a series born at 1 shows none).
@@ -41,6 +51,8 @@ class RankMetrics:
         self.events: Counter[tuple[str, int, str]] = Counter()  # (job, rank, kind) -> n
         self.last_seen: dict[tuple[str, int], float] = {}
         self.last_step: dict[tuple[str, int], dict[str, object]] = {}
+        # The last rank.checkpoint payload, with the event's time as `ts`.
+        self.last_checkpoint: dict[tuple[str, int], dict[str, object]] = {}
 
     def observe(self, event: Event) -> None:
         src = event.source
@@ -51,6 +63,8 @@ class RankMetrics:
         self.last_seen[key] = max(event.ts, self.last_seen.get(key, 0.0))
         if event.kind.value == "rank.step":
             self.last_step[key] = event.payload
+        elif event.kind.value == "rank.checkpoint":
+            self.last_checkpoint[key] = {**event.payload, "ts": event.ts}
 
     def collect(self, node_id: str) -> Iterator[Metric]:
         labels = ["node", "job", "rank"]
@@ -74,11 +88,24 @@ class RankMetrics:
         yield events
         yield last
         for field, name, help_, scale, counter in STEP_SERIES:
-            fam = (CounterMetricFamily if counter else GaugeMetricFamily)(
-                name, help_, labels=labels
-            )
-            for (job, rank), payload in sorted(self.last_step.items()):
-                value = payload.get(field)
-                if isinstance(value, int | float):  # null: the rank cannot measure it
-                    fam.add_metric([node_id, job, str(rank)], float(value) * scale)
-            yield fam
+            family = CounterMetricFamily if counter else GaugeMetricFamily
+            fam = family(name, help_, labels=labels)
+            yield _per_rank(fam, self.last_step, field, node_id, scale)
+        for field, name, help_ in CHECKPOINT_SERIES:
+            gauge = GaugeMetricFamily(name, help_, labels=labels)
+            yield _per_rank(gauge, self.last_checkpoint, field, node_id)
+
+
+def _per_rank(
+    fam: GaugeMetricFamily | CounterMetricFamily,
+    payloads: dict[tuple[str, int], dict[str, object]],
+    field: str,
+    node_id: str,
+    scale: float = 1.0,
+) -> Metric:
+    """One sample per rank from the field of its last payload (a null field: none)."""
+    for (job, rank), payload in sorted(payloads.items()):
+        value = payload.get(field)
+        if isinstance(value, int | float):  # null: the rank cannot measure it
+            fam.add_metric([node_id, job, str(rank)], float(value) * scale)
+    return fam

@@ -210,14 +210,19 @@ class SimulatedGpus(GpuBackend):
         self._poll_faults()
         if self._xids:
             return f"xid {self._xids[-1].xid} on gpu {self._xids[-1].gpu}"
+        # Every GPU's baseline moves before answering, so a signal on one GPU does not leave
+        # another's unrecorded (it would wake a second, redundant sweep).
+        found: str | None = None
         for g in self._gpus:
             seen = self._urgent_seen.get(g.index, (0, False, False))
             hot = g.thermal_c is not None and g.thermal_c >= critical_c
             now = (g.dbe_volatile, g.lost, hot)
             self._urgent_seen[g.index] = now
-            if now[0] > seen[0] or (now[1] and not seen[1]) or (now[2] and not seen[2]):
-                return f"gpu {g.index}: dbe {g.dbe_volatile}, lost {g.lost}, hot {hot}"
-        return None
+            if found is None and (
+                now[0] > seen[0] or (now[1] and not seen[1]) or (now[2] and not seen[2])
+            ):
+                found = f"gpu {g.index}: dbe {g.dbe_volatile}, lost {g.lost}, hot {hot}"
+        return found
 
     # --- readings ---------------------------------------------------------------------------
 

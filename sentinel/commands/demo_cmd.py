@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="end two checkpoint intervals after the last fault, or one where two cut nothing",
+        help="a shorter drill proving the same repairs: the timed faults move earlier by whole "
+        "checkpoint intervals (as far as each detector's warm-up allows, order and spacing "
+        "kept) and training ends once the last repair is proven",
     )
     p.set_defaults(handler=run)
 

@@ -8,7 +8,9 @@ values (`sentinel_rank_step`, `_loss`, `_grad_norm`, `_mfu_ratio`, `_step_second
 `_compute_seconds`, `_comm_seconds`, `_tokens_per_second`, `_hook_errors_total`,
 `_dropped_events_total`) are the agent's re-export of the hooks' `rank.step` event. Goodput, restarts and
 steps lost to rollbacks are derived from `sentinel_rank_step` (a restart resumes from a checkpoint,
-so the step drops). The job selector and the "GPUs of this job" row read the agent's info series
+so the step drops). The checkpoint panels read `sentinel_rank_last_checkpoint_step`,
+`_timestamp_seconds` and `_blocked_seconds`, the agent's re-export of the hooks' `rank.checkpoint`
+(sent by the rank that commits a checkpoint). The job selector and the "GPUs of this job" row read the agent's info series
 `sentinel_gpu_job_info{node,gpu,job,rank,tp,pp,dp}`, joined to the per-GPU series on (node, gpu).
 """
 
@@ -34,6 +36,7 @@ J = 'job=~"$job"'
 # multiplying a per-GPU series by it keeps the GPUs of the selected job and labels them.
 JOB_GPUS = 'on (node, gpu) group_left (job, rank, tp, pp, dp) sentinel_gpu_job_info{job=~"$job", rank=~"$rank"}'
 STEP = f"max by (job) (sentinel_rank_step{{{J}}})"
+CKPT = "sentinel_rank_last_checkpoint"  # the hooks' rank.checkpoint, re-exported by the agent
 WINDOW_S = 600
 
 PANELS: list[Row | Panel] = [
@@ -215,6 +218,36 @@ PANELS: list[Row | Panel] = [
         w=24,
     ),
     Panel(
+        "timeseries",
+        "Steps since the last checkpoint",
+        "Steps a restart now would replay: the job's step minus the step of its last complete "
+        "(committed) checkpoint. A saw-tooth whose peaks pass the checkpoint interval means "
+        "saves are failing or late.",
+        [Query(f"clamp_min({STEP} - max by (job) ({CKPT}_step{{{J}}}), 0)", "{{job}}")],
+        steps=((None, "green"),),
+        w=8,
+    ),
+    Panel(
+        "stat",
+        "Time since the last checkpoint",
+        "Wall time since the job last reported a checkpoint complete: the work a failure now "
+        "would lose, in seconds.",
+        [Query(f"time() - max by (job) ({CKPT}_timestamp_seconds{{{J}}})", "{{job}}")],
+        unit="s",
+        steps=((None, "green"), (3600, "orange"), (7200, "red")),
+        w=8,
+    ),
+    Panel(
+        "timeseries",
+        "Training time held up by the last checkpoint",
+        "Seconds the last save blocked training (starting it and waiting for its staging "
+        "copy); an asynchronous save should cost a fraction of a step.",
+        [Query(f"max by (job) ({CKPT}_blocked_seconds{{{J}}})", "{{job}}")],
+        unit="s",
+        steps=GOOD_LOW,
+        w=8,
+    ),
+    Panel(
         "table",
         "Slowest ranks (compute over the job median)",
         "Each rank's compute time over its job's median; 1.2 means 20% slower than its peers.",
@@ -315,7 +348,7 @@ SPEC = Spec(
     title="Sentinel / Training run",
     description="One training job: goodput and restarts, loss and grad norm with anomaly "
     "markers, MFU per rank, step time and its compute/communication split, stragglers, hangs, "
-    "steps lost to rollbacks, hook health, and the GPUs the job runs on.",
+    "steps lost to rollbacks, checkpoints, hook health, and the GPUs the job runs on.",
     tags=["sentinel", "training"],
     panels=PANELS,
     variables=[

@@ -16,6 +16,7 @@ from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
 from sentinel.demo.account import time_account
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings
+from sentinel.demo.quick import quick, summary
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
 from sentinel.demo.run import (
@@ -24,7 +25,6 @@ from sentinel.demo.run import (
     HANG_FLOOR_S,
     Demo,
     drill_hooks,
-    quick,
     trainer_args,
     write_scenario,
 )
@@ -96,6 +96,7 @@ def run_drill(
     stall_s: float = 240.0,
     fleet: str = "local",
 ) -> dict[str, Any]:
+    full = scenario
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +106,8 @@ def run_drill(
         if fleet == "local"
         else SlurmDemo(scenario, out, echo, progress)
     )
+    if shorten:
+        demo.note("info", None, summary(full, scenario))
     warnings = repair_warnings(scenario, load_playbooks(default_playbooks_dir()))
     for warning in warnings:
         demo.note("info", None, f"WARNING: {warning}")

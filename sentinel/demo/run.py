@@ -84,18 +84,6 @@ def trainer_args(scenario: Scenario) -> list[str]:
             "--seed", str(t.seed)]  # fmt: skip
 
 
-def quick(scenario: Scenario) -> Scenario:
-    """Fewer steps: stop two checkpoint intervals after the last timed fault, or one where two
-    would cut nothing (the default scenario's faults run to its last steps). A repair resumes
-    from the checkpoint before its fault, so the run crosses that step again within one
-    interval and still proves the repair."""
-    last = max((getattr(f, "at_step", getattr(f, "batch", 0)) for f in scenario.faults), default=0)
-    every, steps = scenario.trainer.checkpoint_every, scenario.trainer.steps
-    steps = min(steps, last + 2 * every) if last + 2 * every < steps else min(steps, last + every)
-    trainer = scenario.trainer.model_copy(update={"steps": max(steps, 1)})
-    return scenario.model_copy(update={"trainer": trainer})
-
-
 @dataclass
 class Recording:
     """What the run saw, in demo seconds since `t0`."""
@@ -228,11 +216,15 @@ class Demo:
         """More environment for the supervisor and, through it, every rank."""
         return {}
 
+    def checkpoint_tiers(self) -> list[str]:
+        """The trainer's checkpoint flags; the supervisor resumes from `out/ckpt`."""
+        return ["--ckpt-dir", str(self.out / "ckpt")]
+
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         fleet, o = self.scenario.fleet, self.out
         trainer = [sys.executable, "-m", "trainer_hooks.reference.train",
                    *trainer_args(self.scenario), "--out", str(o / "run"),
-                   "--data-dir", str(o / "data"), "--ckpt-dir", str(o / "ckpt"),
+                   "--data-dir", str(o / "data"), *self.checkpoint_tiers(),
                    "--faults", str(o / "scenario.yaml"), "--quiet"]  # fmt: skip
         argv = ["run", "--job-id", JOB, "--coordinator", coord_url, "--token-file",
                 str(job_token), "--nodes", str(fleet.nodes), "--gpus-per-node",

@@ -51,6 +51,12 @@ class SlurmDemo(Demo):
                 "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
                 "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true"}  # fmt: skip
 
+    def checkpoint_tiers(self) -> list[str]:
+        """Each node writes its part to its own fast tier; the shared durable tier gets the
+        whole checkpoint in the background, and restarts resume from it."""
+        return ["--ckpt-dir", str(self.out / "nodes" / "{node}" / "ckpt"),
+                "--durable-dir", str(self.out / "ckpt")]  # fmt: skip
+
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         argv = super().supervisor_argv(coord_url, job_token, exclude)
         return [argv[0], "--launcher", "slurm", *argv[1:]]

@@ -9,6 +9,15 @@ Layout of one checkpoint, `<tier>/step-00000040/`:
 A directory without COMMITTED is torn (a crash mid-write) and ignored. Training blocks only
 while `dcp.async_save` stages a copy of the state; the write, the commit, the copy to the
 durable tier and the pruning to the last K happen while training goes on.
+
+The fast tier may be one directory every node sees (one machine, or a shared filesystem) or a
+node-local disk (the same path on every node, or a path with `{node}` in it). Which one it is
+is probed when the gang starts (`TierLayout`). On node-local disks each node holds only its own
+ranks' files, and DCP reads across ranks (a data-parallel replica is written once, by one rank),
+so no node can resume from its own copy alone: there every node's first rank copies the node's
+files into the durable tier in the background and marks its part done; rank 0 commits the
+durable checkpoint once every node's part is there. A node-local step directory gets NODE_DONE,
+never COMMITTED, so a resume reads the durable tier.
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ import json
 import os
 import random
 import shutil
+import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +51,11 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.tensor import DTensor
 
 COMMITTED = "COMMITTED"
+NODE_DONE = "NODE_DONE"  # a node-local fast tier: this node's part of the checkpoint is written
+COPIED = ".copied"  # in a durable checkpoint being assembled: one marker per node copied
+# How long rank 0 waits for the other nodes' copies before it gives the checkpoint up (a node
+# that died mid-copy): the durable tier then keeps its previous checkpoint.
+NODE_COPY_TIMEOUT_S = 1800.0
 TRAIN_STATE = "train_state.json"
 PREFIX = "step-"
 # Optimizer state keyed by parameter FQN, not by param-group index: pipeline stages hold
@@ -56,16 +72,63 @@ def step_of(d: Path) -> int | None:
     return int(tail) if d.name.startswith(PREFIX) and tail.isdigit() else None
 
 
-def committed_steps(tier: Path) -> list[tuple[int, Path]]:
-    """Committed checkpoints in a tier, oldest first."""
+def committed_steps(tier: Path, marker: str = COMMITTED) -> list[tuple[int, Path]]:
+    """Committed checkpoints in a tier (or, with NODE_DONE, a node's finished parts), oldest
+    first."""
     if not tier.is_dir():
         return []
     out = []
     for d in tier.iterdir():
         step = step_of(d)
-        if step is not None and (d / COMMITTED).exists():
+        if step is not None and (d / marker).exists():
             out.append((step, d))
     return sorted(out)
+
+
+class TierError(ValueError):
+    """The checkpoint tiers cannot work as given (every rank finds the same, at start-up)."""
+
+
+def this_node() -> str:
+    """The node this rank runs on: the launcher's SENTINEL_NODE, else the host name."""
+    return os.environ.get("SENTINEL_NODE") or socket.gethostname()
+
+
+def expand_node(path: Path, node: str) -> Path:
+    """`{node}` in a fast-tier path names this rank's node (one directory per node)."""
+    return Path(str(path).replace("{node}", node)) if "{node}" in str(path) else path
+
+
+@dataclass(frozen=True)
+class TierLayout:
+    """Where the gang's nodes are and whether they share the fast tier."""
+
+    node: str
+    nodes: tuple[str, ...]  # distinct, in rank order
+    leader: bool  # this rank is its node's first: it marks, copies and prunes the node's part
+    shared: bool  # every node sees the same fast-tier directory
+
+    @classmethod
+    def probe(cls, local: Path, node: str, pg: dist.ProcessGroup) -> TierLayout:
+        """Each node's first rank leaves a file in the fast tier; rank 0 sees all of them only
+        if the tier is shared."""
+        names: list[Any] = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(names, node, group=pg)
+        nodes = tuple(dict.fromkeys(names))
+        leader = names.index(node) == dist.get_rank(pg)
+        if len(nodes) == 1:
+            return cls(node, nodes, leader, shared=True)
+        probes = local / ".nodes"
+        if leader:
+            probes.mkdir(parents=True, exist_ok=True)
+            (probes / node).touch()
+        dist.barrier(group=pg)
+        verdict = [all((probes / n).exists() for n in nodes)]
+        dist.broadcast_object_list(verdict, src=0, group=pg)
+        dist.barrier(group=pg)
+        if leader:
+            (probes / node).unlink(missing_ok=True)
+        return cls(node, nodes, leader, shared=bool(verdict[0]))
 
 
 def resolve_resume(spec: str, tiers: list[Path]) -> Path | None:
@@ -100,6 +163,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _supersede(tier: Path, step: int, marker: str) -> None:
+    """Delete a tier's torn step directories (no `marker`); set aside those after `step`."""
+    if not tier.is_dir():
+        return
+    for d in sorted(tier.glob(f"{PREFIX}*")):
+        d_step = step_of(d)
+        if not (d / marker).exists():
+            shutil.rmtree(d, ignore_errors=True)
+        elif d_step is None or d_step > step:
+            aside = tier / "superseded"
+            aside.mkdir(exist_ok=True)
+            d.rename(aside / f"{d.name}.{os.getpid()}")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -170,40 +247,64 @@ class _Pending:
     step: int
     path: Path
     future: Future[Any] | None
+    blocked_s: float = 0.0  # training time this save held up so far
+
+
+# Told (step, seconds the save held up training, its directory) once a checkpoint is committed.
+OnCommit = Callable[[int, float, Path], None]
 
 
 class CheckpointManager:
     """One per rank. All ranks call save/poll/finish at the same step boundaries."""
 
-    def __init__(self, local: Path, durable: Path | None, keep: int, rank: int) -> None:
-        self.local, self.durable, self.keep, self.rank = local, durable, keep, rank
+    def __init__(
+        self, local: Path, durable: Path | None, keep: int, rank: int, node: str | None = None
+    ) -> None:
+        node = node or this_node()
+        self.local, self.durable, self.keep, self.rank = (
+            expand_node(local, node),
+            durable,
+            keep,
+            rank,
+        )
         # A dedicated gloo group: the background write's collectives never interleave with
         # training collectives on the default group.
         self.pg = dist.new_group(backend="gloo")
+        self.layout = TierLayout.probe(self.local, node, self.pg)
+        if not self.layout.shared and durable is None:
+            raise TierError(
+                f"the fast tier {local} is node-local (nodes {', '.join(self.layout.nodes)} do "
+                "not share it): a resume needs every node's part, so give a --durable-dir"
+            )
         self._pending: _Pending | None = None
         self._copier: threading.Thread | None = None
         self._stager = _ReusedBufferStager()
         self._staging: Future[None] | None = None
         self._stall_s: float | None = None
+        # Called on rank 0 once COMMITTED is written: only then can a restart resume from it.
+        self.on_commit: OnCommit | None = None
 
     def tiers(self) -> list[Path]:
         return [self.local] + ([self.durable] if self.durable else [])
 
+    @property
+    def node_local(self) -> bool:
+        return not self.layout.shared
+
     def supersede_after(self, step: int) -> None:
-        """Before training from `step`: torn dirs are deleted, later committed ones set aside."""
+        """Before training from `step`: torn dirs are deleted, later committed ones set aside.
+        Rank 0 tends the shared tiers; on node-local disks each node's first rank its own."""
+        if self.node_local and self.layout.leader:
+            _supersede(self.local, step, NODE_DONE)
         if self.rank == 0:
-            for tier in self.tiers():
-                if not tier.is_dir():
-                    continue
-                for d in sorted(tier.glob(f"{PREFIX}*")):
-                    d_step = step_of(d)
-                    later = d_step is None or d_step > step
-                    if not (d / COMMITTED).exists():
-                        shutil.rmtree(d, ignore_errors=True)
-                    elif later:
-                        aside = tier / "superseded"
-                        aside.mkdir(exist_ok=True)
-                        d.rename(aside / f"{d.name}.{os.getpid()}")
+            if not self.node_local:
+                _supersede(self.local, step, COMMITTED)
+            if self.durable is not None:
+                # Every rank is at the barrier below, so no node's copy is running: parts of a
+                # durable checkpoint a crash left unassembled go.
+                for partial in self.durable.glob(f".{PREFIX}*.partial"):
+                    shutil.rmtree(partial, ignore_errors=True)
+                _supersede(self.durable, step, COMMITTED)
         dist.barrier(group=self.pg)
 
     def save(
@@ -228,7 +329,7 @@ class CheckpointManager:
         state = {"model": model_sd, "optim": optim_sd}
         if sync:
             dcp.save(state, checkpoint_id=str(path), process_group=self.pg)
-            self._pending = _Pending(step, path, None)
+            self._pending = _Pending(step, path, None, time.perf_counter() - t0)
             self._commit()
         else:
             resp = dcp.async_save(
@@ -236,7 +337,8 @@ class CheckpointManager:
             )
             assert isinstance(resp, AsyncSaveResponse), "a Future-returning stager gives both"
             self._staging = resp.staging_completion
-            self._pending = _Pending(step, path, resp.upload_completion)
+            blocked = time.perf_counter() - t0
+            self._pending = _Pending(step, path, resp.upload_completion, blocked)
         return t1 - t0, time.perf_counter() - t1
 
     def wait_staged(self) -> None:
@@ -245,7 +347,10 @@ class CheckpointManager:
             t0 = time.perf_counter()
             self._staging.result()
             self._staging = None
-            self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
+            stall = time.perf_counter() - t0
+            self._stall_s = (self._stall_s or 0.0) + stall
+            if self._pending is not None:
+                self._pending.blocked_s += stall
 
     def take_stall(self) -> float | None:
         """Seconds the last step waited for staging (None when it did not wait)."""
@@ -272,34 +377,77 @@ class CheckpointManager:
         assert p is not None
         self._pending = None
         if p.future is not None:
+            # Each rank's save returns only after every rank's write landed and rank 0 wrote
+            # .metadata (DCP's last step is a collective).
             p.future.result()
+        if self.node_local:
+            if self.layout.leader:
+                _write_atomic(p.path / NODE_DONE, json.dumps({"step": p.step}))
+                self._start_copy(self._copy_node_part, p)
+                self._prune(self.local, NODE_DONE)
+            return
         if self.rank != 0:
             return
-        # Rank 0's save returns only after every rank's write landed and .metadata was written.
         _write_atomic(p.path / COMMITTED, json.dumps({"step": p.step}))
-        if self._copier is not None:
-            self._copier.join()
+        self._report(p.step, p.blocked_s, p.path)
         if self.durable is not None:
-            self._copier = threading.Thread(
-                target=self._copy_durable, args=(p.path,), name="ckpt-durable", daemon=True
-            )
-            self._copier.start()
+            self._start_copy(self._copy_durable, p)
         self._prune(self.local)
 
-    def _copy_durable(self, src: Path) -> None:
+    def _start_copy(self, copy: Any, p: _Pending) -> None:
+        if self._copier is not None:
+            self._copier.join()
+        self._copier = threading.Thread(
+            target=copy, args=(p.path, p.step, p.blocked_s), name="ckpt-durable", daemon=True
+        )
+        self._copier.start()
+
+    def _copy_durable(self, src: Path, step: int, blocked_s: float) -> None:
+        """A shared fast tier: rank 0 copies the whole checkpoint, then commits the copy."""
         assert self.durable is not None
         self.durable.mkdir(parents=True, exist_ok=True)
-        dst = self.durable / src.name
         tmp = self.durable / f".{src.name}.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(COMMITTED))
+        self._commit_durable(tmp, src.name, step)
+
+    def _copy_node_part(self, src: Path, step: int, blocked_s: float) -> None:
+        """A node-local fast tier: this node's files join the checkpoint being assembled in the
+        durable tier; rank 0 commits it once every node's part is there."""
+        assert self.durable is not None
+        tmp = self.durable / f".{src.name}.partial"
+        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(NODE_DONE), dirs_exist_ok=True)
+        (tmp / COPIED).mkdir(exist_ok=True)
+        (tmp / COPIED / self.layout.node).touch()
+        if self.rank != 0:
+            return
+        deadline = time.monotonic() + NODE_COPY_TIMEOUT_S
+        while not all((tmp / COPIED / n).exists() for n in self.layout.nodes):
+            if time.monotonic() > deadline:
+                print(f"checkpoint step {step}: not every node copied its part to "
+                      f"{self.durable} in {NODE_COPY_TIMEOUT_S:.0f} s; not committed",
+                      flush=True)  # fmt: skip
+                return
+            time.sleep(0.1)
+        shutil.rmtree(tmp / COPIED)
+        self._commit_durable(tmp, src.name, step)
+        # Only now can a restart resume from it (nothing resumes from a node-local part).
+        self._report(step, blocked_s, self.durable / src.name)
+
+    def _report(self, step: int, blocked_s: float, path: Path) -> None:
+        if self.on_commit is not None:
+            self.on_commit(step, blocked_s, path)
+
+    def _commit_durable(self, tmp: Path, name: str, step: int) -> None:
+        assert self.durable is not None
+        dst = self.durable / name
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)
-        _write_atomic(dst / COMMITTED, (src / COMMITTED).read_text())
+        _write_atomic(dst / COMMITTED, json.dumps({"step": step}))
         self._prune(self.durable)
 
-    def _prune(self, tier: Path) -> None:
-        for _, d in committed_steps(tier)[: -self.keep]:
+    def _prune(self, tier: Path, marker: str = COMMITTED) -> None:
+        for _, d in committed_steps(tier, marker)[: -self.keep]:
             shutil.rmtree(d, ignore_errors=True)
 
     def load(self, path: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

@@ -104,7 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--out", type=Path, required=True, help="run dir: metrics.jsonl, ckpt/, faults/")
     a("--data-dir", type=Path, default=None, help="corpus dir (default OUT/data)")
-    a("--ckpt-dir", type=Path, default=None, help="fast checkpoint tier (default OUT/ckpt)")
+    a(
+        "--ckpt-dir",
+        type=Path,
+        default=None,
+        help="fast checkpoint tier (default OUT/ckpt); node-local disks are detected, and "
+        "'{node}' in the path names this rank's node",
+    )
     a("--durable-dir", type=Path, default=None, help="durable tier, copied in the background")
     a("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     a("--keep", type=int, default=3, help="committed checkpoints kept per tier")

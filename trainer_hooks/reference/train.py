@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
 from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
-from trainer_hooks.reference.checkpoint import resolve_resume
+from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
 from trainer_hooks.reference.faults import load_faults
@@ -168,6 +168,12 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
         cfg.out.mkdir(parents=True, exist_ok=True)
         out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
     hooks = build_hooks(job)
+    # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed), not
+    # when a save starts: only a committed checkpoint can be resumed from, so "steps since the
+    # last checkpoint" counts the steps a restart now would really lose.
+    job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
+        step, blocked_s=blocked_s, path=str(path)
+    )
     # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on the
     # same clock can place them): the process was running its code from `main_at`, the
     # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
@@ -176,9 +182,9 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
     _emit({"launch": launch}, out)
     try:
         train_loop(job, out, hooks)
+        job.ckpt.finish()  # commits the last save while the hooks can still report it
     finally:
         hooks.close()
-    job.ckpt.finish()
     digest = param_digest(job.model, job.mesh)
     _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
     if out and cfg.digest_out:
@@ -191,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv, world)
         faults = load_faults(cfg.fault_file, cfg.fault_flags)
-        tiers = [cfg.ckpt_dir] + ([cfg.durable_dir] if cfg.durable_dir else [])
+        tiers = [expand_node(cfg.ckpt_dir, this_node())]
+        tiers += [cfg.durable_dir] if cfg.durable_dir else []
         resume = resolve_resume(cfg.resume_from, tiers) if cfg.resume_from else None
     except (ConfigError, InputError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     started = {"main_at": main_at, "rendezvous_s": time.time() - rendezvous_at}
     try:
         train(cfg, resume, faults, started)
-    except interleave.ScheduleMismatchError as e:  # raised on every rank together
+    except (interleave.ScheduleMismatchError, TierError) as e:  # raised on every rank together
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
