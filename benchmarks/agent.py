@@ -161,7 +161,7 @@ def measure_agent_cpu(seconds: float, scrape_every_s: float = 15.0) -> dict[str,
     """CPU share of one core used by a real agent process at a 1 s collection interval."""
     import psutil
 
-    from sentinel.sim.fleet import free_port
+    from sentinel.processes import free_port, stop_process
 
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-agent-") as tmp:
@@ -184,8 +184,7 @@ def measure_agent_cpu(seconds: float, scrape_every_s: float = 15.0) -> dict[str,
                 time.sleep(0.2)
             cpu1, t1 = sum(agent.cpu_times()[:2]), time.monotonic()
         finally:
-            proc.terminate()
-            proc.wait(10)
+            stop_process(proc, 10.0)
     return {
         "cpu_core_fraction": round((cpu1 - cpu0) / (t1 - t0), 5),
         "cpu_measured_s": round(t1 - t0, 1),

@@ -29,7 +29,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from stats import percentile_ms
 from sentinel.coordinator.auth import Role, TokenStore
 from sentinel.coordinator.service import STORE_FILE
 from sentinel.coordinator.store import Store, wal_path
+from sentinel.processes import free_port, stop_process
 from sentinel.protocol import new_id
 
 TARGET_NODES = 2048
@@ -259,12 +259,6 @@ class _LargestFile(threading.Thread):
                 return
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
@@ -279,7 +273,7 @@ def main() -> None:
     sizes = [int(n) for n in args.sizes.split(",")]
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
     token, node_tokens = _make_tokens(state, max(sizes))
-    port, ingest = _free_port(), _free_port()  # the API, and the fleet's ingest listener
+    port, ingest = free_port(), free_port()  # the API, and the fleet's ingest listener
     url = f"http://127.0.0.1:{port}"
     coord = subprocess.Popen(
         [
@@ -353,8 +347,7 @@ def main() -> None:
             if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
                 break
     finally:
-        coord.terminate()
-        coord.wait(10)
+        stop_process(coord, 10.0)
     ok = [s for s in steps if _holds(s)]
     at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
     print(

@@ -65,6 +65,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sentinel.processes import free_port
 from trainer_hooks import HooksConfig, SentinelHooks
 from trainer_hooks.interleave import schedule, twin
 
@@ -526,11 +527,7 @@ def main() -> None:
     if args.reference_block < 1 or args.whole_run_pairs < 0:
         p.error("--reference-block must be >= 1 and --whole-run-pairs >= 0")
     load_start = os.getloadavg()
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = f"{tmp}/times.json"
         mp.spawn(rank_main, args=(2, port, args, out), nprocs=2)

@@ -23,6 +23,4 @@ def coord(tmp_path: Path) -> Iterator[Coordinator]:
     c = Coordinator(tmp_path / "state")
     c.start()
     yield c
-    if c.proc and c.proc.poll() is None:
-        c.proc.terminate()
-        c.proc.wait(10)
+    c.stop()

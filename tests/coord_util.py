@@ -20,6 +20,7 @@ from aiohttp import web
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
 from sentinel.coordinator.front import IDLE_CLOSE_S, IngestListener
+from sentinel.processes import free_port, stop_process
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     Event,
@@ -30,7 +31,6 @@ from sentinel.protocol import (
     XidPayload,
     make_event,
 )
-from sentinel.sim.fleet import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = [sys.executable, "-m", "sentinel"]
@@ -109,6 +109,9 @@ class Coordinator:
             except (urllib.error.URLError, ConnectionError):
                 time.sleep(0.1)
         raise RuntimeError("coordinator did not start")
+
+    def stop(self) -> None:
+        stop_process(self.proc, 10.0)
 
     def token(self, *args: str) -> str:
         out = subprocess.run(

@@ -20,8 +20,8 @@ from fake_nvml import FakeGpu, build_library
 from fake_nvml.agent import FakeNvmlAgent, wait_until
 from test_agent_service import StandInCoordinator
 
+from sentinel.processes import free_port
 from sentinel.protocol import EventKind
-from sentinel.sim.fleet import free_port
 
 HUNG = "nvmlDeviceGetPowerUsage"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.processes import free_port
 from sentinel.protocol import (
     AgentHeartbeatPayload,
     Event,
@@ -25,7 +26,7 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.sim.fleet import AgentProcess, SimFleet, free_port
+from sentinel.sim.fleet import AgentProcess, SimFleet
 
 
 class Ingest(BaseHTTPRequestHandler):

@@ -41,9 +41,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Coordinato
         yield c
     finally:
         mp.undo()
-        if c.proc and c.proc.poll() is None:
-            c.proc.terminate()
-            c.proc.wait(10)
+        c.stop()
 
 
 def _admin(c: Coordinator) -> str:

@@ -49,9 +49,7 @@ def slurm_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def coordinator(tmp_path: Path, slurm_env: Path) -> Iterator[Coordinator]:
     c = Coordinator(tmp_path / "state")
     yield c
-    if c.proc and c.proc.poll() is None:
-        c.proc.terminate()
-        c.proc.wait(10)
+    c.stop()
 
 
 def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from sentinel.dashboards import build_all
-from sentinel.sim.fleet import free_port
+from sentinel.processes import free_port
 
 TOKEN = "glsa_test_token"
 

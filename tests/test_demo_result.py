@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.demo.account import time_account
-from sentinel.demo.inject import CheckpointSave, Launch, StepLine
 from sentinel.demo.result import Evidence, Generation, Strike, Timing, build_result, goodput_input
 from sentinel.scenario import Scenario
+from sentinel.sim.inject import CheckpointSave, Launch, StepLine
 
 T0 = 1000.0
 

@@ -20,7 +20,8 @@ import yaml
 from system_deps import require_command
 
 from sentinel.config import load_config
-from sentinel.sim.fleet import SimFleet, free_port
+from sentinel.processes import free_port
+from sentinel.sim.fleet import SimFleet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

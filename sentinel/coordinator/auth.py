@@ -49,20 +49,14 @@ class Principal:
         if self.role == Role.ADMIN:
             return None
         if self.role == Role.NODE:
-            if event.source.node != self.node:
-                return (
-                    f"event {event.id}: a node token for {self.node!r} cannot report as node"
-                    f" {event.source.node!r}"
-                )
+            mine, said, scope = self.node, event.source.node, "as node"
+        elif self.role == Role.JOB:
+            mine, said, scope = self.job, event.source.job, "for job"
+        else:
+            return f"role {self.role} cannot report events"
+        if said == mine:
             return None
-        if self.role == Role.JOB:
-            if event.source.job != self.job:
-                return (
-                    f"event {event.id}: a job token for {self.job!r} cannot report for job"
-                    f" {event.source.job!r}"
-                )
-            return None
-        return f"role {self.role} cannot report events"
+        return f"event {event.id}: a {self.role} token for {mine!r} cannot report {scope} {said!r}"
 
     def may_report_all(self, events: list[Event]) -> str | None:
         """None when every event is allowed, else why the first one that is not is refused."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -126,38 +127,30 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         p = "sentinel_coordinator_"
-        self.events = Counter(f"{p}events", "events ingested", ["result"], registry=r)
+        counter, gauge = partial(Counter, registry=r), partial(Gauge, registry=r)
+        self.events = counter(f"{p}events", "events ingested", ["result"])
         # Children looked up once: every acknowledged batch counts into them.
         self._accepted = self.events.labels(result="accepted")
         self._duplicates = self.events.labels(result="duplicate")
-        self.batches = Counter(f"{p}batches", "event batches acknowledged", registry=r)
-        self.rejected = Counter(f"{p}rejected_batches", "batches refused", ["code"], registry=r)
-        self.pruned = Counter(
-            f"{p}events_pruned",
-            "events deleted past the retention (events an incident holds are kept)",
-            registry=r,
-        )
+        self.batches = counter(f"{p}batches", "event batches acknowledged")
+        self.rejected = counter(f"{p}rejected_batches", "batches refused", ["code"])
+        kept = "events an incident holds are kept"
+        self.pruned = counter(f"{p}events_pruned", f"events deleted past the retention ({kept})")
         self.ack_seconds = Histogram(
             f"{p}ack_seconds",
             "from a received batch to its durable ack (decoding, checks and commit)",
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
         )
-        self.incidents = Gauge(f"{p}incidents", "incidents by state", ["state"], registry=r)
-        self.actions = Gauge(f"{p}actions", "playbook actions by state", ["state"], registry=r)
-        self.nodes = Gauge(f"{p}nodes", "known nodes by state", ["state"], registry=r)
-        self.jobs = Gauge(f"{p}jobs", "jobs by state", ["state"], registry=r)
-        self.budget = Gauge(
-            f"{p}eviction_budget_remaining",
-            "evictions still allowed in the current window",
-            registry=r,
+        self.incidents = gauge(f"{p}incidents", "incidents by state", ["state"])
+        self.actions = gauge(f"{p}actions", "playbook actions by state", ["state"])
+        self.nodes = gauge(f"{p}nodes", "known nodes by state", ["state"])
+        self.jobs = gauge(f"{p}jobs", "jobs by state", ["state"])
+        self.budget = gauge(
+            f"{p}eviction_budget_remaining", "evictions still allowed in the current window"
         )
-        self.store_bytes = Gauge(
-            f"{p}store_bytes",
-            "size of the store's files: the SQLite database and its write-ahead log",
-            ["file"],
-            registry=r,
-        )
+        files = "the SQLite database and its write-ahead log"
+        self.store_bytes = gauge(f"{p}store_bytes", f"size of the store's files: {files}", ["file"])
         self.history = IncidentHistory()
         r.register(self.history)
         self.gc_pauses = GcPauses()

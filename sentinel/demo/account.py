@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sentinel.demo.inject import CheckpointSave, Launch, StepLine
+from sentinel.sim.inject import CheckpointSave, Launch, StepLine
 
 CATEGORIES = ("productive", "rollback", "detection", "repair", "checkpoint", "burnin", "startup")
 REPAIR_STAGES = ("stop", "relaunch", "rendezvous", "checkpoint_load", "build")

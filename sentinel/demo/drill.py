@@ -16,7 +16,6 @@ from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
 from sentinel.demo.account import time_account
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings
-from sentinel.demo.inject import CheckpointSave, MetricsTail
 from sentinel.demo.quick import quick, summary
 from sentinel.demo.reference import reference_run
 from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
@@ -31,6 +30,7 @@ from sentinel.demo.run import (
 )
 from sentinel.demo.slurm import SlurmDemo, add_slurm_facts
 from sentinel.scenario import Scenario
+from sentinel.sim.inject import CheckpointSave, MetricsTail
 
 
 def skip_list(incidents: list[dict[str, Any]]) -> list[tuple[int, int]]:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.sim.inject import Polling
+
 
 class CoordinatorClient:
     def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
@@ -50,7 +52,7 @@ class Seen:
         return gen
 
 
-class Observer(threading.Thread):
+class Observer(Polling):
     """Polls incidents, actions and the job every `interval_s`; reports changes through
     `on_change(kind, target, text, ref=...)` where kind is a timeline kind and `ref` names the
     incident a detection is about."""
@@ -63,27 +65,14 @@ class Observer(threading.Thread):
         on_change: Callable[..., None],
         interval_s: float = 0.25,
     ) -> None:
-        super().__init__(name="demo-observer", daemon=True)
+        super().__init__("demo-observer", interval_s, join_s=15)
         self.client, self.job_id, self.t0 = client, job_id, t0
         self.on_change = on_change
-        self.interval_s = interval_s
         self.seen = Seen()
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            while not self.stopping.is_set():
-                self.poll()
-                self.stopping.wait(self.interval_s)
-            self.poll()
-        except BaseException as e:  # surfaced by the orchestrator after join()
-            self.error = e
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(15)
+    def tick(self) -> None:
+        self.poll()
 
     def refresh_details(self) -> None:
         """Fetch every incident's full document once more (their final state and actions)."""

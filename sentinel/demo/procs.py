@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.demo.observe import CoordinatorClient
-from sentinel.sim.fleet import free_port
+from sentinel.processes import free_port, spawn, stop_process, wait_ready
 
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
@@ -27,20 +25,6 @@ COORDINATOR_ENV = {
     "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "16",
     "SENTINEL_COORDINATOR__EVICTION__MIN_FLEET": "1",
 }
-
-
-def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float = 15.0) -> int | None:
-    """SIGTERM, wait, then SIGKILL: every process the demo started ends here."""
-    if proc is None:
-        return None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 @dataclass
@@ -60,18 +44,10 @@ class CoordinatorProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cmd = [*SENTINEL, "--log-format", "json", "coordinator", "--listen",
                f"{self.host}:{self.port}", "--state-dir", str(self.state_dir)]  # fmt: skip
-        with self.log_file.open("ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, env={**os.environ, **COORDINATOR_ENV, **self.env}, stdout=log, stderr=log
-            )
+        self.proc = spawn(cmd, env={**os.environ, **COORDINATOR_ENV, **self.env}, log=self.log_file)
         client = CoordinatorClient(self.url, "")
-        deadline = time.monotonic() + timeout_s
-        while not client.healthy():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"coordinator exited: {self.log_file.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"coordinator not ready in {timeout_s}s")
-            time.sleep(0.1)
+        wait_ready(client.healthy, self.proc, what="coordinator", log=self.log_file,
+                   timeout_s=timeout_s)  # fmt: skip
 
     def admin_token(self) -> str:
         return (self.state_dir / "admin.token").read_text().strip()
@@ -88,7 +64,7 @@ class CoordinatorProcess:
         return path
 
     def stop(self) -> int | None:
-        return stop_process(self.proc)
+        return stop_process(self.proc, 15.0)
 
 
 @dataclass
@@ -105,13 +81,12 @@ class SupervisorProcess:
         env.update(self.env)
         # `sentinel fr analyze` (the supervisor's analyzer) from this installation.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        with self.log_file.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [*SENTINEL, "--log-format", "json", *self.argv], env=env, stdout=log, stderr=log
-            )
+        self.proc = spawn(
+            [*SENTINEL, "--log-format", "json", *self.argv], env=env, log=self.log_file
+        )
 
     def poll(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self) -> int | None:
-        return stop_process(self.proc, timeout_s=30.0)
+        return stop_process(self.proc, 30.0)

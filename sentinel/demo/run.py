@@ -21,7 +21,12 @@ import yaml
 
 from sentinel.config import AgentConfig
 from sentinel.demo.data import StepPoint, TimelineEntry
-from sentinel.demo.inject import (
+from sentinel.demo.observe import CoordinatorClient, Observer
+from sentinel.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
+from sentinel.demo.result import Strike, Timing
+from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
+from sentinel.sim.fleet import SimFleet
+from sentinel.sim.inject import (
     Follower,
     Injection,
     Injector,
@@ -29,11 +34,6 @@ from sentinel.demo.inject import (
     MetricsTail,
     StepLine,
 )
-from sentinel.demo.observe import CoordinatorClient, Observer
-from sentinel.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
-from sentinel.demo.result import Strike, Timing
-from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
-from sentinel.sim.fleet import SimFleet
 
 JOB = "demo"
 # A tiny model: about 0.3 s per step for 8 ranks on 2 CPU cores.

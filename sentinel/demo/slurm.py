@@ -13,14 +13,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sentinel.demo.observe import Observer
 from sentinel.demo.procs import SENTINEL, CoordinatorProcess
 from sentinel.demo.run import AGENT_INTERVAL_S, Demo
-from sentinel.sim.fleet import AgentProcess, SimFleet, free_port
+from sentinel.processes import free_rendezvous_port
+from sentinel.sim.cluster import ClusterFleet, node_fr_dir
+from sentinel.sim.fleet import SimFleet
 from sentinel.slurm.cluster import NodeState, SlurmCluster
 
 _INCIDENT = re.compile(r"\[incident (\d+)\]")
@@ -29,40 +32,10 @@ _INCIDENT = re.compile(r"\[incident (\d+)\]")
 LINE_RATE_MBIT = 1000.0
 
 
-class ClusterFleet(SimFleet):
-    """Simulated-GPU agents, each inside its Slurm node's namespace, on its node's address."""
-
-    def __init__(
-        self, cluster: SlurmCluster, workdir: Path, names: list[str], gpus: int, interval_s: float
-    ) -> None:
-        super().__init__(workdir, names, gpus, interval_s)
-        self.cluster = cluster
-        for name, agent in self.agents.items():
-            agent.host = cluster.host(name).addr
-
-    def launch(self, a: AgentProcess) -> list[str]:
-        return self.cluster.on_node(a.node_id, self.command(a))
-
-    def agent_env(self, a: AgentProcess) -> dict[str, str]:
-        return {"SENTINEL_AGENT__FR_DIR": str(node_fr_dir(self.workdir.parent, a.node_id))}
-
-
-def node_fr_dir(out: Path, node: str) -> Path:
-    """A node's own flight-recorder directory: nothing reads it but that node's agent."""
-    return out / "nodes" / node / "fr"
-
-
 class SlurmDemo(Demo):
-    def __init__(
-        self,
-        scenario: Any,
-        out: Path,
-        echo: Callable[[str], None],
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__(scenario, out, echo, progress)
-        self.cluster: SlurmCluster | None = None
-        self.final_states: dict[str, NodeState] = {}
+    # the cluster while `train` runs; the nodes' Slurm states as it was torn down
+    cluster: SlurmCluster | None = None
+    final_states: Mapping[str, NodeState] = MappingProxyType({})
 
     def coordinator(self) -> CoordinatorProcess:
         assert self.cluster is not None
@@ -121,7 +94,7 @@ class SlurmDemo(Demo):
                 "--quick", "--phases", "links", *outputs]  # fmt: skip
         env = {**self.cluster.env(), "SENTINEL_NODES": ",".join(nodes),
                "SENTINEL_GPUS_PER_NODE": str(fleet.gpus_per_node),
-               "MASTER_ADDR": self.cluster.host(nodes[0]).addr, "MASTER_PORT": str(free_port()),
+               "MASTER_ADDR": self.cluster.host(nodes[0]).addr, "MASTER_PORT": str(free_rendezvous_port()),
                "GLOO_SOCKET_IFNAME": self.cluster.iface, "OMP_NUM_THREADS": "1"}  # fmt: skip
         return srun, env
 
@@ -150,7 +123,7 @@ class SlurmDemo(Demo):
                 self.cluster = None
 
 
-def drained_by_incident(states: dict[str, NodeState]) -> dict[int, str]:
+def drained_by_incident(states: Mapping[str, NodeState]) -> dict[int, str]:
     """Which node each incident drained, from the reasons Slurm holds."""
     out = {}
     for node, st in states.items():
@@ -160,7 +133,7 @@ def drained_by_incident(states: dict[str, NodeState]) -> dict[int, str]:
     return out
 
 
-def add_slurm_facts(result: dict[str, Any], states: dict[str, NodeState]) -> dict[str, Any]:
+def add_slurm_facts(result: dict[str, Any], states: Mapping[str, NodeState]) -> dict[str, Any]:
     """The demo's result plus `fleet: "slurm"`, per fault the node drained in Slurm for its
     incident (`drained_node`, None when the repair drained nothing), and `slurm_nodes`."""
     drained = drained_by_incident(states)

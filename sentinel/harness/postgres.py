@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sentinel.sim.fleet import free_port
+from sentinel.processes import free_port
 
 SERVICE_USER = "postgres"
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from sentinel.processes import free_port, spawn, stop, wait_ready
 
 
 @dataclass
@@ -40,6 +34,14 @@ class AgentProcess:
     def get(self, path: str, timeout: float = 2.0) -> bytes:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as resp:
             return bytes(resp.read())
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers with JSON now."""
+        try:
+            json.loads(self.get("/healthz", timeout=0.5))
+        except OSError:
+            return False
+        return True
 
     def scrape(self) -> dict[str, list[tuple[dict[str, str], float]]]:
         """Samples by name, parsed with Prometheus' own text-format parser."""
@@ -111,22 +113,11 @@ class SimFleet:
             if token is not None:
                 env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
             env.update(self.agent_env(a))
-            with a.log_file.open("ab") as log:
-                a.proc = subprocess.Popen(self.launch(a), stderr=log, stdout=log, env=env)
+            a.proc = spawn(self.launch(a), env=env, log=a.log_file)
         deadline = time.monotonic() + timeout_s
         for a in self.agents.values():
-            while True:
-                try:
-                    json.loads(a.get("/healthz", timeout=0.5))
-                    break
-                except OSError:
-                    if a.proc is not None and a.proc.poll() is not None:
-                        raise RuntimeError(
-                            f"agent {a.node_id} exited: {a.log_file.read_text()[-2000:]}"
-                        ) from None
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"agent {a.node_id} not ready in {timeout_s}s") from None
-                    time.sleep(0.1)
+            wait_ready(a.healthy, a.proc, what=f"agent {a.node_id}", log=a.log_file,
+                       timeout_s=timeout_s, deadline=deadline)  # fmt: skip
 
     def inject(self, node: str, fault: dict[str, object]) -> None:
         from sentinel.agent.sim import inject
@@ -134,19 +125,8 @@ class SimFleet:
         inject(self.agents[node].faults_file, fault)
 
     def stop(self, timeout_s: float = 10.0) -> dict[str, int | None]:
-        codes: dict[str, int | None] = {}
-        for a in self.agents.values():
-            if a.proc is not None and a.proc.poll() is None:
-                a.proc.send_signal(signal.SIGTERM)
-        for a in self.agents.values():
-            if a.proc is None:
-                continue
-            try:
-                codes[a.node_id] = a.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                a.proc.kill()
-                codes[a.node_id] = a.proc.wait()
-        return codes
+        started = {a.node_id: a.proc for a in self.agents.values() if a.proc is not None}
+        return dict(zip(started, stop(list(started.values()), timeout_s), strict=True))
 
     def __enter__(self) -> SimFleet:
         self.start()

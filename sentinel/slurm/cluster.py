@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -26,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentinel.sim.fleet import free_port
+from sentinel.processes import free_port, spawn, stop_process
 from sentinel.slurm.network import IFACE, Bridge, Host
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "nsenter", "unshare", "ip")
@@ -152,7 +151,7 @@ class SlurmCluster:
 
     def stop_controller(self) -> None:
         """Stop slurmctld alone (the nodes keep running): Slurm's control plane is down."""
-        self._end(self._procs.pop("slurmctld"))
+        stop_process(self._procs.pop("slurmctld"), 10.0)
 
     def start_controller(self, timeout_s: float = 30.0) -> None:
         """Start slurmctld again from its saved state."""
@@ -163,16 +162,6 @@ class SlurmCluster:
                 raise TimeoutError(f"slurmctld not answering in {timeout_s}s")
             time.sleep(0.2)
 
-    @staticmethod
-    def _end(proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
     def stop(self) -> None:
         if not self._started:
             return
@@ -182,7 +171,7 @@ class SlurmCluster:
             subprocess.run(["scancel", "--full", "-u", "root"], env=self.env(),
                            capture_output=True, timeout=10)  # fmt: skip
         for name in sorted(self._procs, key=lambda n: n == "munged"):  # munge last
-            self._end(self._procs[name])
+            stop_process(self._procs[name], 10.0)
         self._procs.clear()
         self.bridge.down()
         if self._own_workdir:
@@ -197,11 +186,8 @@ class SlurmCluster:
     # --- the pieces --------------------------------------------------------------------------
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.dir / "log" / f"{name}.out").open("ab")
-        with log:
-            self._procs[name] = subprocess.Popen(
-                argv, stdout=log, stderr=log, env=self.env(), start_new_session=True
-            )
+        log = self.dir / "log" / f"{name}.out"
+        self._procs[name] = spawn(argv, env=self.env(), log=log, new_session=True)
 
     def _start_munge(self) -> None:
         """A munged of this cluster's own: a fresh 1 KiB key and a private socket."""

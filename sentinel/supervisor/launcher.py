@@ -10,28 +10,12 @@ only the launcher differs.
 from __future__ import annotations
 
 import os
-import random
-import signal
-import socket
 import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def free_master_port(low: int = 20000, high: int = 32000) -> int:
-    """A port free right now, below Linux's ephemeral range (32768+), where outgoing
-    connections would otherwise grab it between this check and the rank-0 store binding it."""
-    rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(low, high)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port in {low}-{high} for the gang's rendezvous")
+from sentinel.processes import spawn, stop
 
 
 @dataclass(frozen=True)
@@ -107,15 +91,7 @@ class LocalGang(Gang):
         return sum(p.poll() is None for p in self.procs)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(self.procs, grace_s, group=True)
         self._reported.update(range(len(self.procs)))
 
 
@@ -143,19 +119,9 @@ class LocalLauncher(Launcher):
                 sock = plan.rank_socket_template.format(node=node)
                 # the foundation's name and the trainer hooks' name for the same socket
                 env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
-            out = None
+            log = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                out = open(self.log_dir / f"g{plan.generation}-rank{rank}.log", "wb")  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    plan.argv,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT if out else None,
-                    start_new_session=True,
-                )
-            )
-            if out is not None:
-                out.close()
+                log = self.log_dir / f"g{plan.generation}-rank{rank}.log"
+            procs.append(spawn(plan.argv, env=env, log=log, append=False, new_session=True))
         return LocalGang(plan, procs)

@@ -28,6 +28,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
+from sentinel.processes import free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
     EventBatch,
@@ -41,7 +42,7 @@ from sentinel.protocol import (
     make_event,
 )
 from sentinel.protocol import JobState as ReportedState
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit, free_master_port
+from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor")
 _CKPT = re.compile(r"step[-_]?(\d+)")
@@ -159,11 +160,8 @@ class Supervisor:
         control_file: Path,
         exclude: frozenset[str] = frozenset(),
     ) -> None:
-        self.cfg = cfg
-        self.argv = argv
-        self.launcher = launcher
-        self.token = token
-        self.control_file = control_file
+        self.cfg, self.argv, self.launcher = cfg, argv, launcher
+        self.token, self.control_file = token, control_file
         names = launcher.node_names(cfg.nodes + cfg.spares)
         self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude, names)
         self.gang: Gang | None = None
@@ -360,7 +358,7 @@ class Supervisor:
             master_port=(
                 self.cfg.master_port + self.job.generation % 1000
                 if self.cfg.master_port is not None
-                else free_master_port()
+                else free_rendezvous_port()
             ),
             env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
             rank_socket_template=self.cfg.rank_socket_template,

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sentinel.processes import free_port
 from sentinel.protocol import Command, Event, decode_batch, encode
-from sentinel.sim.fleet import free_port
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]

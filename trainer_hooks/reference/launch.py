@@ -17,9 +17,7 @@ import contextlib
 import importlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,22 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sentinel.processes import free_rendezvous_port, spawn
+
 TRAIN_MODULE = "trainer_hooks.reference.train"
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768+), so that no connection's automatic
-    source port can take it between now and the moment rank 0 binds it."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 class ForkedRank:
@@ -147,7 +132,7 @@ def launch(
     With `fork`, `entry` (default: the module's `main`) is what each forked rank runs."""
     main = (entry or importlib.import_module(module).main) if fork else None
     log_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_rendezvous_port()
     node_of = node_of_rank or (lambda r: "node-0")
     local_counts: dict[str, int] = {}
     procs: list[Any] = []
@@ -180,15 +165,7 @@ def launch(
                 _forked_rank(main, list(args), e, log)
             procs.append(ForkedRank(pid))
             continue
-        with log.open("ab") as fh:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module, *args],
-                    env=e,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        procs.append(spawn([sys.executable, "-m", module, *args], env=e, log=log))
     return Gang(procs, logs)
 
 

@@ -216,15 +216,9 @@ class EventRow:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredEvent:
+class StoredEvent(EventRow):
     """A stored event with its payload, for trigger counts and diagnoses."""
 
-    id: str
-    kind: str
-    node: str | None
-    rank: int | None
-    job: str | None
-    ts: float
     payload: dict[str, Any]
 
 

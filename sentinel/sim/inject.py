@@ -170,7 +170,34 @@ class MarkerWatch:
         return new
 
 
-class Follower(threading.Thread):
+class Polling(threading.Thread):
+    """A daemon thread that calls `tick` every `interval_s` until stopped, and once more after;
+    an exception ends it and waits in `error` for the orchestrator, which checks after join."""
+
+    def __init__(self, name: str, interval_s: float, join_s: float) -> None:
+        super().__init__(name=name, daemon=True)
+        self.interval_s, self.join_s = interval_s, join_s
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                self.tick()
+                self.stopping.wait(self.interval_s)
+            self.tick()
+        except BaseException as e:  # surfaced by the orchestrator after join()
+            self.error = e
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(self.join_s)
+
+
+class Follower(Polling):
     """Polls the metrics file, feeds the injector and hands every step line to `on_line`."""
 
     def __init__(
@@ -182,21 +209,12 @@ class Follower(threading.Thread):
         on_tick: Callable[[], None] = lambda: None,
         interval_s: float = 0.1,
     ) -> None:
-        super().__init__(name="demo-follower", daemon=True)
+        super().__init__("demo-follower", interval_s, join_s=10)
         self.tail, self.injector = tail, injector
         self.on_line, self.on_inject, self.on_tick = on_line, on_inject, on_tick
-        self.interval_s = interval_s
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None
 
-    def run(self) -> None:
-        try:
-            while not self.stopping.is_set():
-                self.drain()
-                self.stopping.wait(self.interval_s)
-            self.drain()
-        except BaseException as e:  # surfaced by the orchestrator after join()
-            self.error = e
+    def tick(self) -> None:
+        self.drain()
 
     def drain(self) -> None:
         for line in self.tail.poll():
@@ -204,7 +222,3 @@ class Follower(threading.Thread):
             for inj in self.injector.on_step(line.step, self.tail.t0):
                 self.on_inject(inj)
         self.on_tick()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(10)

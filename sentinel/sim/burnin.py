@@ -1,4 +1,4 @@
-"""Spawn a simulated fleet on this machine: N nodes x G ranks as local gloo processes.
+"""A simulated burn-in fleet on this machine: N nodes x G ranks as local gloo processes.
 
 Each rank gets RANK/WORLD_SIZE/MASTER_* like torchrun would set, plus SENTINEL_NODE, its
 simulated node identity. No torch import here: the parent only launches and waits.
@@ -7,13 +7,11 @@ simulated node identity. No torch import here: the parent only launches and wait
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sentinel.sim.fleet import free_port
+from sentinel.processes import first_failure, free_port, spawn, stop
 
 
 def rank_env(
@@ -42,31 +40,13 @@ def spawn_fleet(
     """
     world, port = nodes * gpus_per_node, free_port()
     procs = [
-        subprocess.Popen(
-            list(cmd),
-            env=rank_env(r, world, f"node-{r // gpus_per_node}", r % gpus_per_node, port),
-        )
+        spawn(cmd, env=rank_env(r, world, f"node-{r // gpus_per_node}", r % gpus_per_node, port))
         for r in range(world)
     ]
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed or all(c == 0 for c in codes):
-                return failed[0] if failed else 0
-            if time.monotonic() > deadline:
-                return 124
-            time.sleep(0.1)
+        return first_failure(procs, timeout_s)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs, 10.0)
 
 
 def run_sim(nodes: int, gpus_per_node: int, settings_file: Path) -> int:
