@@ -15,6 +15,10 @@ from pathlib import Path
 import pytest
 from slurm_support import require_cluster
 
+from sentinel.demo.slurm import SlurmDemo
+from sentinel.scenario import Scenario
+from sentinel.slurm.cluster import SlurmCluster
+
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SCENARIO = Path(__file__).parent / "slurm_drill.yaml"
 
@@ -64,3 +68,29 @@ def test_slurm_drill_repairs_three_faults_bit_identically(tmp_path: Path) -> Non
     netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f"sln{m.group(1)}" not in netns and f"slb{m.group(1)}" not in links
+
+
+@pytest.mark.timeout(300)
+def test_slurm_burnin_finds_a_link_held_down_by_tc(tmp_path: Path) -> None:
+    """The link fault on Slurm is a real one: every gang node's link held to the line rate by a
+    token bucket, node-2's to a quarter of it; the burn-in, a job step across the namespaces,
+    measures the links and keeps node-2 out."""
+    require_cluster()
+    scenario = Scenario.model_validate(
+        {"name": "link", "fleet": {"nodes": 3, "gpus_per_node": 1, "spares": 1},
+         "trainer": {"tp": 1, "pp": 1, "dp": 3, "steps": 10, "checkpoint_every": 5},
+         "faults": [{"kind": "link_degraded", "node": "node-2", "factor": 0.25}]}
+    )  # fmt: skip
+    demo = SlurmDemo(scenario, tmp_path / "out", echo=lambda _line: None)
+    demo.out.mkdir(parents=True)
+    with SlurmCluster(["node-0", "node-1", "node-2", "spare-0"]) as cluster:
+        demo.cluster = cluster
+        exclude = demo.burnin()
+        qdisc = subprocess.run(["tc", "qdisc", "show", "dev", cluster.host("node-2").veth],
+                               capture_output=True, text=True).stdout  # fmt: skip
+    assert exclude is not None and exclude.read_text().split() == ["node-2"]
+    assert "tbf" in qdisc and "250Mbit" in qdisc, qdisc
+    links = json.loads((demo.out / "burnin.json").read_text())["links"]
+    slow = [pair["gbps"] for pair in links if "node-2" in (pair["a"], pair["b"])]
+    fast = [pair["gbps"] for pair in links if "node-2" not in (pair["a"], pair["b"])]
+    assert slow and fast and max(slow) < 0.5 * min(fast), links
