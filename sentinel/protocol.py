@@ -579,3 +579,28 @@ def decode_command(raw: str | bytes | dict[str, Any]) -> Command:
 def encode(message: BaseModel) -> str:
     """Compact one-line JSON: what goes on a socket line or into a spool file."""
     return message.model_dump_json()
+
+
+# --- rank registration on a node agent's socket ----------------------------------------------
+
+
+class RankRegistration(_Strict):
+    """A training rank telling its node's agent which GPU it owns: the agent labels that GPU's
+    telemetry with the job and rank while the rank's connection is open. `gpu` is the NVML
+    index; without it the agent finds the GPU whose NVML process list holds `pid`."""
+
+    job: Identifier
+    rank: int = Field(ge=0)
+    gpu: int | None = Field(default=None, ge=0)
+    pid: int | None = Field(default=None, ge=1)
+    tp: int = Field(default=0, ge=0)  # the rank's coordinates in the tensor-, pipeline- and
+    pp: int = Field(default=0, ge=0)  # data-parallel groups
+    dp: int = Field(default=0, ge=0)
+
+
+def encode_registration(reg: RankRegistration) -> str:
+    """The registration's line on the rank socket: `{"v": 1, "register": {...}}`."""
+    return json.dumps(
+        {"v": PROTOCOL_VERSION, "register": reg.model_dump(exclude_none=True)},
+        separators=(",", ":"),
+    )

@@ -14,6 +14,9 @@ from fake_nvml import FakeGpu, build_library
 from fake_nvml.agent import FakeNvmlAgent, wait_until
 from system_deps import require_command
 
+from sentinel.protocol import RankRegistration, encode_registration
+from trainer_hooks.transport import AgentTransport
+
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "deploy" / "prometheus"
 
@@ -75,3 +78,26 @@ def test_the_job_join_in_prometheus() -> None:
         cwd=PROM, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_hooks_transport_registers_and_registers_again_after_an_agent_restart(
+    tmp_path: Path, lib: Path
+) -> None:
+    """The trainer hooks' own transport sends the registration first on every connection: when
+    the agent restarts (its registrations gone with it), the rank's label comes back."""
+    gpus = [FakeGpu(index=i) for i in range(2)]
+    reg = RankRegistration(job="llm", rank=3, gpu=1, tp=1, pp=0, dp=1)
+    transport = AgentTransport(tmp_path / "agent.sock", reconnect_s=0.1)
+    transport.register(encode_registration(reg))
+    transport.start()
+    want = [{"node": "gpu-node-1", "gpu": "1", "job": "llm", "rank": "3", "tp": "1", "pp": "0",
+             "dp": "1"}]  # fmt: skip
+    try:
+        for _ in range(2):  # the agent, then the agent started again
+            agent = FakeNvmlAgent(tmp_path, lib, gpus, args=["--kmsg", "off"])
+            try:
+                wait_until(lambda a=agent: _owners(a) == want, what="the rank's registration")
+            finally:
+                assert agent.stop() == 0, agent.log()
+    finally:
+        transport.stop()

@@ -40,10 +40,12 @@ from sentinel.protocol import (
     RankCheckpointPayload,
     RankFrDumpPayload,
     RankHangPayload,
+    RankRegistration,
     RankSdcPayload,
     RankStepPayload,
     RankStragglerPayload,
     Source,
+    encode_registration,
     make_event,
 )
 from trainer_hooks import mfu, sdc, timing
@@ -244,6 +246,25 @@ class SentinelHooks:
             return
         payload = RankCheckpointPayload(step=step, blocked_s=blocked_s, path=path)
         self._send(EventKind.RANK_CHECKPOINT, payload)
+
+    def register_rank(
+        self, *, tp: int = 0, pp: int = 0, dp: int = 0, gpu: int | None = None
+    ) -> None:
+        """Tell the node's agent which GPU this rank owns and where the rank sits in the
+        parallel groups, so the GPU's telemetry carries the job and rank while the rank runs.
+        On a GPU the agent finds it by this process's pid in NVML's process list (the device
+        index CUDA sees need not be NVML's); pass `gpu` (NVML's index) to name it instead. On
+        CPU (simulated GPUs) the rank's LOCAL_RANK names it."""
+        if not self.config.enabled:
+            return
+        on_gpu = self.device.type == "cuda"
+        if gpu is None and not on_gpu:
+            gpu = int(os.environ.get("LOCAL_RANK", "0"))
+        reg = RankRegistration(
+            job=self.source.job or "local", rank=self.rank, gpu=gpu,
+            pid=os.getpid() if on_gpu else None, tp=tp, pp=pp, dp=dp,
+        )  # fmt: skip
+        self.transport.register(encode_registration(reg))
 
     def request_sdc_check(self) -> None:
         """Run the SDC check at the next exchange (all ranks together)."""

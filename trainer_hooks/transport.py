@@ -72,6 +72,10 @@ class AgentTransport:
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._rbuf = b""
+        # The rank's registration line: sent first on every connection (the agent keeps it
+        # only while the connection lasts), and at once when it is set on an open one.
+        self._hello: bytes | None = None
+        self._hello_due = False
         self._handlers: list[CommandHandler] = []
         self._thread: threading.Thread | None = None
         self.dropped = 0
@@ -149,6 +153,12 @@ class AgentTransport:
             self._wake()
             time.sleep(0.01)
 
+    def register(self, line: str) -> None:
+        """Announce this rank to the agent (a `sentinel.protocol.encode_registration` line)."""
+        self._hello = (line + "\n").encode()
+        self._hello_due = True
+        self._wake()
+
     def _wake(self) -> None:
         """One byte down the wake pipe (never blocks: a full pipe already wakes the thread)."""
         if self._wake_w >= 0:
@@ -163,6 +173,10 @@ class AgentTransport:
                 if self._sock is None and not self._connect():
                     self._sleep(None, self._reconnect_s)
                     continue
+                if self._hello_due and self._hello is not None:
+                    assert self._sock is not None
+                    self._hello_due = False
+                    self._sock.sendall(self._hello)
                 if self._queue and (
                     self._flush_now
                     or len(self._queue) >= self._max_batch
@@ -197,6 +211,7 @@ class AgentTransport:
             sock.close()
             return False
         self._sock = sock
+        self._hello_due = self._hello is not None
         return True
 
     def _close(self) -> None:

@@ -23,34 +23,28 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.agent.readings import GpuReading
-from sentinel.protocol import SUPPORTED_VERSIONS, Identifier, ProtocolError, format_validation_error
+from sentinel.protocol import (
+    SUPPORTED_VERSIONS,
+    ProtocolError,
+    RankRegistration,
+    format_validation_error,
+)
 
 MAX_PER_CONNECTION = 16  # one process drives a handful of GPUs at most
 MAX_REGISTRATIONS = 1024  # per node: bounds the info series whatever the ranks send
 
 
-class Registration(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    job: Identifier
-    rank: int = Field(ge=0)
-    gpu: int | None = Field(default=None, ge=0)
-    pid: int | None = Field(default=None, ge=1)
-    tp: int = Field(default=0, ge=0)
-    pp: int = Field(default=0, ge=0)
-    dp: int = Field(default=0, ge=0)
-
-
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     v: int
-    registration: Registration = Field(alias="register")  # `register` is a BaseModel method
+    registration: RankRegistration = Field(alias="register")  # `register` is a BaseModel method
 
 
 def is_registration(line: bytes) -> bool:
     return b'"register"' in line and b'"kind"' not in line
 
 
-def parse_registration(line: bytes) -> Registration:
+def parse_registration(line: bytes) -> RankRegistration:
     """One registration line, or ProtocolError with the reason (for the rank's log)."""
     try:
         doc = json.loads(line)
@@ -69,14 +63,14 @@ def parse_registration(line: bytes) -> Registration:
 @dataclass(frozen=True, slots=True)
 class Owner:
     gpu: int
-    reg: Registration
+    reg: RankRegistration
 
 
 class RankRegistry:
     def __init__(self) -> None:
-        self._by_conn: dict[Hashable, list[Registration]] = {}
+        self._by_conn: dict[Hashable, list[RankRegistration]] = {}
 
-    def register(self, conn: Hashable, reg: Registration) -> None:
+    def register(self, conn: Hashable, reg: RankRegistration) -> None:
         regs = self._by_conn.setdefault(conn, [])
         if len(regs) >= MAX_PER_CONNECTION or len(self) >= MAX_REGISTRATIONS:
             raise ProtocolError("too many rank registrations")

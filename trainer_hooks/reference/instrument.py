@@ -35,11 +35,19 @@ def rank_flops_per_token(job: Job) -> float:
 
 
 def build_hooks(job: Job) -> SentinelHooks:
-    """Settings from SENTINEL_* variables (the supervisor sets the node, job and agent socket)."""
-    return SentinelHooks.from_env(
+    """Settings from SENTINEL_* variables (the supervisor sets the node, job and agent socket);
+    the rank registers its GPU and its place in the mesh with its node's agent."""
+    hooks = SentinelHooks.from_env(
         model=job.model,
         flops_per_token=rank_flops_per_token(job),
         device=job.device,
         replica_groups=replica_groups(job),
         peer_groups=stage_groups(job),
     )
+    mesh = job.mesh
+    hooks.register_rank(
+        tp=mesh["tp"].get_local_rank(),
+        pp=mesh["pp"].get_local_rank(),
+        dp=mesh["dp"].get_local_rank(),
+    )
+    return hooks
