@@ -109,8 +109,8 @@ def test_metrics_fault_and_events_reach_the_coordinator(
         wait_until(lambda: verdict_of(a, "node-0") == "unhealthy")
         wait_until(lambda: "gpu.verdict" in coordinator.kinds())
         gpu_events = [e for e in coordinator.received if e.kind == EventKind.GPU_VERDICT]
-        assert gpu_events[0].payload["gpu"] == 2
-        assert gpu_events[0].payload["verdict"] == "unhealthy"
+        assert gpu_events[0].payload.gpu == 2
+        assert gpu_events[0].payload.verdict == "unhealthy"
         assert gpu_events[0].source.node == "node-0"
         dbe = {lbl["gpu"]: v for lbl, v in a.scrape()["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]}
         assert dbe == {"0": 0, "1": 0, "2": 1, "3": 0}
@@ -136,7 +136,7 @@ def test_no_event_lost_while_coordinator_is_down_and_agent_restarts(
     finally:
         fleet.stop()
     xids = [e for e in coordinator.received if e.kind == EventKind.GPU_XID]
-    assert [(e.payload["gpu"], e.payload["xid"]) for e in xids] == [(1, 79)]
+    assert [(e.payload.gpu, e.payload.xid) for e in xids] == [(1, 79)]
     ids = [e.id for e in coordinator.received]
     assert len(ids) == len(set(ids))
 
@@ -274,8 +274,8 @@ def test_hardware_faults_are_judged_between_sweeps(
             fleet.inject("node-0", {**fault, "gpu": gpu})
 
             def unhealthy(g: int = gpu) -> bool:
-                return any(e.kind == EventKind.GPU_VERDICT and e.payload["gpu"] == g
-                           and e.payload["verdict"] == "unhealthy" for e in coordinator.received)  # fmt: skip
+                return any(e.kind == EventKind.GPU_VERDICT and e.payload.gpu == g
+                           and e.payload.verdict == "unhealthy" for e in coordinator.received)  # fmt: skip
 
             wait_until(unhealthy, timeout_s=5.0)
             assert time.monotonic() - start < 5.0, fault  # half the sweep interval

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sentinel.protocol import Event
+from sentinel.protocol import Event, RankStepEvent, RankStepPayload
 
 # rank.step payload field -> (metric, help, scale to base units, counter?)
 STEP_SERIES = (
@@ -40,7 +40,7 @@ class RankMetrics:
     def __init__(self) -> None:
         self.events: Counter[tuple[str, int, str]] = Counter()  # (job, rank, kind) -> n
         self.last_seen: dict[tuple[str, int], float] = {}
-        self.last_step: dict[tuple[str, int], dict[str, object]] = {}
+        self.last_step: dict[tuple[str, int], RankStepPayload] = {}
 
     def observe(self, event: Event) -> None:
         src = event.source
@@ -49,7 +49,7 @@ class RankMetrics:
         key = (src.job or "", src.rank)
         self.events[(*key, event.kind.value)] += 1
         self.last_seen[key] = max(event.ts, self.last_seen.get(key, 0.0))
-        if event.kind.value == "rank.step":
+        if isinstance(event, RankStepEvent):
             self.last_step[key] = event.payload
 
     def collect(self, node_id: str) -> Iterator[Metric]:
@@ -78,7 +78,7 @@ class RankMetrics:
                 name, help_, labels=labels
             )
             for (job, rank), payload in sorted(self.last_step.items()):
-                value = payload.get(field)
+                value = getattr(payload, field)
                 if isinstance(value, int | float):  # null: the rank cannot measure it
                     fam.add_metric([node_id, job, str(rank)], float(value) * scale)
             yield fam
