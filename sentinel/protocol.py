@@ -275,8 +275,10 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
-# Seconds since the epoch. Strict on the wire: `true` is not version 1, nor a time.
+# Seconds since the epoch, checked by pydantic's core (no Python validator on the hot path).
 Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Strict: `true` or `1.0` is no version (a literal 1 would take both). The supported versions
+# are one range.
 Version = Annotated[int, Field(strict=True, ge=min(SUPPORTED_VERSIONS), le=max(SUPPORTED_VERSIONS))]
 
 
