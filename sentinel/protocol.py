@@ -11,12 +11,10 @@ pydantic and the standard library only.
 from __future__ import annotations
 
 import json
-import math
 import secrets
 import time
-import types
-from enum import Enum, StrEnum
-from typing import Annotated, Any, Literal, NotRequired, TypeVar, Union, get_args, get_origin
+from enum import StrEnum
+from typing import Annotated, Any, Literal, TypeVar, cast, get_args
 
 from pydantic import (
     BaseModel,
@@ -24,12 +22,9 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
-    ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
-from typing_extensions import TypedDict
 
 PROTOCOL_VERSION: Literal[1] = 1
 SUPPORTED_VERSIONS = frozenset({1})
@@ -267,24 +262,6 @@ class EventKind(StrEnum):
     RANK_CHECKPOINT = "rank.checkpoint"
 
 
-PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
-    EventKind.GPU_VERDICT: GpuVerdictPayload,
-    EventKind.NODE_VERDICT: NodeVerdictPayload,
-    EventKind.GPU_XID: XidPayload,
-    EventKind.AGENT_HEARTBEAT: AgentHeartbeatPayload,
-    EventKind.RANK_ANOMALY: RankAnomalyPayload,
-    EventKind.RANK_HANG: RankHangPayload,
-    EventKind.RANK_SDC: RankSdcPayload,
-    EventKind.RANK_STRAGGLER: RankStragglerPayload,
-    EventKind.RANK_CRASH: RankCrashPayload,
-    EventKind.JOB_STATUS: JobStatusPayload,
-    EventKind.FR_ANALYSIS: FrAnalysisPayload,
-    EventKind.RANK_STEP: RankStepPayload,
-    EventKind.RANK_FR_DUMP: RankFrDumpPayload,
-    EventKind.RANK_CHECKPOINT: RankCheckpointPayload,
-}
-
-
 # --- envelopes -------------------------------------------------------------------------------
 
 
@@ -311,47 +288,127 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
-class Event(_Strict):
-    v: Literal[1] = PROTOCOL_VERSION
+# Seconds since the epoch, checked by pydantic's core (no Python validator on the hot path).
+Timestamp = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Strict: `true` or `1.0` is no version (a literal 1 would take both). The supported versions
+# are one range.
+Version = Annotated[int, Field(strict=True, ge=min(SUPPORTED_VERSIONS), le=max(SUPPORTED_VERSIONS))]
+
+
+class EventBase(_Strict):
+    """What every event carries. A concrete event is one of the per-kind classes below, whose
+    `kind` is a literal and whose `payload` is that kind's model: every rule lives in a field
+    type, so pydantic's core checks a whole batch straight from the JSON bytes."""
+
+    v: Version = PROTOCOL_VERSION
     id: Identifier = Field(default_factory=new_id)
     kind: EventKind
     source: Source
-    ts: float = Field(default_factory=time.time)
-    # Checked even when absent: a kind whose payload has required fields needs one.
-    payload: dict[str, Any] = Field(default_factory=dict, validate_default=True)
+    ts: Timestamp = Field(default_factory=time.time)
+    payload: BaseModel
 
-    @field_validator("ts")
-    @classmethod
-    def _finite(cls, ts: float) -> float:
-        if not math.isfinite(ts) or ts < 0:
-            raise ValueError("timestamp must be finite, in seconds since the epoch")
-        return ts
 
-    @field_validator("payload")
-    @classmethod
-    def _payload_matches_kind(cls, payload: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        kind = info.data.get("kind")
-        if kind is None:  # the kind itself failed; that error is reported already
-            return payload
-        try:
-            validated = PAYLOAD_MODELS[kind].model_validate(payload)
-        except ValidationError as e:
-            raise ValueError(f"not a valid {kind} payload: {format_validation_error(e)}") from None
-        # Normalised (enums to values, defaults filled) so that equal events serialize equally.
-        return validated.model_dump(mode="json")
+class GpuVerdictEvent(EventBase):
+    kind: Literal[EventKind.GPU_VERDICT] = EventKind.GPU_VERDICT
+    payload: GpuVerdictPayload
 
-    def __eq__(self, other: object) -> bool:
-        """Equal fields make equal events, whichever per-kind class a decoder built."""
-        if isinstance(other, Event):
-            return self.__dict__ == other.__dict__
-        return NotImplemented
 
-    def typed_payload(self) -> BaseModel:
-        return PAYLOAD_MODELS[self.kind].model_validate(self.payload)
+class NodeVerdictEvent(EventBase):
+    kind: Literal[EventKind.NODE_VERDICT] = EventKind.NODE_VERDICT
+    payload: NodeVerdictPayload
+
+
+class GpuXidEvent(EventBase):
+    kind: Literal[EventKind.GPU_XID] = EventKind.GPU_XID
+    payload: XidPayload
+
+
+class AgentHeartbeatEvent(EventBase):
+    kind: Literal[EventKind.AGENT_HEARTBEAT] = EventKind.AGENT_HEARTBEAT
+    payload: AgentHeartbeatPayload
+
+
+class RankAnomalyEvent(EventBase):
+    kind: Literal[EventKind.RANK_ANOMALY] = EventKind.RANK_ANOMALY
+    payload: RankAnomalyPayload
+
+
+class RankHangEvent(EventBase):
+    kind: Literal[EventKind.RANK_HANG] = EventKind.RANK_HANG
+    payload: RankHangPayload
+
+
+class RankSdcEvent(EventBase):
+    kind: Literal[EventKind.RANK_SDC] = EventKind.RANK_SDC
+    payload: RankSdcPayload
+
+
+class RankStragglerEvent(EventBase):
+    kind: Literal[EventKind.RANK_STRAGGLER] = EventKind.RANK_STRAGGLER
+    payload: RankStragglerPayload
+
+
+class RankCrashEvent(EventBase):
+    kind: Literal[EventKind.RANK_CRASH] = EventKind.RANK_CRASH
+    # every field is optional: a supervisor may know nothing but that the rank ended
+    payload: RankCrashPayload = Field(default_factory=RankCrashPayload)
+
+
+class JobStatusEvent(EventBase):
+    kind: Literal[EventKind.JOB_STATUS] = EventKind.JOB_STATUS
+    payload: JobStatusPayload
+
+
+class FrAnalysisEvent(EventBase):
+    kind: Literal[EventKind.FR_ANALYSIS] = EventKind.FR_ANALYSIS
+    payload: FrAnalysisPayload
+
+
+class RankStepEvent(EventBase):
+    kind: Literal[EventKind.RANK_STEP] = EventKind.RANK_STEP
+    payload: RankStepPayload
+
+
+class RankFrDumpEvent(EventBase):
+    kind: Literal[EventKind.RANK_FR_DUMP] = EventKind.RANK_FR_DUMP
+    payload: RankFrDumpPayload
+
+
+class RankCheckpointEvent(EventBase):
+    kind: Literal[EventKind.RANK_CHECKPOINT] = EventKind.RANK_CHECKPOINT
+    payload: RankCheckpointPayload
+
+
+# Any event: the class its `kind` names. The one decoder of events (see `decode_event`).
+Event = Annotated[
+    GpuVerdictEvent
+    | NodeVerdictEvent
+    | GpuXidEvent
+    | AgentHeartbeatEvent
+    | RankAnomalyEvent
+    | RankHangEvent
+    | RankSdcEvent
+    | RankStragglerEvent
+    | RankCrashEvent
+    | JobStatusEvent
+    | FrAnalysisEvent
+    | RankStepEvent
+    | RankFrDumpEvent
+    | RankCheckpointEvent,
+    Field(discriminator="kind"),
+]
+
+EVENT_TYPES: dict[EventKind, type[EventBase]] = {
+    cls.model_fields["kind"].default: cls for cls in get_args(get_args(Event)[0])
+}
+PAYLOAD_MODELS: dict[EventKind, type[BaseModel]] = {
+    kind: cls.model_fields["payload"].annotation  # type: ignore[misc]
+    for kind, cls in EVENT_TYPES.items()
+}
 
 
 class EventBatch(_Strict):
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Version = PROTOCOL_VERSION
     events: list[Event] = Field(max_length=MAX_BATCH_EVENTS)
 
 
@@ -401,7 +458,7 @@ COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {CommandKind.JOB_RESTART: Rep
 class Command(_Strict):
     """An instruction from the coordinator, to a node agent, a job supervisor or its ranks."""
 
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Version = PROTOCOL_VERSION
     id: Identifier = Field(default_factory=new_id)
     kind: CommandKind
     target: Source
@@ -417,163 +474,106 @@ class Command(_Strict):
 
 
 # --- decoding with precise errors ------------------------------------------------------------
+# One decoder per message type: pydantic's core validates the JSON bytes against the models
+# above (for an event, the discriminated union picks the kind's class). Only a message it
+# refuses takes a second look, to say why as precisely as a sender needs: bad JSON, no object,
+# a missing or unsupported version first, then every field error by its path.
 
 
 def make_event(kind: EventKind, source: Source, payload: BaseModel, **kw: Any) -> Event:
-    return Event(kind=kind, source=source, payload=payload.model_dump(mode="json"), **kw)
+    """An event of `kind`; `payload` must be that kind's model (a ValidationError otherwise)."""
+    return cast(Event, EVENT_TYPES[kind](source=source, payload=payload, **kw))
+
+
+_KIND_TAGS = frozenset(k.value for k in EventKind)
 
 
 def format_validation_error(err: ValidationError) -> str:
-    """`field.path: message` for every error, joined; what a sender needs to fix its message."""
+    """`field.path: message` for every error, joined; what a sender needs to fix its message.
+
+    An event's kind is the union's tag in pydantic's error path (`events.1.gpu.xid.payload`);
+    it is left out of the path and named after the message instead.
+    """
     parts = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(message)"
-        parts.append(f"{path}: {e['msg']}")
+        loc, kind = [], None
+        for i, p in enumerate(e["loc"]):
+            if p in _KIND_TAGS and (i == 0 or isinstance(e["loc"][i - 1], int)):
+                kind = p
+            else:
+                loc.append(str(p))
+        ctx = e.get("ctx", {})
+        if e["type"] == "union_tag_invalid":
+            loc.append("kind")
+            msg = f"unknown event kind {ctx.get('tag')!r} (known: {', '.join(sorted(_KIND_TAGS))})"
+        elif e["type"] == "union_tag_not_found":
+            loc.append("kind")
+            msg = "Field required"
+        else:
+            msg = e["msg"] + (f" (a {kind} event)" if kind else "")
+        parts.append(f"{'.'.join(loc) or '(message)'}: {msg}")
     return "; ".join(parts)
 
 
-def _load_json(raw: str | bytes | dict[str, Any]) -> dict[str, Any]:
+def _envelope_refusal(raw: str | bytes | dict[str, Any]) -> ProtocolError | None:
+    """Why a refused message is no message of this protocol at all, if it is not."""
     if isinstance(raw, dict):
         doc: object = raw
     else:
         try:
             doc = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ProtocolError(f"not valid JSON: {e}") from None
+            return ProtocolError(f"not valid JSON: {e}")
     if not isinstance(doc, dict):
-        raise ProtocolError(f"expected a JSON object, got {type(doc).__name__}")
+        return ProtocolError(f"expected a JSON object, got {type(doc).__name__}")
     version = doc.get("v")
     if version is None:
-        raise ProtocolError("missing protocol version field 'v'")
+        return ProtocolError(_NO_VERSION)
     # A version is an integer; any other JSON value (an object, a list) is no version at all.
     if (
         isinstance(version, bool)
         or not isinstance(version, int)
         or version not in SUPPORTED_VERSIONS
     ):
-        raise ProtocolError(
+        return ProtocolError(
             f"unsupported protocol version {version!r} (this build speaks "
             f"{sorted(SUPPORTED_VERSIONS)})"
         )
-    return doc
+    return None
 
 
-def _decode(model: type[_M], raw: str | bytes | dict[str, Any]) -> _M:
-    doc = _load_json(raw)
+_NO_VERSION = "missing protocol version field 'v'"
+
+
+def _decode(adapter: TypeAdapter[_M], raw: str | bytes | dict[str, Any]) -> _M:
     try:
-        return model.model_validate(doc)
+        if isinstance(raw, dict):
+            message = adapter.validate_python(raw)
+        else:
+            message = adapter.validate_json(raw)
     except ValidationError as e:
-        raise ProtocolError(format_validation_error(e)) from None
+        raise _envelope_refusal(raw) or ProtocolError(format_validation_error(e)) from None
+    # Every message states its version; the models default it only for messages built here.
+    if "v" not in message.model_fields_set:
+        raise ProtocolError(_NO_VERSION)
+    return message
 
 
-# --- the fast path for well-formed wire events ------------------------------------------------
-# `Event` checks its payload in a Python validator (the payload's model depends on a sibling
-# field) that validates it and dumps it again: the coordinator's largest cost per batch. On the
-# wire the same rules fit a discriminated union of one `Event` subclass per kind, whose payload
-# is a TypedDict derived from the kind's model, so pydantic's core checks a whole batch straight
-# from the JSON bytes and hands back plain dicts with defaults filled. Only a message that
-# passes comes out of it; any other takes the path above, whose errors are precise.
-
-
-def _as_typed_dict(model: type[BaseModel]) -> Any:
-    """A TypedDict with `model`'s fields, constraints and defaults (nested models too)."""
-
-    def plain(tp: Any) -> Any:
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            return _as_typed_dict(tp)
-        if isinstance(tp, type) and issubclass(tp, Enum):
-            # Its values as literal strings: checked in pydantic's core, where an enum field
-            # would build an enum member and read its `.value` back in Python for every field.
-            return Literal[tuple(m.value for m in tp)]
-        origin, args = get_origin(tp), get_args(tp)
-        if origin is None:
-            return tp
-        if origin in (Union, types.UnionType):
-            return Union[tuple(plain(a) for a in args)]  # noqa: UP007
-        if origin is list:
-            return list[plain(args[0])]  # type: ignore[misc]
-        return tp
-
-    fields: dict[str, Any] = {}
-    for name, f in model.model_fields.items():
-        parts: list[Any] = [plain(f.annotation), *f.metadata]
-        if f.default_factory is not None:
-            parts.append(Field(default_factory=f.default_factory))
-        elif not f.is_required():
-            parts.append(Field(default=f.default))
-        annotated = Annotated[tuple(parts)] if len(parts) > 1 else parts[0]
-        fields[name] = annotated if f.is_required() else NotRequired[annotated]
-    typed = TypedDict(f"{model.__name__}Dict", fields)  # type: ignore[operator, misc]
-    typed.__pydantic_config__ = ConfigDict(extra="forbid", use_enum_values=True)  # type: ignore[attr-defined]
-    return typed
-
-
-class _WireEvent(Event):
-    """An `Event` whose kind-specific payload rules live in its field types, not validators."""
-
-    ts: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(default_factory=time.time)
-
-    # Same names as `Event`'s validators, so these run in their place: the field types have
-    # checked everything already.
-    @classmethod
-    def _finite(cls, ts: float) -> float:
-        return ts
-
-    @classmethod
-    def _payload_matches_kind(cls, payload: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return payload
-
-
-def _wire_event(kind: EventKind) -> type[Event]:
-    return create_model(  # type: ignore[no-any-return]
-        f"{PAYLOAD_MODELS[kind].__name__.removesuffix('Payload')}Event",
-        __base__=_WireEvent,
-        kind=(Literal[kind], ...),  # type: ignore[valid-type, arg-type]
-        payload=(
-            _as_typed_dict(PAYLOAD_MODELS[kind]),
-            Field(default_factory=dict, validate_default=True),
-        ),
-    )
-
-
-# Built at import from the payload models: a value to pydantic, not a type to mypy.
-_ANY_KIND: Any = Annotated[
-    Union[tuple(_wire_event(k) for k in EventKind)],  # noqa: UP007
-    Field(discriminator="kind"),
-]
-_WIRE_EVENT: TypeAdapter[Event] = TypeAdapter(_ANY_KIND)
-_WIRE_BATCH: TypeAdapter[Any] = TypeAdapter(
-    create_model(
-        "WireBatch",
-        __base__=_Strict,
-        v=(Literal[1], ...),
-        events=(list[_ANY_KIND], Field(max_length=MAX_BATCH_EVENTS)),  # type: ignore[valid-type]
-    )
-)
+_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+_BATCH = TypeAdapter(EventBatch)
+_COMMAND = TypeAdapter(Command)
 
 
 def decode_event(raw: str | bytes | dict[str, Any]) -> Event:
-    if not isinstance(raw, dict):
-        try:
-            return _WIRE_EVENT.validate_json(raw)
-        except ValidationError:
-            pass
-    return _decode(Event, raw)
+    return _decode(_EVENT, raw)
 
 
 def decode_batch(raw: str | bytes | dict[str, Any]) -> EventBatch:
-    if not isinstance(raw, dict):
-        try:
-            wire = _WIRE_BATCH.validate_json(raw)
-        except ValidationError:
-            pass
-        else:
-            return EventBatch.model_construct(v=wire.v, events=wire.events)  # type: ignore[attr-defined]
-    return _decode(EventBatch, raw)
+    return _decode(_BATCH, raw)
 
 
 def decode_command(raw: str | bytes | dict[str, Any]) -> Command:
-    return _decode(Command, raw)
+    return _decode(_COMMAND, raw)
 
 
 def encode(message: BaseModel) -> str:

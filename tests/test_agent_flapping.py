@@ -96,7 +96,7 @@ def test_one_verdict_episode_per_flap_storm(
 
     def poll() -> None:
         _, events = monitor.collect()
-        verdicts.extend(e.payload["verdict"] for e in events if e.kind is EventKind.NODE_VERDICT)
+        verdicts.extend(e.payload.verdict for e in events if e.kind is EventKind.NODE_VERDICT)
         clock.now += POLL_S
 
     poll()

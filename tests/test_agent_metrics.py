@@ -9,10 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sentinel.agent.exposition import TextRenderer
 from sentinel.agent.metrics import DCGM_SERIES
+from sentinel.agent.rank_metrics import STEP_SERIES, RankMetrics
 from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.agent.service import Agent
 from sentinel.agent.sim import SimulatedGpus, inject
 from sentinel.config import AgentConfig
+from sentinel.protocol import RankStepEvent, RankStepPayload, Source
 
 
 def agent_with(backend: GpuBackend) -> Agent:
@@ -90,3 +92,19 @@ def test_unsupported_fields_are_missing_not_zero_and_xids_count_per_code() -> No
     assert last["0"] == 13.0
     verdicts = {lbl["verdict"] for lbl, v in got["sentinel_node_health_verdict"] if v == 1}
     assert verdicts == {"unhealthy"}  # the lost GPU
+
+
+def test_rank_step_fields_are_re_exported_from_the_typed_payload() -> None:
+    """Every series reads a field of `RankStepPayload`; a field a rank cannot measure (null)
+    has no sample rather than a zero."""
+    assert {field for field, *_ in STEP_SERIES} <= RankStepPayload.model_fields.keys()
+    metrics = RankMetrics()
+    payload = RankStepPayload(step=12, step_s=0.5, compute_s=0.4, comm_s=0.1, tflops=2.5, loss=1.5)
+    metrics.observe(RankStepEvent(source=Source(node="node-7", rank=3, job="j1"), payload=payload))
+    got = {
+        m.name: [(s.labels["rank"], s.value) for s in m.samples] for m in metrics.collect("node-7")
+    }
+    assert got["sentinel_rank_loss"] == [("3", 1.5)]
+    assert got["sentinel_rank_flops_per_second"] == [("3", 2.5e12)]
+    assert got["sentinel_rank_step"] == [("3", 12.0)]
+    assert got["sentinel_rank_mfu_ratio"] == []

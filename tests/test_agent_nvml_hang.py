@@ -21,7 +21,7 @@ from fake_nvml.agent import FakeNvmlAgent, wait_until
 from test_agent_service import StandInCoordinator
 
 from sentinel.processes import free_port
-from sentinel.protocol import EventKind
+from sentinel.protocol import NodeVerdictEvent, NodeVerdictPayload
 
 HUNG = "nvmlDeviceGetPowerUsage"
 
@@ -89,13 +89,13 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
         stalled = agent.scrape()["sentinel_agent_nvml_call_stalled_seconds"]
         assert [lbl["call"] for lbl, _ in stalled] == [HUNG]
 
-        def verdict_events() -> list[dict[str, object]]:
-            return [e.payload for e in coord.received if e.kind is EventKind.NODE_VERDICT]
+        def verdict_events() -> list[NodeVerdictPayload]:
+            return [e.payload for e in coord.received if isinstance(e, NodeVerdictEvent)]
 
-        wait_until(lambda: any(p["verdict"] == "unhealthy" for p in verdict_events()), 10)
-        event = next(p for p in verdict_events() if p["verdict"] == "unhealthy")
-        (finding,) = event["findings"]  # type: ignore[misc]
-        assert finding["rule"] == "nvml_unresponsive" and HUNG in finding["detail"]
+        wait_until(lambda: any(p.verdict == "unhealthy" for p in verdict_events()), 10)
+        event = next(p for p in verdict_events() if p.verdict == "unhealthy")
+        (finding,) = event.findings
+        assert finding.rule == "nvml_unresponsive" and HUNG in finding.detail
         status, body = agent.get("/healthz")  # the agent is alive: no reason to restart it
         assert status == 200 and HUNG in json.loads(body)["nvml_unresponsive"]
         status, body = agent.get("/readyz")
@@ -118,7 +118,7 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
         )
         wait_until(lambda: _timed_scrape(agent, scrapes) == "healthy", 10, "recovered")
         assert agent.node_rules() == set()
-        wait_until(lambda: verdict_events()[-1]["verdict"] == "healthy", 10)
+        wait_until(lambda: verdict_events()[-1].verdict == "healthy", 10)
         assert max(scrapes) < 1.0, max(scrapes)
     finally:
         code = agent.stop()

@@ -20,6 +20,7 @@ from sentinel.protocol import (
     AgentHeartbeatPayload,
     Event,
     EventKind,
+    RankCheckpointEvent,
     Source,
     Verdict,
     decode_batch,
@@ -110,8 +111,8 @@ def test_metrics_fault_and_events_reach_the_coordinator(
         wait_until(lambda: verdict_of(a, "node-0") == "unhealthy")
         wait_until(lambda: "gpu.verdict" in coordinator.kinds())
         gpu_events = [e for e in coordinator.received if e.kind == EventKind.GPU_VERDICT]
-        assert gpu_events[0].payload["gpu"] == 2
-        assert gpu_events[0].payload["verdict"] == "unhealthy"
+        assert gpu_events[0].payload.gpu == 2
+        assert gpu_events[0].payload.verdict == "unhealthy"
         assert gpu_events[0].source.node == "node-0"
         dbe = {lbl["gpu"]: v for lbl, v in a.scrape()["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]}
         assert dbe == {"0": 0, "1": 0, "2": 1, "3": 0}
@@ -137,7 +138,7 @@ def test_no_event_lost_while_coordinator_is_down_and_agent_restarts(
     finally:
         fleet.stop()
     xids = [e for e in coordinator.received if e.kind == EventKind.GPU_XID]
-    assert [(e.payload["gpu"], e.payload["xid"]) for e in xids] == [(1, 79)]
+    assert [(e.payload.gpu, e.payload.xid) for e in xids] == [(1, 79)]
     ids = [e.id for e in coordinator.received]
     assert len(ids) == len(set(ids))
 
@@ -258,12 +259,12 @@ def test_a_checkpoint_the_hooks_report_is_relayed_and_reexported(
             hooks.close()
         assert hooks.errors == 0
 
-        def checkpoints() -> list[Event]:
-            return [e for e in coordinator.received if e.kind.value == "rank.checkpoint"]
+        def checkpoints() -> list[RankCheckpointEvent]:
+            return [e for e in coordinator.received if isinstance(e, RankCheckpointEvent)]
 
         wait_until(lambda: len(checkpoints()) == 2)
-        assert [e.payload["step"] for e in checkpoints()] == [20, 30]
-        assert checkpoints()[0].payload["path"] == "/ckpt/step-00000020"
+        assert [e.payload.step for e in checkpoints()] == [20, 30]
+        assert checkpoints()[0].payload.path == "/ckpt/step-00000020"
         samples = a.scrape()
         me = {"node": "node-3", "job": "j1", "rank": "0"}
         assert samples["sentinel_rank_last_checkpoint_step"] == [(me, 30.0)]
@@ -315,8 +316,8 @@ def test_hardware_faults_are_judged_between_sweeps(
             fleet.inject("node-0", {**fault, "gpu": gpu})
 
             def unhealthy(g: int = gpu) -> bool:
-                return any(e.kind == EventKind.GPU_VERDICT and e.payload["gpu"] == g
-                           and e.payload["verdict"] == "unhealthy" for e in coordinator.received)  # fmt: skip
+                return any(e.kind == EventKind.GPU_VERDICT and e.payload.gpu == g
+                           and e.payload.verdict == "unhealthy" for e in coordinator.received)  # fmt: skip
 
             wait_until(unhealthy, timeout_s=5.0)
             assert time.monotonic() - start < 5.0, fault  # half the sweep interval

@@ -41,7 +41,7 @@ class Clock:
 
 def _doc(ev: Event) -> dict[str, Any]:
     s = ev.source
-    return {"kind": ev.kind.value, "payload": ev.payload,
+    return {"kind": ev.kind.value, "payload": ev.payload.model_dump(mode="json"),
             "source": {"node": s.node, "rank": s.rank, "job": s.job}}  # fmt: skip
 
 
@@ -87,14 +87,14 @@ def _xid_events(tmp_path: Path, code: int, times: int) -> list[Event]:
 def test_every_xid_means_the_same_to_agent_and_playbooks(tmp_path: Path, code: int) -> None:
     info = describe(code)
     (first,) = _xid_events(tmp_path, code, 1)
-    assert first.payload["action"] == info.action.value  # the agent's verdict
+    assert first.payload.action == info.action.value  # the agent's verdict
     assert _response(_classify(first)) == _expected(info.action), info
 
 
 @pytest.mark.parametrize("code", [info.code for info in CATALOG if info.escalates])
 def test_a_repeated_xid_escalates_in_both_places(tmp_path: Path, code: int) -> None:
     last = _xid_events(tmp_path, code, HealthThresholds().xid_escalate_after)[-1]
-    assert last.payload["action"] == escalated_action(code).value == "drain_and_inspect"
+    assert last.payload.action == escalated_action(code).value == "drain_and_inspect"
     assert _response(_classify(last)) == "node out"
 
 

@@ -45,25 +45,24 @@ def test_faults_are_found_from_their_signals(tmp_path: Path) -> None:
         outs = wait_all(launch(4, args, _env(agent.path, tmp_path / "fr")))
         assert all("errors=0" in o for o in outs), outs
         anomalies = sorted(
-            (rank, p["step"], p["metric"], p["anomaly"])
-            for rank, p in agent.payloads("rank.anomaly")
+            (rank, p.step, p.metric, p.anomaly) for rank, p in agent.payloads("rank.anomaly")
         )
         assert anomalies == [(0, 50, "loss", "spike"), (0, 70, "loss", "nan")]
         stragglers = agent.payloads("rank.straggler")
         assert {rank for rank, _ in stragglers} == {2}
-        assert min(p["step"] for _, p in stragglers) < 100
-        assert all(p["slowdown"] >= 1.03 for _, p in stragglers)
-        matmul = [(r, p) for r, p in agent.payloads("rank.sdc") if p["check"] == "matmul"]
+        assert min(p.step for _, p in stragglers) < 100
+        assert all(p.slowdown >= 1.03 for _, p in stragglers)
+        matmul = [(r, p) for r, p in agent.payloads("rank.sdc") if p.check == "matmul"]
         assert len(matmul) == 8  # two checks x four ranks
-        assert all(p["mismatched_ranks"] == [3] for _, p in matmul)
-        assert {r for r, p in matmul if p["mismatch"]} == {3}
-        params = [p for _, p in agent.payloads("rank.sdc") if p["check"] == "params"]
-        assert params and not any(p["mismatch"] for p in params)  # replicas stayed identical
+        assert all(p.mismatched_ranks == [3] for _, p in matmul)
+        assert {r for r, p in matmul if p.mismatch} == {3}
+        params = [p for _, p in agent.payloads("rank.sdc") if p.check == "params"]
+        assert params and not any(p.mismatch for p in params)  # replicas stayed identical
         steps = agent.payloads("rank.step")
         assert {rank for rank, _ in steps} == {0, 1, 2, 3}
         sources = {(e.source.node, e.source.rank, e.source.job) for e in agent.of_kind("rank.step")}
         assert ("node-1", 2, "testjob") in sources
-        assert all(p["comm_s"] > 0 and p["compute_s"] > 0.02 for _, p in steps)
+        assert all(p.comm_s > 0 and p.compute_s > 0.02 for _, p in steps)
 
 
 def test_clean_run_flags_nothing_and_obeys_commands(tmp_path: Path) -> None:
@@ -82,11 +81,11 @@ def test_clean_run_flags_nothing_and_obeys_commands(tmp_path: Path) -> None:
         assert agent.payloads("rank.anomaly") == []
         assert agent.payloads("rank.straggler") == []
         sdc = agent.payloads("rank.sdc")
-        assert {r for r, p in sdc if p["check"] == "matmul"} == {0, 1, 2, 3}
-        assert not any(p["mismatch"] for _, p in sdc)
+        assert {r for r, p in sdc if p.check == "matmul"} == {0, 1, 2, 3}
+        assert not any(p.mismatch for _, p in sdc)
         dumps = agent.payloads("rank.fr_dump")
         assert sorted(r for r, _ in dumps) == [0, 1, 2, 3]
-        assert all(p["reason"] == "command" and p["entries"] > 0 for _, p in dumps)
+        assert all(p.reason == "command" and p.entries > 0 for _, p in dumps)
     for rank in range(4):
         dump = pickle.loads((fr / f"fr_trace_rank_{rank}").read_bytes())
         assert dump["entries"] and "pg_status" in dump
@@ -106,7 +105,7 @@ def _hang(tmp_path: Path, world: int, stop_rank: int, where: str) -> Path:
         finally:
             kill_all(procs)
         hangs = agent.payloads("rank.hang")
-        assert all(p["timeout_s"] == 2.0 and p["dump_path"] for _, p in hangs)
+        assert all(p.timeout_s == 2.0 and p.dump_path for _, p in hangs)
     return fr
 
 
@@ -185,9 +184,7 @@ def test_sigterm_dumps_even_when_blocked_in_a_collective(tmp_path: Path) -> None
     with fake_agent(tmp_path) as agent:
         procs = launch(2, args, _env(agent.path, fr))
         try:
-            _wait(
-                lambda: {r for r, p in agent.payloads("rank.step") if p["step"] >= 5} == {0, 1}, 60
-            )
+            _wait(lambda: {r for r, p in agent.payloads("rank.step") if p.step >= 5} == {0, 1}, 60)
             time.sleep(1.0)
             for p in procs:
                 p.terminate()
@@ -197,7 +194,7 @@ def test_sigterm_dumps_even_when_blocked_in_a_collective(tmp_path: Path) -> None
         # Ended as SIGTERM ends a process: by its default action after the Python handler
         # dumped (-15), or by the dump thread if the main thread never got to run it (143).
         assert all(code in (-15, 128 + 15) for code in codes), codes
-        reasons = {r: p["reason"] for r, p in agent.payloads("rank.fr_dump")}
+        reasons = {r: p.reason for r, p in agent.payloads("rank.fr_dump")}
     for rank in (0, 1):
         meta = json.loads((fr / f"sentinel_fr_meta.{rank}.json").read_text())
         assert meta["reason"] == "signal:SIGTERM"

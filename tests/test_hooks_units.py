@@ -157,7 +157,7 @@ def test_transport_batches_to_a_real_socket_and_reads_commands(tmp_path: Path) -
             )
         wait_for(lambda: len(agent.events) == 300)
         assert agent.lines < 300  # batched
-        assert [e.payload["path"] for e in agent.events] == [f"p{i}" for i in range(300)]
+        assert [e.payload.path for e in agent.events] == [f"p{i}" for i in range(300)]
         agent.broadcast(Command(kind=CommandKind.SDC_CHECK, target=Source(job="j")))
         wait_for(lambda: len(got) == 1)
         assert got[0].kind == CommandKind.SDC_CHECK
@@ -193,12 +193,10 @@ def test_hooks_in_a_loop_with_no_agent_keep_working(tmp_path: Path) -> None:
     hooks.observe(loss="not a number")  # bad input is counted, never raised
     hooks.close()
     queued = hooks.transport.pending_events()
-    anomalies = [
-        (e.payload["step"], e.payload["anomaly"]) for e in queued if e.kind == "rank.anomaly"
-    ]
+    anomalies = [(e.payload.step, e.payload.anomaly) for e in queued if e.kind == "rank.anomaly"]
     assert anomalies == [(30, "spike"), (35, "nan")]
     steps = [e for e in queued if e.kind == "rank.step"]
-    assert len(steps) == 40 and steps[-1].payload["tokens_per_s"] > 0
+    assert len(steps) == 40 and steps[-1].payload.tokens_per_s > 0
     assert hooks.errors == 1
 
 

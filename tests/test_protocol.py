@@ -2,6 +2,7 @@ import json
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from sentinel import protocol
 from sentinel.protocol import (
@@ -9,8 +10,20 @@ from sentinel.protocol import (
     Event,
     EventBatch,
     EventKind,
+    Finding,
+    GpuVerdictEvent,
+    GpuVerdictPayload,
+    GpuXidEvent,
+    JobState,
+    JobStatusEvent,
+    JobStatusPayload,
     ProtocolError,
+    RankCrashEvent,
+    RankCrashPayload,
+    RankStepEvent,
+    RankStepPayload,
     Source,
+    Verdict,
     XidPayload,
     decode_batch,
     decode_event,
@@ -45,16 +58,22 @@ def test_ids_are_unique() -> None:
         ("[1]", "expected a JSON object"),
         ('{"kind": "gpu.xid"}', "missing protocol version"),
         ('{"v": 2, "kind": "gpu.xid"}', "unsupported protocol version 2"),
-        ('{"v": 1, "kind": "gpu.melted", "source": {"node": "n"}}', "kind: Input should be"),
+        (
+            '{"v": 1, "kind": "gpu.melted", "source": {"node": "n"}}',
+            "kind: unknown event kind 'gpu.melted'",
+        ),
+        ('{"v": 1, "source": {"node": "n"}}', "kind: Field required"),
+        ('{"v": true, "kind": "gpu.xid"}', "unsupported protocol version True"),
+        ('{"v": 1.0, "kind": "gpu.xid"}', "unsupported protocol version 1.0"),
         ('{"v": 1, "kind": "gpu.xid", "source": {}}', "source: Value error, a source names"),
         (
             '{"v": 1, "kind": "gpu.xid", "source": {"node": "n"}, "payload": {"gpu": 0}}',
-            "not a valid gpu.xid payload: xid: Field required",
+            "payload.xid: Field required (a gpu.xid event)",
         ),
         (
             '{"v": 1, "kind": "agent.heartbeat", "source": {"node": "n"}, "ts": -5, '
             '"payload": {"gpus": 8, "verdict": "healthy", "agent_version": "x"}}',
-            "ts: Value error, timestamp must be finite",
+            "ts: Input should be greater than or equal to 0",
         ),
         (
             '{"v": 1, "kind": "agent.heartbeat", "source": {"node": "n"}, "extra": 1, '
@@ -77,7 +96,10 @@ def test_malformed_messages_get_a_precise_reason(raw: str, reason: str) -> None:
 def test_payload_is_normalised_so_equal_events_encode_equally() -> None:
     doc = json.loads(encode(_xid_event()))
     doc["payload"].pop("repeats_in_window")  # a default the sender left out
-    assert decode_event(doc).payload["repeats_in_window"] == 1
+    event = decode_event(doc)
+    assert isinstance(event, GpuXidEvent)
+    assert event.payload.repeats_in_window == 1
+    assert encode(event) == encode(_xid_event().model_copy(update={"id": event.id, "ts": event.ts}))
 
 
 def test_batch_size_is_bounded() -> None:
@@ -86,61 +108,81 @@ def test_batch_size_is_bounded() -> None:
         decode_batch({"v": 1, "events": [event] * 10_001})
 
 
-_WELL_FORMED = [
+_WELL_FORMED: list[Event] = [
     _xid_event(),
-    Event(
-        kind=EventKind.GPU_VERDICT,
+    GpuVerdictEvent(
         source=Source(node="node-2"),
-        payload={
-            "gpu": 3,
-            "verdict": "unhealthy",
-            "action": "reboot_node",
-            "findings": [
-                {
-                    "rule": "xid_fatal",
-                    "verdict": "unhealthy",
-                    "action": "reboot_node",
-                    "detail": "x",
-                }
+        payload=GpuVerdictPayload(
+            gpu=3,
+            verdict=Verdict.UNHEALTHY,
+            action=Action.REBOOT_NODE,
+            findings=[
+                Finding(
+                    rule="xid_fatal",
+                    verdict=Verdict.UNHEALTHY,
+                    action=Action.REBOOT_NODE,
+                    detail="x",
+                )
             ],
-        },
+        ),
     ),
-    Event(
-        kind=EventKind.JOB_STATUS,
+    JobStatusEvent(
         source=Source(job="job-1"),
-        payload={"state": "running", "generation": 2, "world_size": 8, "nodes": ["a", "b"]},
+        payload=JobStatusPayload(
+            state=JobState.RUNNING, generation=2, world_size=8, nodes=["a", "b"]
+        ),
     ),
-    Event(
-        kind=EventKind.RANK_STEP,
+    RankStepEvent(
         source=Source(node="node-1", rank=5, job="job-1"),
-        payload={"step": 7, "step_s": 0.5, "compute_s": 0.4, "comm_s": 0.1, "loss": 3.25},
+        payload=RankStepPayload(step=7, step_s=0.5, compute_s=0.4, comm_s=0.1, loss=3.25),
     ),
+    RankCrashEvent(source=Source(node="node-1", rank=2, job="job-1")),
 ]
 
 
-def test_fast_path_builds_what_the_full_validation_builds(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Well-formed messages skip `Event`'s Python validators; the result must not differ."""
-    raw = encode(EventBatch(events=_WELL_FORMED))
-    slow = EventBatch.model_validate(json.loads(raw))
-    one_slow = Event.model_validate(json.loads(encode(_WELL_FORMED[1])))
+def test_every_kind_has_one_event_class_with_its_payload_model() -> None:
+    assert set(protocol.EVENT_TYPES) == set(EventKind)
+    for kind, cls in protocol.EVENT_TYPES.items():
+        assert cls.model_fields["kind"].default is kind
+        assert protocol.PAYLOAD_MODELS[kind] is cls.model_fields["payload"].annotation
 
-    def refuse(*_args: object) -> None:
-        raise AssertionError("took the slow path")
 
-    monkeypatch.setattr(protocol, "_decode", refuse)
-    fast = decode_batch(raw)
-    assert fast == slow
-    assert [e.payload for e in fast.events] == [e.payload for e in slow.events]
-    assert encode(fast) == encode(slow)
-    assert decode_event(encode(_WELL_FORMED[1])) == one_slow
+def test_decoding_builds_each_kinds_class_with_a_typed_payload() -> None:
+    batch = decode_batch(encode(EventBatch(events=_WELL_FORMED)))
+    assert batch.events == _WELL_FORMED
+    assert [type(e) for e in batch.events] == [type(e) for e in _WELL_FORMED]
+    verdict = batch.events[1]
+    assert isinstance(verdict, GpuVerdictEvent)
+    assert verdict.payload.verdict is Verdict.UNHEALTHY
+    assert verdict.payload.findings[0].action is Action.REBOOT_NODE
+    # a dict (as a test or a tool holds a message) decodes the same way as its JSON
+    assert decode_batch(json.loads(encode(batch))) == batch
+    for event in _WELL_FORMED:
+        assert decode_event(encode(event)) == event
+
+
+def test_a_payload_model_of_another_kind_is_refused() -> None:
+    payload = RankCrashPayload()
+    with pytest.raises(ValidationError, match="payload"):
+        make_event(EventKind.GPU_XID, Source(node="n"), payload)
+
+
+def test_every_message_states_its_version() -> None:
+    """Models built here default `v`; a message on the wire must state it."""
+    event = json.loads(encode(_xid_event()))
+    del event["v"]
+    with pytest.raises(ProtocolError, match="missing protocol version"):
+        decode_event(json.dumps(event))
+    with pytest.raises(ProtocolError, match="missing protocol version"):
+        decode_batch(json.dumps({"events": [event]}))
+    # inside a batch, the batch's version speaks for its events
+    assert decode_batch(json.dumps({"v": 1, "events": [event]})).events[0].v == 1
 
 
 def test_a_batch_with_one_bad_event_gets_that_events_reason() -> None:
     good = json.loads(encode(_xid_event()))
     bad = {**good, "id": "other", "payload": {"gpu": 0}}
-    with pytest.raises(ProtocolError, match=r"events\.1\.payload: .*xid: Field required"):
+    with pytest.raises(ProtocolError, match=r"events\.1\.payload\.xid: Field required"):
         decode_batch(json.dumps({"v": 1, "events": [good, bad]}))
 
 

@@ -49,7 +49,7 @@ def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path:
     finally:
         hooks.close()
     sdc = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
-    got = [(p["step"], p["mismatch"], p["suspect_since"], p["check_id"]) for p in sdc]
+    got = [(p.step, p.mismatch, p.suspect_since, p.check_id) for p in sdc]
     # An exchange every 5 steps (104, 109, ...) is acted on at the next step, where the check
     # computes its digests (its step), and judged one step later.
     assert got == [
@@ -58,7 +58,7 @@ def test_a_disagreeing_rank_reports_since_when_its_results_are_suspect(tmp_path:
         (115, True, 111, "sdc-115"),  # the last check all ranks passed was after step 110
         (120, True, 111, "recompute-1"),  # the recompute quotes the command's id
     ]
-    assert all(p["mismatched_ranks"] == ([2] if p["mismatch"] else []) for p in sdc)
+    assert all(p.mismatched_ranks == ([2] if p.mismatch else []) for p in sdc)
 
 
 def test_with_no_clean_check_yet_everything_since_the_start_is_suspect(tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_with_no_clean_check_yet_everything_since_the_start_is_suspect(tmp_path:
     finally:
         hooks.close()
     (p,) = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
-    assert (p["step"], p["mismatch"], p["suspect_since"]) == (35, True, 30)
+    assert (p.step, p.mismatch, p.suspect_since) == (35, True, 30)
 
 
 def test_the_exchange_is_acted_on_a_step_later_and_close_starts_no_collective(
@@ -102,4 +102,4 @@ def test_the_exchange_is_acted_on_a_step_later_and_close_starts_no_collective(
     # rank closing on an error path may have peers that never will
     assert gang.digest_posts == 1
     sdc = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
-    assert [p["step"] for p in sdc] == [5]
+    assert [p.step for p in sdc] == [5]

@@ -38,7 +38,7 @@ def test_a_rank_dead_before_a_stop_arrives_is_still_reported(tmp_path: Path) -> 
     # the stop lands before the watch loop's next poll would have seen rank 0's exit
     asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
     crashes = [e for e in sup.posted if e.kind == "rank.crash"]
-    assert [(e.source.rank, e.source.node, e.payload["exit_code"]) for e in crashes] == [
+    assert [(e.source.rank, e.source.node, e.payload.exit_code) for e in crashes] == [
         (0, "node-0", 3)
     ]
     assert sup.gang is None and sup.job.state == "stopped"

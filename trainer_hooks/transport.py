@@ -31,6 +31,7 @@ from typing import Any
 from sentinel.protocol import (
     Command,
     Event,
+    EventBase,
     EventBatch,
     ProtocolError,
     decode_command,
@@ -110,7 +111,7 @@ class AgentTransport:
         return [e for e in map(self._build, items) if e is not None]
 
     def _build(self, item: Outgoing) -> Event | None:
-        if isinstance(item, Event):
+        if isinstance(item, EventBase):
             return item
         try:
             return item()

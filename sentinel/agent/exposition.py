@@ -8,15 +8,19 @@ escaped text and otherwise produces exactly the same bytes (a test compares the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from prometheus_client import utils
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _TYPE_RENAMES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
                  "unknown": "untyped"}  # fmt: skip
 _SUFFIXED = ("_created", "_gsum", "_gcount")  # OpenMetrics samples, put in gauges at the end
 _MAX_CACHED = 50_000  # label sets; a pid label churns, so the cache is bounded
+# prometheus_client leaves this one untyped; the strict check needs its signature.
+_go_float: Callable[[float], str] = utils.floatToGoString
 
 
 def _escape_label_value(value: str) -> str:
@@ -53,7 +57,7 @@ class TextRenderer:
 
     def _sample(self, name: str, labels: dict[str, str], value: float, ts: object) -> str:
         stamp = "" if ts is None else f" {int(float(ts) * 1000):d}"  # type: ignore[arg-type]
-        return f"{self._name(name)}{self._label_text(labels)} {floatToGoString(value)}{stamp}\n"
+        return f"{self._name(name)}{self._label_text(labels)} {_go_float(value)}{stamp}\n"
 
     def render(self, registry: Collector) -> bytes:
         out: list[str] = []

@@ -23,13 +23,14 @@ from sentinel.agent.node_rules import NodeSignals, Report
 from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.protocol import (
     Event,
-    EventKind,
+    GpuVerdictEvent,
     GpuVerdictPayload,
+    GpuXidEvent,
+    NodeVerdictEvent,
     NodeVerdictPayload,
     Source,
     Verdict,
     XidPayload,
-    make_event,
 )
 
 log = logging.getLogger("sentinel.agent")
@@ -178,7 +179,7 @@ class NodeMonitor:
     # ---- events ------------------------------------------------------------------------------
 
     def _xid_events(self, health: NodeHealth) -> list[Event]:
-        events = []
+        events: list[Event] = []
         for x in health.xids:
             self.xids.counts[(x.gpu, x.xid)] += 1
             self.xids.last[x.gpu] = x.xid
@@ -197,7 +198,7 @@ class NodeMonitor:
                 action=x.action,
                 repeats_in_window=x.repeats_in_window,
             )
-            events.append(make_event(EventKind.GPU_XID, self.source, payload, ts=self.clock()))
+            events.append(GpuXidEvent(source=self.source, payload=payload, ts=self.clock()))
         return events
 
     def _verdict_events(self, health: NodeHealth) -> list[Event]:
@@ -222,7 +223,7 @@ class NodeMonitor:
                 unhealthy_gpus=[g.gpu for g in health.gpus if g.verdict == Verdict.UNHEALTHY],
                 findings=list(health.findings),
             )
-            events.append(make_event(EventKind.NODE_VERDICT, self.source, payload, ts=self.clock()))
+            events.append(NodeVerdictEvent(source=self.source, payload=payload, ts=self.clock()))
         return events
 
     def _gpu_change(self, g: GpuHealth) -> Event | None:
@@ -251,4 +252,4 @@ class NodeMonitor:
             action=g.action,
             findings=list(g.findings),
         )
-        return make_event(EventKind.GPU_VERDICT, self.source, payload, ts=self.clock())
+        return GpuVerdictEvent(source=self.source, payload=payload, ts=self.clock())

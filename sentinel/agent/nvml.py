@@ -359,12 +359,12 @@ class NvmlBackend(GpuBackend):
     def _clock_reasons(self, handle: Any) -> int:
         """Clocks-event reasons; drivers older than R535 only have the throttle-reasons name."""
         try:
-            return self._reasons_fn(handle)
+            return int(self._reasons_fn(handle))
         except nvml.NVMLError_FunctionNotFound:
             if self._reasons_fn is nvml.nvmlDeviceGetCurrentClocksThrottleReasons:
                 raise
             self._reasons_fn = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-            return self._reasons_fn(handle)
+            return int(self._reasons_fn(handle))
 
     def _read_clocks_memory(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         h, call = gpu.handle, self._call

@@ -7,7 +7,13 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sentinel.protocol import Event
+from sentinel.protocol import (
+    Event,
+    RankCheckpointEvent,
+    RankCheckpointPayload,
+    RankStepEvent,
+    RankStepPayload,
+)
 
 # rank.step payload field -> (metric, help, scale to base units, counter?)
 STEP_SERIES = (
@@ -50,9 +56,9 @@ class RankMetrics:
     def __init__(self) -> None:
         self.events: Counter[tuple[str, int, str]] = Counter()  # (job, rank, kind) -> n
         self.last_seen: dict[tuple[str, int], float] = {}
-        self.last_step: dict[tuple[str, int], dict[str, object]] = {}
-        # The last rank.checkpoint payload, with the event's time as `ts`.
-        self.last_checkpoint: dict[tuple[str, int], dict[str, object]] = {}
+        self.last_step: dict[tuple[str, int], RankStepPayload] = {}
+        # The last rank.checkpoint payload, with the event's time.
+        self.last_checkpoint: dict[tuple[str, int], tuple[RankCheckpointPayload, float]] = {}
 
     def observe(self, event: Event) -> None:
         src = event.source
@@ -61,10 +67,10 @@ class RankMetrics:
         key = (src.job or "", src.rank)
         self.events[(*key, event.kind.value)] += 1
         self.last_seen[key] = max(event.ts, self.last_seen.get(key, 0.0))
-        if event.kind.value == "rank.step":
+        if isinstance(event, RankStepEvent):
             self.last_step[key] = event.payload
-        elif event.kind.value == "rank.checkpoint":
-            self.last_checkpoint[key] = {**event.payload, "ts": event.ts}
+        elif isinstance(event, RankCheckpointEvent):
+            self.last_checkpoint[key] = (event.payload, event.ts)
 
     def collect(self, node_id: str) -> Iterator[Metric]:
         labels = ["node", "job", "rank"]
@@ -89,23 +95,24 @@ class RankMetrics:
         yield last
         for field, name, help_, scale, counter in STEP_SERIES:
             family = CounterMetricFamily if counter else GaugeMetricFamily
-            fam = family(name, help_, labels=labels)
-            yield _per_rank(fam, self.last_step, field, node_id, scale)
+            steps = {key: getattr(p, field) for key, p in self.last_step.items()}
+            yield _per_rank(family(name, help_, labels=labels), steps, node_id, scale)
         for field, name, help_ in CHECKPOINT_SERIES:
-            gauge = GaugeMetricFamily(name, help_, labels=labels)
-            yield _per_rank(gauge, self.last_checkpoint, field, node_id)
+            saves = {
+                key: ts if field == "ts" else getattr(p, field)
+                for key, (p, ts) in self.last_checkpoint.items()
+            }
+            yield _per_rank(GaugeMetricFamily(name, help_, labels=labels), saves, node_id)
 
 
 def _per_rank(
     fam: GaugeMetricFamily | CounterMetricFamily,
-    payloads: dict[tuple[str, int], dict[str, object]],
-    field: str,
+    values: dict[tuple[str, int], object],
     node_id: str,
     scale: float = 1.0,
 ) -> Metric:
     """One sample per rank from the field of its last payload (a null field: none)."""
-    for (job, rank), payload in sorted(payloads.items()):
-        value = payload.get(field)
+    for (job, rank), value in sorted(values.items()):
         if isinstance(value, int | float):  # null: the rank cannot measure it
             fam.add_metric([node_id, job, str(rank)], float(value) * scale)
     return fam

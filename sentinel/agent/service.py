@@ -46,7 +46,7 @@ from sentinel.agent.readings import GpuBackend
 from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
 from sentinel.config import AgentConfig, ConfigError, load_config
-from sentinel.protocol import AgentHeartbeatPayload, Event, EventKind, Verdict, make_event
+from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict
 
 log = logging.getLogger("sentinel.agent")
 
@@ -317,7 +317,7 @@ class Agent:
                     agent_version=__version__,
                     spooled_events=len(self.spool) if self.spool else 0,
                 )
-                self.emit([make_event(EventKind.AGENT_HEARTBEAT, self.monitor.source, payload)])
+                self.emit([AgentHeartbeatEvent(source=self.monitor.source, payload=payload)])
             await asyncio.sleep(self.cfg.heartbeat_s)
 
     async def _start_http(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from sentinel.config import CoordinatorConfig
@@ -25,7 +26,21 @@ from sentinel.coordinator.lifecycle import (
 from sentinel.coordinator.playbooks import Playbook, TriggerClause, compile_getter
 from sentinel.coordinator.store import StateStore
 from sentinel.coordinator.store.rows import IncidentDetail, IncidentRow, JobRow
-from sentinel.protocol import Event, EventBatch, EventKind, JobStatusPayload
+from sentinel.protocol import (
+    AgentHeartbeatEvent,
+    Event,
+    EventBatch,
+    EventKind,
+    JobStatusEvent,
+    NodeVerdictEvent,
+    RankAnomalyEvent,
+    RankCrashEvent,
+    RankFrDumpEvent,
+    RankHangEvent,
+    RankSdcEvent,
+    RankStepEvent,
+    RankStragglerEvent,
+)
 
 log = logging.getLogger("sentinel.coordinator")
 
@@ -90,8 +105,7 @@ class Ingestor:
                 new.discard(ev.id)
                 result.accepted += 1
                 if ev.source.node is not None:
-                    verdict = ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
-                    nodes[ev.source.node] = verdict or nodes.get(ev.source.node)
+                    nodes[ev.source.node] = _verdict(ev) or nodes.get(ev.source.node)
                 self._track_job(ev, now)
                 incident_id = self._correlate(ev, now, result)
                 if incident_id is not None:
@@ -137,10 +151,7 @@ class Ingestor:
                         result.accepted += 1
                         node = ev.source.node
                         if node is not None:
-                            verdict = (
-                                ev.payload.get("verdict") if ev.kind in _VERDICT_KINDS else None
-                            )
-                            nodes[node] = verdict or nodes.get(node)
+                            nodes[node] = _verdict(ev) or nodes.get(node)
                     results.append(result)
                 self.store.touch_nodes(nodes, now)
         except Exception:
@@ -153,9 +164,9 @@ class Ingestor:
     # --- fleet and job state -----------------------------------------------------------------
 
     def _track_job(self, ev: Event, now: float) -> None:
-        if ev.kind != EventKind.JOB_STATUS or ev.source.job is None:
+        if not isinstance(ev, JobStatusEvent) or ev.source.job is None:
             return
-        status = JobStatusPayload.model_validate(ev.payload)
+        status = ev.payload
         lifecycle.report_job(self.store, ev.source.job, status, now)
         for node in status.nodes:
             lifecycle.add_node(self.store, node, NodeState.ACTIVE, now)
@@ -249,7 +260,7 @@ class Ingestor:
         book: Playbook,
         now: float,
     ) -> int:
-        step, batch, since = (ev.payload.get(k) for k in ("step", "batch", "suspect_since"))
+        step, batch, since = _where(ev)
         if step is None and job is not None:
             step = job.status.step
         nodes = [ev.source.node] if ev.source.node else []
@@ -318,15 +329,16 @@ class _Triggers:
     def __init__(self, candidates: list[_Candidate]) -> None:
         self.all = candidates
         self.table: dict[object, list[_Candidate]] | None = None
-        self.payload_key: str | None = None
+        self.payload_field: str | None = None
         shared = set.intersection(*(_eq_fields(clause) for _, clause, _ in candidates))
         if not shared:
             return
         gate = min(shared)
         self.read = compile_getter(gate.split("."))
-        # A gate on a top-level payload field (the usual case) is read off the event itself.
+        # A gate on a top-level payload field (the usual case) is read off the event's payload
+        # model itself, without building the event's document.
         head, _, key = gate.partition(".")
-        self.payload_key = key if head == "payload" and key and "." not in key else None
+        self.payload_field = key if head == "payload" and key and "." not in key else None
         self.table = {}
         for cand in candidates:
             for cond in cand[1].when:
@@ -337,7 +349,12 @@ class _Triggers:
         """Whether any clause can match `ev`: `candidates` without building its document."""
         if self.table is None:
             return bool(self.all)
-        value = ev.payload.get(self.payload_key) if self.payload_key else self.read(_doc(ev))
+        if self.payload_field is None:
+            value = self.read(_doc(ev))
+        else:  # the field a playbook names, or None where this kind has no such field
+            value = getattr(ev.payload, self.payload_field, None)
+            if isinstance(value, Enum):
+                value = value.value  # the document holds the enum's JSON value
         return isinstance(value, _GATE_TYPES) and bool(self.table.get(value))
 
     def candidates(self, doc: dict[str, Any]) -> list[_Candidate]:
@@ -364,9 +381,33 @@ def _doc(ev: Event) -> dict[str, Any]:
     s = ev.source
     return {
         "kind": ev.kind.value,
-        "payload": ev.payload,
+        "payload": ev.payload.model_dump(mode="json"),
         "source": {"node": s.node, "rank": s.rank, "job": s.job},
     }
 
 
-_VERDICT_KINDS = frozenset({EventKind.NODE_VERDICT, EventKind.AGENT_HEARTBEAT})
+def _verdict(ev: Event) -> str | None:
+    """The node's own verdict, which the events its agent sends about the node carry."""
+    if isinstance(ev, NodeVerdictEvent | AgentHeartbeatEvent):
+        return ev.payload.verdict.value
+    return None
+
+
+def _where(ev: Event) -> tuple[int | None, int | None, int | None]:
+    """(step, batch, suspect_since): where in training an event puts its fault, as far as its
+    kind says."""
+    match ev:
+        case RankAnomalyEvent():
+            return ev.payload.step, ev.payload.batch, None
+        case RankSdcEvent():
+            return ev.payload.step, None, ev.payload.suspect_since
+        case (
+            RankHangEvent()
+            | RankStragglerEvent()
+            | RankStepEvent()
+            | RankFrDumpEvent()
+            | RankCrashEvent()
+            | JobStatusEvent()
+        ):
+            return ev.payload.step, None, None
+    return None, None, None

@@ -32,14 +32,15 @@ from sentinel.processes import free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
     EventBatch,
-    EventKind,
+    FrAnalysisEvent,
     FrAnalysisPayload,
+    JobStatusEvent,
     JobStatusPayload,
+    RankCrashEvent,
     RankCrashPayload,
     RepairPlan,
     Source,
     encode,
-    make_event,
 )
 from sentinel.protocol import JobState as ReportedState
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
@@ -202,7 +203,7 @@ class Supervisor:
             spares=self.job.spares,
             checkpoints=ckpts,
         )
-        return make_event(EventKind.JOB_STATUS, Source(job=self.cfg.job_id), payload)
+        return JobStatusEvent(source=Source(job=self.cfg.job_id), payload=payload)
 
     async def report_status(self) -> None:
         await self._post([self._status_event()])
@@ -344,7 +345,7 @@ class Supervisor:
                       err.decode(errors="replace")[-500:])  # fmt: skip
             return
         log.info("flight recorder: %s, culprits %s", payload.verdict, payload.culprit_ranks)
-        await self._post([make_event(EventKind.FR_ANALYSIS, Source(job=self.cfg.job_id), payload)])
+        await self._post([FrAnalysisEvent(source=Source(job=self.cfg.job_id), payload=payload)])
 
     # --- the gang ----------------------------------------------------------------------------
 
@@ -392,10 +393,9 @@ class Supervisor:
             return
         log.warning("ranks %s exited abnormally", [e.rank for e in failed])
         events = [
-            make_event(
-                EventKind.RANK_CRASH,
-                Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
-                RankCrashPayload(
+            RankCrashEvent(
+                source=Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
+                payload=RankCrashPayload(
                     exit_code=e.returncode if e.returncode >= 0 else None,
                     signal=e.signal,
                     generation=self.job.generation,

@@ -115,7 +115,8 @@ class FakeAgent:
         with self._lock:
             return [e for e in self.events if e.kind == kind]
 
-    def payloads(self, kind: str) -> list[tuple[int | None, dict[str, Any]]]:
+    def payloads(self, kind: str) -> list[tuple[int | None, Any]]:
+        """(rank, payload model) of each event of `kind`."""
         return [(e.source.rank, e.payload) for e in self.of_kind(kind)]
 
     def close(self) -> None:

@@ -65,7 +65,7 @@ def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 9
                 raise GangFailed(f"exit codes {codes}:\n{gang.tail(0)}")
             time.sleep(0.5)  # the ranks flushed their events on exit; let the reader take them
             return [
-                Named(rank, int(p["step"]), float(p["slowdown"]))
+                Named(rank, int(p.step), float(p.slowdown))
                 for rank, p in agent.payloads("rank.straggler")
                 if rank is not None
             ]
