@@ -159,7 +159,10 @@ async def test_a_relayed_rank_checkpoint_is_stored_and_a_bad_one_refused(
     bad = {**json.loads(encode(good)), "payload": {"step": -1}}
     r = await client.post("/v1/events", data=json.dumps({"v": 1, "events": [bad]}), headers=node1)
     assert r.status == 422
-    assert "not a valid rank.checkpoint payload" in (await r.json())["error"]
+    assert (
+        "payload.step: Input should be greater than or equal to 0 (a rank.checkpoint event)"
+        in (await r.json())["error"]
+    )
     service = client.app[SERVICE]
     rows = await service.db(service.store.query, "SELECT kind, rank, payload FROM events")
     assert [(r["kind"], r["rank"], r["payload"]["step"]) for r in rows] == [
