@@ -73,9 +73,15 @@ def test_drain_in_sinfo_and_an_audited_return(
     assert cluster.node_states()["node-1"].state in {"drained", "draining"}
     coord.call("POST", "/v1/actions", operator, json.dumps(body).encode())
     wait_for(lambda: cluster.node_states()["node-1"].state == "idle", what="node-1 resumed")
+
+    def fleet_state() -> str:
+        with coord.db() as db:
+            return str(db.execute("SELECT state FROM nodes WHERE name='node-1'").fetchone()[0])
+
+    # validating while scontrol is asked, then returned once its outcome is recorded (Slurm may
+    # show the node idle a moment before): back in service, free to serve as a spare again
+    wait_for(lambda: fleet_state() == "returned", what="node-1 returned in the fleet")
     with coord.db() as db:
-        # returned: back in service, free to serve as a job's spare again
-        assert db.execute("SELECT state FROM nodes WHERE name='node-1'").fetchone()[0] == "returned"
         audit = db.execute(
             "SELECT who, what, why FROM audit WHERE what LIKE '%return_node' ORDER BY id"
         ).fetchall()
