@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sentinel.agent.rank_registry import is_registration, parse_registration
 from sentinel.processes import free_port
-from sentinel.protocol import Command, Event, decode_batch, encode
+from sentinel.protocol import Command, Event, RankRegistration, decode_batch, encode
 
 WORKER = Path(__file__).with_name("worker.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ class FakeAgent:
         self.path = path
         self.events: list[Event] = []
         self.lines = 0
+        self.registrations: list[RankRegistration] = []
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -99,6 +101,10 @@ class FakeAgent:
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
+                    if is_registration(line):  # a rank naming its GPU, as the real agent reads
+                        with self._lock:
+                            self.registrations.append(parse_registration(line))
+                        continue
                     batch = decode_batch(line)
                     with self._lock:
                         self.lines += 1
