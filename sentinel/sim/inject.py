@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,7 +171,7 @@ class MarkerWatch:
         return new
 
 
-class Polling(threading.Thread):
+class Polling(threading.Thread, ABC):
     """A daemon thread that calls `tick` every `interval_s` until stopped, and once more after;
     an exception ends it and waits in `error` for the orchestrator, which checks after join."""
 
@@ -180,8 +181,9 @@ class Polling(threading.Thread):
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 
+    @abstractmethod
     def tick(self) -> None:
-        raise NotImplementedError
+        """One look (called every `interval_s`, and once more after `stop`)."""
 
     def run(self) -> None:
         try:
