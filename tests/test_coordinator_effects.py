@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -52,12 +53,9 @@ def coordinator(tmp_path: Path, slurm_env: Path) -> Iterator[Coordinator]:
     c.stop()
 
 
-def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(
-    tmp_path: Path, slurm_env: Path
-) -> None:
-    """The crash, in slow motion: the drain's intent is recorded and its call begun, the call
-    lands at the scheduler, and the coordinator dies before it records the outcome. The next
-    engine asks `scontrol show node` and finds the node drained: one update, not two."""
+def _drain_recorded_not_made(tmp_path: Path) -> tuple[Any, Store, Engine, Any]:
+    """An XID on node-7 with the Slurm backend: the engine records the drain's intent but
+    makes no call (effects not run inline). Returns (config, store, engine, the effect)."""
     c = cfg(tmp_path, eviction_backend="slurm", scontrol=str(STANDIN))
     store = Store(tmp_path / "c.db")
     ingest = Ingestor(store, PLAYBOOKS, c)
@@ -65,6 +63,16 @@ def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(
     ingest.ingest(EventBatch(events=[job_status("j", FLEET, ["spare-0"]), xid("node-7")]), 1000.0)
     before.tick()
     (effect,) = before.effects.pending()
+    return c, store, before, effect
+
+
+def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(
+    tmp_path: Path, slurm_env: Path
+) -> None:
+    """The crash, in slow motion: the drain's intent is recorded and its call begun, the call
+    lands at the scheduler, and the coordinator dies before it records the outcome. The next
+    engine asks `scontrol show node` and finds the node drained: one update, not two."""
+    c, store, before, effect = _drain_recorded_not_made(tmp_path)
     assert effect.kind == "evict" and effect.target == "node-7"
     assert store.node("node-7").state == "draining"  # type: ignore[union-attr]
     assert not before.effects.begin(effect)  # the first attempt: nothing to reconcile
@@ -82,13 +90,7 @@ def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(
 def test_a_drain_the_scheduler_never_got_is_made_after_the_crash(
     tmp_path: Path, slurm_env: Path
 ) -> None:
-    c = cfg(tmp_path, eviction_backend="slurm", scontrol=str(STANDIN))
-    store = Store(tmp_path / "c.db")
-    ingest = Ingestor(store, PLAYBOOKS, c)
-    before = Engine(store, PLAYBOOKS, c, make_backend(c), lambda: 1000.0, inline_effects=False)
-    ingest.ingest(EventBatch(events=[job_status("j", FLEET, ["spare-0"]), xid("node-7")]), 1000.0)
-    before.tick()
-    (effect,) = before.effects.pending()
+    c, store, before, effect = _drain_recorded_not_made(tmp_path)
     before.effects.begin(effect)  # begun, then killed before the call left
     Engine(store, PLAYBOOKS, c, make_backend(c), lambda: 1001.0).tick()
     assert calls(slurm_env) == ["show node-7", "update node-7", "drained node-7"]
