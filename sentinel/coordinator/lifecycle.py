@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sentinel.protocol import JobState, JobStatusPayload
 
 if TYPE_CHECKING:
-    from sentinel.coordinator.store.interface import StateStore
+    from sentinel.coordinator.store import StateStore
     from sentinel.coordinator.store.rows import EffectRow, IncidentDetail, RunContext
 
 log = logging.getLogger(__name__)

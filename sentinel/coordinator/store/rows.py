@@ -7,8 +7,15 @@ detail, a run's context with its repair plan). No backend's row type crosses thi
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -238,3 +245,45 @@ class IncidentView:
     runs: list[RunRow] = field(default_factory=list)
     actions: list[StepRow] = field(default_factory=list)
     audit: list[AuditRow] = field(default_factory=list)
+
+
+_Row = TypeVar("_Row")
+
+
+def from_row(cls: type[_Row], values: Any) -> _Row:
+    """A typed row from a driver's row (a sequence in the dataclass's field order): each value
+    converted by its field's type: an enum by value, a pydantic model and a dict from their
+    JSON text, a flag from its integer."""
+    converters: tuple[Callable[[Any], Any], ...] = _converters(cls)  # type: ignore[arg-type]
+    return cls(*[convert(v) for convert, v in zip(converters, values, strict=True)])
+
+
+@functools.cache
+def _converters(cls: Any) -> tuple[Callable[[Any], Any], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(_converter(hints[f.name]) for f in dataclasses.fields(cls))
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _converter(tp: Any) -> Callable[[Any], Any]:
+    args = typing.get_args(tp)
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args
+    if optional:
+        tp = next(a for a in args if a is not type(None))
+    convert: Callable[[Any], Any]
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        convert = tp
+    elif isinstance(tp, type) and issubclass(tp, BaseModel):
+        convert = tp.model_validate_json
+    elif typing.get_origin(tp) is dict:
+        convert = json.loads
+    elif tp is bool:
+        convert = bool
+    else:
+        return _same
+    if optional:
+        return lambda v: convert(v) if v else None
+    return convert
