@@ -123,7 +123,14 @@ class CoordinatorConfig(StrictModel):
     # what a large fleet's agents post to. None: events go to the API port only.
     ingest_listen: str | None = None
     state_dir: Path = Path("/var/lib/sentinel/coordinator")
-    # None: the playbooks shipped with Sentinel (playbooks/ of the installation).
+    # None: SQLite in state_dir (one coordinator). A PostgreSQL URL
+    # (postgresql://USER@HOST:PORT/DB?sslmode=verify-full): several replicas share it, one
+    # leads. No password in the URL: libpq reads PGPASSFILE / PGPASSWORD, or name a file here.
+    store: str | None = None
+    store_password_file: Path | None = None
+    # The leader's lease: renewed every third of it; a follower takes over once it ran out.
+    lease_ttl_s: float = Field(default=5.0, ge=1.0, le=60.0)
+    # None: this coordinator's playbooks shipped with Sentinel (playbooks/ of the installation).
     playbooks_dir: Path | None = None
     eviction_backend: Literal["exclude_file", "slurm", "kubernetes"] = "exclude_file"
     exclude_file: Path | None = None  # default: <state_dir>/exclude.txt
@@ -152,6 +159,22 @@ class CoordinatorConfig(StrictModel):
     # has not answered in this long is recorded as failed (a drain's or a return's step
     # escalates: a person looks).
     effect_timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, url: str | None) -> str | None:
+        """A PostgreSQL URL without a password. The message never repeats the URL: it may
+        hold the very secret it refuses."""
+        if url is None:
+            return None
+        scheme, sep, rest = url.partition("://")
+        if scheme not in ("postgresql", "postgres") or not sep:
+            raise ValueError("must be a postgresql:// URL (leave it unset for SQLite)")
+        if ":" in rest.split("@", 1)[0] and "@" in rest:
+            raise ValueError(
+                "must not carry a password: use store_password_file, PGPASSFILE or PGPASSWORD"
+            )
+        return url
 
 
 class SupervisorConfig(StrictModel):
@@ -260,6 +283,10 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+# Fields whose value may hold a secret (a store URL with a password): never echoed in errors.
+SECRET_FIELDS = frozenset({"store"})
+
+
 def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = None) -> list[str]:
     """One line per problem with its field path; `env_names` (path -> variable) names the
     environment variable a bad value came from."""
@@ -273,7 +300,11 @@ def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = No
         if env_names and path in env_names:
             path = f"{path} (from ${env_names[path]})"
         # A whole section as the input says nothing the path does not; a value says what is wrong.
-        shown = e["type"] != "missing" and not isinstance(e["input"], dict | list)
+        shown = (
+            e["type"] != "missing"
+            and not isinstance(e["input"], dict | list)
+            and e["loc"][-1] not in SECRET_FIELDS
+        )
         lines.append(f"{path}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return lines
 

@@ -22,6 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also serve POST /v1/events alone on this port, past aiohttp (for a large fleet)",
     )
     p.add_argument("--state-dir", type=Path, help="where the SQLite store and tokens live")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="a shared PostgreSQL (postgresql://USER@HOST:PORT/DB, no password: PGPASSFILE, "
+        "PGPASSWORD or store_password_file); default: SQLite in the state directory",
+    )
     p.add_argument("--playbooks", type=Path, help="playbooks directory (default: shipped ones)")
     p.set_defaults(handler=run)
 
@@ -37,8 +43,19 @@ def coordinator_config(args: argparse.Namespace):  # type: ignore[no-untyped-def
         updates["ingest_listen"] = args.ingest_listen
     if getattr(args, "state_dir", None):
         updates["state_dir"] = args.state_dir
+    if getattr(args, "store", None):
+        updates["store"] = args.store
     if getattr(args, "playbooks", None):
         updates["playbooks_dir"] = args.playbooks
+    if "store" in updates:  # validated like the config file's key (no password in a URL)
+        from pydantic import ValidationError
+
+        from sentinel.config import ConfigError, CoordinatorConfig, config_errors
+
+        try:
+            CoordinatorConfig(store=updates["store"])
+        except ValidationError as e:
+            raise ConfigError("--store", config_errors(e)) from None
     return cfg.model_copy(update=updates)
 
 
@@ -58,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.coordinator.front import serve
     from sentinel.coordinator.playbooks import PlaybookError
     from sentinel.coordinator.service import Service
+    from sentinel.coordinator.store import StoreUnavailable
 
     cfg = coordinator_config(args)
     host, port = split_listen(cfg.listen)
@@ -66,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
         service = Service(cfg)
     except PlaybookError as e:
         raise InputError("playbooks are invalid:\n  " + "\n  ".join(e.errors)) from None
+    except StoreUnavailable as e:  # systemd (or Kubernetes) starts it again; say why
+        log.error("cannot start: %s", e)
+        return ExitCode.PROBLEM_FOUND
     admin = cfg.state_dir / "admin.token"
     log.info(
         "coordinator listening on %s:%d, state in %s",

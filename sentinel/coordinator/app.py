@@ -24,7 +24,7 @@ from sentinel.coordinator.auth import Principal
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.openapi import openapi_document
 from sentinel.coordinator.service import Refused, Service
-from sentinel.coordinator.store import MAX_ID
+from sentinel.coordinator.store import MAX_ID, StoreUnavailable
 from sentinel.protocol import EventBatch, ProtocolError, format_validation_error
 
 SERVICE = web.AppKey("service", Service)
@@ -67,16 +67,20 @@ def _authenticated(handler: Handler) -> Handler:
 
     async def check(request: web.Request) -> web.StreamResponse:
         service = request.app[SERVICE]
-        principal = await authenticate(service, request.headers.get("Authorization"))
-        if principal is None:
-            return web.json_response(
-                {"error": UNAUTHENTICATED}, status=401, headers={"WWW-Authenticate": CHALLENGE}
-            )
-        request[PRINCIPAL] = principal
         try:
+            principal = await authenticate(service, request.headers.get("Authorization"))
+            if principal is None:
+                return web.json_response(
+                    {"error": UNAUTHENTICATED}, status=401, headers={"WWW-Authenticate": CHALLENGE}
+                )
+            request[PRINCIPAL] = principal
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as e:
             return _error(413, too_large(service.cfg.max_body_bytes, e.text or "too large"))
+        except StoreUnavailable as e:
+            return web.json_response(
+                {"error": unavailable(e)}, status=503, headers={"Retry-After": RETRY_AFTER_S}
+            )
 
     return check
 
@@ -110,12 +114,23 @@ async def answer_batch(
     except Refused as e:
         metrics.rejected.labels(code="403").inc()
         return 403, error_body(str(e))
+    except StoreUnavailable as e:  # nothing of the batch was committed: the sender retries
+        metrics.rejected.labels(code="503").inc()
+        return 503, error_body(unavailable(e))
     metrics.observe_batch(result, time.perf_counter() - t0)
     opened = ",".join(map(str, result.opened))
     return 200, (
         f'{{"accepted":{result.accepted},"duplicates":{result.duplicates},'
         f'"incidents_opened":[{opened}]}}'.encode()
     )
+
+
+# Seconds a client should wait before retrying while the store is away (a database restart).
+RETRY_AFTER_S = "2"
+
+
+def unavailable(error: StoreUnavailable) -> str:
+    return f"the coordinator's store is unavailable ({error}); nothing was stored, retry"
 
 
 def error_body(message: str) -> bytes:
@@ -305,7 +320,11 @@ async def no_route(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Liveness, and this replica's part: the leader runs the engine, followers serve."""
+    leadership = request.app[SERVICE].leadership
+    epoch = leadership.epoch
+    role = "leader" if epoch is not None else "follower"
+    return web.json_response({"status": "ok", "role": role, "epoch": epoch})
 
 
 async def metrics_handler(request: web.Request) -> web.Response:

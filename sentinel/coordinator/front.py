@@ -35,15 +35,20 @@ from aiohttp import web
 from sentinel.coordinator.app import (
     CHALLENGE,
     METRICS,
+    RETRY_AFTER_S,
     SERVICE,
     UNAUTHENTICATED,
     answer_batch,
     authenticate,
     error_body,
     too_large,
+    unavailable,
 )
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.service import Service
+from sentinel.coordinator.store import StoreUnavailable
+
+RETRY_AFTER = f"Retry-After: {RETRY_AFTER_S}\r\n".encode()
 
 log = logging.getLogger("sentinel.coordinator")
 
@@ -63,6 +68,7 @@ _REASONS = {
     413: b"Request Entity Too Large",
     422: b"Unprocessable Entity",
     500: b"Internal Server Error",
+    503: b"Service Unavailable",
 }
 
 
@@ -129,7 +135,9 @@ class IngestFront:
             if req.too_large is not None:
                 return 413, error_body(too_large(self.limit, req.too_large)), b""
             status, body = await answer_batch(self.service, self.metrics, principal, req.body)
-            return status, body, b""
+            return status, body, RETRY_AFTER if status == 503 else b""
+        except StoreUnavailable as e:  # authenticating a token not cached needs the store
+            return 503, error_body(unavailable(e)), RETRY_AFTER
         except Exception:
             log.exception("answering an event batch failed")
             return 500, error_body("internal error; the batch was not acknowledged"), b""

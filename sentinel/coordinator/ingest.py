@@ -202,6 +202,7 @@ class Ingestor:
         if keyed is None:
             return None
         key, target = keyed
+        self.store.lock_key(key)  # replicas ingesting the same fault at once open it once
         row = self.store.active_incident(key, ACTIVE_INCIDENT)
         if row is not None:
             result.linked += 1

@@ -151,6 +151,10 @@ class Metrics:
         )
         files = "the SQLite database and its write-ahead log"
         self.store_bytes = gauge(f"{p}store_bytes", f"size of the store's files: {files}", ["file"])
+        self.leader = gauge(f"{p}leader", "1 on the replica that runs the engine, else 0")
+        self.epoch = gauge(
+            f"{p}leader_epoch", "the leadership epoch this replica leads at (0: follows)"
+        )
         self.history = IncidentHistory()
         r.register(self.history)
         self.gc_pauses = GcPauses()
@@ -169,6 +173,9 @@ class Metrics:
 
     def render(self, service: Service) -> bytes:
         store, now = service.store, service.clock()
+        epoch = service.leadership.epoch
+        self.leader.set(0 if epoch is None else 1)
+        self.epoch.set(epoch or 0)
         self.history.store = store
         for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
             gauge.clear()  # a state nothing is in any more reads 0, not its last value

@@ -28,6 +28,7 @@ from sentinel.coordinator.auth import TokenStore
 from sentinel.coordinator.effects import Outcome
 from sentinel.coordinator.engine import Engine
 from sentinel.coordinator.ingest import Ingestor, IngestResult
+from sentinel.coordinator.leadership import Leadership, LeaseLeadership, SoleLeadership
 from sentinel.coordinator.playbooks import (
     Playbook,
     PlaybookError,
@@ -35,7 +36,7 @@ from sentinel.coordinator.playbooks import (
     load_playbooks,
 )
 from sentinel.coordinator.retention import EventPruner, windows_past_retention
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import Fenced, SqlStore, Store
 from sentinel.coordinator.store.rows import EffectRow
 from sentinel.protocol import Event, EventBatch, decode_batch
 
@@ -68,7 +69,7 @@ class Service:
         if too_long:
             raise PlaybookError(too_long)
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = Store(cfg.state_dir / STORE_FILE)
+        self.store, self.leadership = open_store(cfg)
         self.tokens = TokenStore(self.store)
         self.ingestor = Ingestor(self.store, self.playbooks, cfg)
         self.engine = Engine(
@@ -91,6 +92,7 @@ class Service:
     async def start(self) -> Path | None:
         admin = await self.db(self.tokens.ensure_admin, self.cfg.state_dir, self.clock())
         await self.db(self.store.start_background)
+        await asyncio.get_running_loop().run_in_executor(None, self.leadership.start)
         self._engine_task = asyncio.create_task(self._engine_loop(), name="sentinel-engine")
         return admin
 
@@ -102,6 +104,7 @@ class Service:
         for task in list(self._effects_in_flight.values()):
             task.cancel()
         await asyncio.gather(*self._effects_in_flight.values(), return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.leadership.stop)
         if self._flushing is not None:
             await asyncio.gather(self._flushing, return_exceptions=True)
         await self.db(self.store.close)
@@ -162,15 +165,21 @@ class Service:
         self._kick.set()
 
     async def _engine_loop(self) -> None:
+        """The leader advances playbook runs and starts effects; every replica wakes the
+        long-polls of commands it holds for delivery (the leader may have queued them)."""
         while True:
+            finished = 0
+            if self.leadership.leads():
+                try:
+                    finished = await self.db(self._as_leader, self._tick)
+                except Exception:
+                    log.exception("engine tick failed")
+                await self._start_effects()
             try:
-                finished = await self.db(self._tick)
+                if finished or await self.db(self._has_undelivered):
+                    await self.notify_commands()
             except Exception:
-                log.exception("engine tick failed")
-                finished = 0
-            if finished or await self.db(self._has_undelivered):
-                await self.notify_commands()
-            await self._start_effects()
+                log.exception("reading undelivered commands failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
             self._kick.clear()
@@ -178,7 +187,7 @@ class Service:
     async def _start_effects(self) -> None:
         """Start every recorded effect not already under way (each in a task of its own)."""
         try:
-            pending = await self.db(self.engine.effects.pending)
+            pending = await self.db(self._as_leader, self.engine.effects.pending)
         except Exception:
             log.exception("reading pending effects failed")
             return
@@ -191,19 +200,34 @@ class Service:
         """Count the attempt, make the call off the store thread with a timeout, settle it."""
         effects, timeout = self.engine.effects, self.cfg.effect_timeout_s
         try:
-            reconcile = await self.db(effects.begin, effect)
+            reconcile = await self.db(self._as_leader, effects.begin, effect)
+            if not self.leadership.leads():  # paused past our lease: the successor acts
+                return
             try:
                 outcome = await asyncio.wait_for(
                     _off_thread(effects.perform, effect, reconcile), timeout
                 )
             except TimeoutError:
                 outcome = Outcome(False, {"error": f"no answer in {timeout:g} s"})
-            await self.db(effects.settle, effect, outcome, self.clock())
+            await self.db(self._as_leader, effects.settle, effect, outcome, self.clock())
         except Exception:
             log.exception("effect %s could not be settled; it is tried again", effect.key)
         finally:
             self._effects_in_flight.pop(effect.key, None)
         self.kick()
+
+    def _as_leader(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` with every write fenced by our epoch: refused by the store (and we
+        follow) once another replica holds a newer one."""
+        epoch = self.leadership.epoch
+        if epoch is None:
+            raise Fenced("not the leader")
+        try:
+            with self.store.fenced(epoch):
+                return fn(*args)
+        except Fenced:
+            self.leadership.deposed()
+            raise
 
     def _tick(self) -> int:
         self.tokens.drop_cache_if_changed()
@@ -219,6 +243,17 @@ class Service:
     async def notify_commands(self) -> None:
         async with self.commands_changed:
             self.commands_changed.notify_all()
+
+
+def open_store(cfg: CoordinatorConfig) -> tuple[SqlStore, Leadership]:
+    """The store the config names and who leads on it: SQLite in the state directory (one
+    coordinator, always the leader), or a shared PostgreSQL (a lease decides)."""
+    if cfg.store is None:
+        return Store(cfg.state_dir / STORE_FILE), SoleLeadership()
+    from sentinel.coordinator.store.postgres import PostgresStore
+
+    store = PostgresStore(cfg.store, cfg.store_password_file)
+    return store, LeaseLeadership(store, cfg.lease_ttl_s)
 
 
 def _off_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:

@@ -29,7 +29,7 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from itertools import chain
 from typing import Any, Protocol, TypeVar
 
@@ -97,6 +97,12 @@ class SqlStore(ABC):
         """Bytes on this host's disk the store takes (none for a database server)."""
         return {}
 
+    @contextmanager
+    def fenced(self, epoch: int) -> Iterator[None]:
+        """Writes inside carry the leader's `epoch`; a store several coordinators share refuses
+        them once the epoch is stale (`Fenced`). One coordinator's store has nothing to fence."""
+        yield
+
     def lock_key(self, key: str) -> None:  # noqa: B027 (one writer needs nothing)
         """Serialize, until the transaction ends, every writer that takes the same key: two
         coordinators ingesting the same fault at once must open one incident, not two. One
@@ -126,6 +132,22 @@ class SqlStore(ABC):
     @abstractmethod
     def _json_number(self, column: str, key: str) -> str:
         """SQL for a JSON column's top-level field, as a number."""
+
+    @abstractmethod
+    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows as {column: value}, for `query`."""
+
+    # Ad-hoc reads and writes for tests and operators inspecting a store; the coordinator
+    # itself uses only the typed methods below.
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        return [_decode_json(row) for row in self._dicts(sql, params)]
+
+    def one(self, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
+        return self._run(sql, params)
 
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         row = self._first(sql, params)
@@ -782,6 +804,17 @@ _EFFECT_COLS = (
     "id, key, kind, target, args, state, attempts, result, incident_id, created_at, done_at"
 )
 _EVENT_COLS = "id, kind, node, rank, job, ts, payload"
+
+
+_JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})
+
+
+def _decode_json(row: dict[str, Any]) -> dict[str, Any]:
+    for key in _JSON_COLUMNS & row.keys():
+        value = row[key]
+        if isinstance(value, str) and value[:1] in ("{", "["):  # runs.status is plain text
+            row[key] = json.loads(value)
+    return row
 
 
 def _detail(detail: IncidentDetail) -> str:

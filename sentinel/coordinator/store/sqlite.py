@@ -10,7 +10,6 @@ kill -9 and power loss; the API acknowledges an event only after its transaction
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -281,32 +280,11 @@ class SqliteStore(SqlStore):
             ]
         return []
 
-    # Ad-hoc reads for tests and operators inspecting a store file; the coordinator itself
-    # uses only the typed methods below.
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        return [_plain(r) for r in self._all(sql, params)]
-
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
-
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        return self._run(sql, params)
+    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._all(sql, params)]
 
 
 Store = SqliteStore  # the embedded default
-
-
-_JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})
-
-
-def _plain(row: sqlite3.Row) -> dict[str, Any]:
-    out = dict(row)
-    for key in _JSON_COLUMNS & out.keys():
-        value = out[key]
-        if isinstance(value, str) and value[:1] in ("{", "["):  # runs.status is plain text
-            out[key] = json.loads(value)
-    return out
 
 
 _INSERT_EVENTS = (
