@@ -24,3 +24,52 @@ def coord(tmp_path: Path) -> Iterator[Coordinator]:
     c.start()
     yield c
     c.stop()
+
+
+# --- the store's two backends --------------------------------------------------------------
+# The behaviour tests that take `new_store` run on SQLite and on a real PostgreSQL server (from
+# the distribution's packages, started once per session in a temporary directory, removed at
+# the end). Each test gets an empty database.
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    from sentinel.harness.postgres import ThrowawayPostgres
+
+    with ThrowawayPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
+    """`new_store(path)`: a store on this test's backend (the path is SQLite's file; every
+    PostgreSQL store of a test shares its one, emptied, database)."""
+    opened: list[object] = []
+    if request.param == "sqlite":
+        from sentinel.coordinator.store import Store
+
+        def sqlite_store(path: Path | None = None) -> object:
+            opened.append(Store(path or tmp_path / "c.db"))
+            return opened[-1]
+
+        yield sqlite_store
+    else:
+        import psycopg
+
+        from sentinel.coordinator.store.postgres import PostgresStore
+
+        pg = request.getfixturevalue("postgres_server")
+        mp = pytest.MonkeyPatch()
+        mp.setenv("PGPASSFILE", pg.client_env()["PGPASSFILE"])  # type: ignore[attr-defined]
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:  # type: ignore[attr-defined]
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+
+        def postgres_store(path: Path | None = None) -> object:
+            opened.append(PostgresStore(pg.dsn))  # type: ignore[attr-defined]
+            return opened[-1]
+
+        yield postgres_store
+        mp.undo()
+    for store in opened:
+        store.close()  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
 from sentinel.coordinator.retention import IDLE_CHECK_S, EventPruner
 from sentinel.coordinator.service import Service
-from sentinel.coordinator.store import MIGRATIONS, Store, wal_path
+from sentinel.coordinator.store import MIGRATIONS, SqlStore, Store, wal_path
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     AgentHeartbeatPayload,
@@ -48,9 +49,12 @@ class Clock:
         return self.t
 
 
-def setup(tmp_path: Path, **kw: object) -> tuple[Store, Ingestor, Engine, Clock]:
+def setup(
+    tmp_path: Path, new_store: Callable[[], SqlStore], **kw: object
+) -> tuple[SqlStore, Ingestor, Engine, Clock]:
+    """A store on the test's backend (SQLite or PostgreSQL), ingest and engine on it."""
     c = cfg(tmp_path, **kw)
-    store = Store(tmp_path / "c.db")
+    store = new_store()
     clock = Clock()
     return (
         store,
@@ -105,9 +109,9 @@ def test_the_wal_restarts_under_a_steady_stream_of_commits(tmp_path: Path) -> No
 
 
 def test_a_token_id_already_taken_is_drawn_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    new_store: Callable[[], SqlStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tokens = TokenStore(Store(tmp_path / "c.db"))
+    tokens = TokenStore(new_store())
     draws = iter(["0000beef", "0000beef", "0000beef", "0000cafe"])
     monkeypatch.setattr("secrets.token_hex", lambda _n: next(draws))
     first = tokens.create(Role.NODE, node="node-1")
@@ -117,8 +121,10 @@ def test_a_token_id_already_taken_is_drawn_again(
     assert tokens.authenticate(f"Bearer {second[1]}").node == "node-2"  # type: ignore[union-attr]
 
 
-def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path: Path) -> None:
-    store, ingest, engine, clock = setup(tmp_path)
+def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store)
     fleet = job_status("j", [f"node-{i}" for i in range(4)], ["spare-0"])
     ingest.ingest(EventBatch(events=[fleet]), clock())
     events = [xid("node-3", gpu=g) for g in range(8)]
@@ -137,8 +143,10 @@ def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(tmp_path
     assert (tmp_path / "state" / "exclude.txt").read_text().split() == ["node-3"]
 
 
-def test_agent_and_trainer_reports_of_one_fault_are_one_incident(tmp_path: Path) -> None:
-    store, ingest, _, clock = setup(tmp_path)
+def test_agent_and_trainer_reports_of_one_fault_are_one_incident(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, _, clock = setup(tmp_path, new_store)
     ingest.ingest(
         EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
     )
@@ -150,8 +158,10 @@ def test_agent_and_trainer_reports_of_one_fault_are_one_incident(tmp_path: Path)
     assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 3
 
 
-def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(tmp_path: Path) -> None:
-    store, ingest, engine, clock = setup(tmp_path)
+def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store)
     nodes = [f"node-{i}" for i in range(50)]
     ingest.ingest(EventBatch(events=[xid(n) for n in nodes]), clock())
     engine.tick()
@@ -170,8 +180,10 @@ def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(tmp_path: Path) -
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 4
 
 
-def test_a_spare_whose_agent_reported_first_is_still_a_spare(tmp_path: Path) -> None:
-    store, ingest, engine, clock = setup(tmp_path)
+def test_a_spare_whose_agent_reported_first_is_still_a_spare(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store)
     ingest.ingest(EventBatch(events=[xid("spare-0", code=13)]), clock())  # its agent, first
     fleet = job_status("job1", ["node-0", "node-1", "node-2"], ["spare-0"])
     ingest.ingest(EventBatch(events=[fleet, xid("node-1", code=79)]), clock())
@@ -221,18 +233,20 @@ def test_a_plan_that_shrinks_the_gang_is_refused_and_changes_nothing() -> None:
     assert (job.nodes, job.generation, job.resume_from) == (["node-0", "node-1"], 0, None)
 
 
-def test_min_fleet_is_never_crossed(tmp_path: Path) -> None:
+def test_min_fleet_is_never_crossed(tmp_path: Path, new_store: Callable[[], SqlStore]) -> None:
     from sentinel.config import EvictionBudgetConfig
 
     budget = EvictionBudgetConfig(max_per_window=10, window_s=60, min_fleet=2)
-    store, ingest, engine, clock = setup(tmp_path, eviction=budget)
+    store, ingest, engine, clock = setup(tmp_path, new_store, eviction=budget)
     ingest.ingest(EventBatch(events=[xid(f"node-{i}") for i in range(3)]), clock())
     engine.tick()
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
 
 
-def test_repeated_crash_on_one_node_escalates_to_eviction(tmp_path: Path) -> None:
-    store, ingest, engine, clock = setup(tmp_path)
+def test_repeated_crash_on_one_node_escalates_to_eviction(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store)
     ingest.ingest(
         EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"])]), clock()
     )
@@ -283,8 +297,8 @@ def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
     assert audit == [{"who": "operator:abc", "what": "run.approve"}]
 
 
-def test_dry_run_changes_nothing(tmp_path: Path) -> None:
-    store, ingest, engine, clock = setup(tmp_path, dry_run=True)
+def test_dry_run_changes_nothing(tmp_path: Path, new_store: Callable[[], SqlStore]) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store, dry_run=True)
     ingest.ingest(EventBatch(events=[xid("node-0"), xid("node-1")]), clock())
     engine.tick()
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 0
@@ -292,13 +306,17 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     assert store.one("SELECT COUNT(*) n FROM actions WHERE dry_run=1 AND state='done'")["n"] > 0
 
 
-def test_slurm_backend_against_a_stand_in_scontrol(tmp_path: Path) -> None:
+def test_slurm_backend_against_a_stand_in_scontrol(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
     """A stand-in `scontrol` executable records its arguments (no Slurm on this machine)."""
     record = tmp_path / "args.txt"
     fake = tmp_path / "scontrol"
     fake.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
     fake.chmod(0o755)
-    _, ingest, engine, clock = setup(tmp_path, eviction_backend="slurm", scontrol=str(fake))
+    _, ingest, engine, clock = setup(
+        tmp_path, new_store, eviction_backend="slurm", scontrol=str(fake)
+    )
     fleet = [f"node-{i}" for i in range(8)]
     ingest.ingest(EventBatch(events=[job_status("j", fleet, ["spare-0"]), xid("node-7")]), clock())
     engine.tick()
@@ -390,9 +408,9 @@ def _sdc(node: str, rank: int, step: int, digest: str, **kw: object) -> Event:
 
 
 def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_check(
-    tmp_path: Path,
+    tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
-    store, ingest, engine, clock = setup(tmp_path)
+    store, ingest, engine, clock = setup(tmp_path, new_store)
     nodes = ["node-0", "node-0", "node-1", "node-1"]  # rank -> node
     status = job_status("job1", ["node-0", "node-1"], ["spare-0"], checkpoints=[10, 20])
     ingest.ingest(EventBatch(events=[status]), clock())
@@ -429,8 +447,10 @@ def _healthy(node: str, gpu: int) -> Event:
     return make_event(EventKind.GPU_VERDICT, Source(node=node), payload)
 
 
-def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(tmp_path: Path) -> None:
-    store, ingest, _, clock = setup(tmp_path)
+def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, _, clock = setup(tmp_path, new_store)
     a = [_healthy("node-0", g) for g in range(3)]
     b = [a[1], _healthy("node-1", 0)]  # a[1] re-sent in another batch of the same group
     fault = [xid("node-2", code=79)]  # opens an incident: takes the per-batch path
@@ -444,10 +464,19 @@ def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(tmp_path
     seen = {r["name"] for r in store.query("SELECT name FROM nodes")}
     assert seen == {"node-0", "node-1", "node-2", "node-3"}
     # A batch the database refuses fails alone, its run's other batches are stored.
-    store.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.node='node-9'"
-        " BEGIN SELECT RAISE(ABORT, 'refused'); END"
-    )
+    if isinstance(store, Store):
+        store.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.node='node-9'"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    else:  # PostgreSQL
+        store.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF NEW.node = 'node-9' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
+        )
+        store.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
     good, bad = [_healthy("node-8", 0)], [_healthy("node-9", 0)]
     with store.tx():
         out = ingest.ingest_group([EventBatch(events=good), EventBatch(events=bad)], clock())
@@ -462,9 +491,9 @@ def heartbeat(node: str) -> Event:
 
 
 def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
-    tmp_path: Path,
+    tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
-    store, ingest, _, clock = setup(tmp_path)
+    store, ingest, _, clock = setup(tmp_path, new_store)
     week = 7 * 86400.0
     old_beats = [heartbeat(f"node-{i}") for i in range(5)]
     ingest.ingest(EventBatch(events=[*old_beats, xid("node-1")]), clock())  # the xid: an incident
@@ -480,7 +509,7 @@ def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
         if pruner._next_at > clock.t:
             break
     assert sum(pruned) == 5 and max(pruned) <= 2
-    kinds = [r["kind"] for r in store.query("SELECT kind FROM events ORDER BY rowid")]
+    kinds = [r["kind"] for r in store.query("SELECT kind FROM events ORDER BY " + store.EVENT_CURSOR)]
     assert kinds == ["gpu.xid", "agent.heartbeat"]  # the incident's event and the newer one
     assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
     # A replay of a pruned event is new again (why no trigger window may outlast retention).

@@ -46,6 +46,10 @@ def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-
     from sentinel.coordinator.store import Store
 
     cfg = coordinator_config(args)
+    if cfg.store is not None:  # the replicas' shared PostgreSQL (config key `store`)
+        from sentinel.coordinator.service import open_store
+
+        return TokenStore(open_store(cfg)[0])
     path = cfg.state_dir / STORE_FILE
     # Named by --state-dir, a config file or SENTINEL_COORDINATOR__STATE_DIR.
     named = cfg.state_dir != CoordinatorConfig.model_fields["state_dir"].default

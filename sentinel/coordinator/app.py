@@ -142,7 +142,10 @@ async def post_events(request: web.Request) -> web.Response:
     status, answer = await answer_batch(
         request.app[SERVICE], request.app[METRICS], _principal(request), body
     )
-    return web.Response(body=answer, status=status, content_type="application/json")
+    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+    return web.Response(
+        body=answer, status=status, content_type="application/json", headers=headers
+    )
 
 
 # --- commands (long-poll) --------------------------------------------------------------------

@@ -4,7 +4,7 @@ A fleet's heartbeats and verdicts are most of what the coordinator stores (2,048
 agent's defaults: ~12 million rows a day), and without a bound the store grows for as long as
 the run lasts. Events linked to an incident stay as its record, with the incident itself.
 
-Rows go in rowid order, which is arrival order: the pruner walks the table from its oldest row a
+Rows go in arrival order (the store's event cursor: SQLite's rowid, a PostgreSQL sequence): the pruner walks the table from its oldest row a
 chunk at a time, and stops at the first row that arrived after the cutoff. A short chunk per
 engine tick keeps every transaction small, so ingest commits never wait long behind one.
 """
