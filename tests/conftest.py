@@ -40,36 +40,41 @@ def postgres_server() -> Iterator[object]:
         yield pg
 
 
+def empty_postgres(pg: object, mp: pytest.MonkeyPatch) -> str:
+    """The shared test server's database, emptied; its URL (the password through PGPASSFILE)."""
+    import psycopg
+
+    mp.setenv("PGPASSFILE", pg.client_env()["PGPASSFILE"])  # type: ignore[attr-defined]
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:  # type: ignore[attr-defined]
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")
+    return str(pg.dsn)  # type: ignore[attr-defined]
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
-    """`new_store(path)`: a store on this test's backend (the path is SQLite's file; every
-    PostgreSQL store of a test shares its one, emptied, database)."""
-    opened: list[object] = []
+def store_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """The coordinator's `store` setting on this test's backend: None (SQLite in its state
+    directory) or an empty PostgreSQL database."""
     if request.param == "sqlite":
-        from sentinel.coordinator.store import Store
+        return None
+    return empty_postgres(request.getfixturevalue("postgres_server"), monkeypatch)
 
-        def sqlite_store(path: Path | None = None) -> object:
-            opened.append(Store(path or tmp_path / "c.db"))
-            return opened[-1]
 
-        yield sqlite_store
-    else:
-        import psycopg
+@pytest.fixture
+def new_store(store_url: str | None, tmp_path: Path) -> Iterator[object]:
+    """`new_store()`: a store on this test's backend (SQLite's file in tmp_path; every
+    PostgreSQL store of a test shares its one, emptied, database)."""
+    from sentinel.coordinator.service import open_store
 
-        from sentinel.coordinator.store.postgres import PostgresStore
+    opened: list[object] = []
 
-        pg = request.getfixturevalue("postgres_server")
-        mp = pytest.MonkeyPatch()
-        mp.setenv("PGPASSFILE", pg.client_env()["PGPASSFILE"])  # type: ignore[attr-defined]
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:  # type: ignore[attr-defined]
-            conn.execute("DROP SCHEMA public CASCADE")
-            conn.execute("CREATE SCHEMA public")
+    def make() -> object:
+        from coord_util import cfg
 
-        def postgres_store(path: Path | None = None) -> object:
-            opened.append(PostgresStore(pg.dsn))  # type: ignore[attr-defined]
-            return opened[-1]
+        store, _leadership = open_store(cfg(tmp_path, store=store_url))
+        opened.append(store)
+        return store
 
-        yield postgres_store
-        mp.undo()
+    yield make
     for store in opened:
         store.close()  # type: ignore[attr-defined]

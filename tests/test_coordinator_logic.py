@@ -509,7 +509,9 @@ def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
         if pruner._next_at > clock.t:
             break
     assert sum(pruned) == 5 and max(pruned) <= 2
-    kinds = [r["kind"] for r in store.query("SELECT kind FROM events ORDER BY " + store.EVENT_CURSOR)]
+    kinds = [
+        r["kind"] for r in store.query("SELECT kind FROM events ORDER BY " + store.EVENT_CURSOR)
+    ]
     assert kinds == ["gpu.xid", "agent.heartbeat"]  # the incident's event and the newer one
     assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
     # A replay of a pruned event is new again (why no trigger window may outlast retention).

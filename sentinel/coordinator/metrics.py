@@ -149,8 +149,8 @@ class Metrics:
         self.budget = gauge(
             f"{p}eviction_budget_remaining", "evictions still allowed in the current window"
         )
-        files = "the SQLite database and its write-ahead log"
-        self.store_bytes = gauge(f"{p}store_bytes", f"size of the store's files: {files}", ["file"])
+        files = "SQLite's database and write-ahead log, or the PostgreSQL database"
+        self.store_bytes = gauge(f"{p}store_bytes", f"size of the store: {files}", ["file"])
         self.leader = gauge(f"{p}leader", "1 on the replica that runs the engine, else 0")
         self.epoch = gauge(
             f"{p}leader_epoch", "the leadership epoch this replica leads at (0: follows)"

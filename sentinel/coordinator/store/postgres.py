@@ -273,6 +273,10 @@ class PostgresStore(SqlStore):
         except psycopg.Error:
             conn.close()
 
+    def file_sizes(self) -> dict[str, int]:
+        """The database's size on the server's disk (its WAL is the server's to manage)."""
+        return {"database": self._count("SELECT pg_database_size(current_database())")}
+
     def lock_key(self, key: str) -> None:
         self._run("SELECT pg_advisory_xact_lock(hashtext(?))", (key,))
 
