@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -40,11 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from failover import measure_failover, server_cpu_s
 from stats import percentile_ms
 
+from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.auth import Role, TokenStore
-from sentinel.coordinator.service import STORE_FILE
-from sentinel.coordinator.store import Store, wal_path
+from sentinel.coordinator.service import STORE_FILE, open_store
+from sentinel.coordinator.store import wal_path
+from sentinel.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import new_id
 
@@ -129,6 +133,7 @@ async def _load(
     return lat, late, time.perf_counter() - start
 
 
+@functools.cache  # taken before any pinning: the closed loop pins this very process
 def _cores() -> tuple[set[int], set[int]]:
     """(the coordinator's core, the load generator's): the target is a fleet on one core, and a
     generator sharing that core would bill the coordinator for its own work."""
@@ -144,9 +149,9 @@ def _loader(port: int, tokens: list[str], nodes: int, seconds: float, q: mp.Queu
     q.put(uvloop.run(_load(port, tokens, nodes, seconds)))
 
 
-def _make_tokens(state: Path, nodes: int) -> tuple[str, list[str]]:
+def _make_tokens(state: Path, store_url: str | None, nodes: int) -> tuple[str, list[str]]:
     """An admin token and one node token per node, as a real fleet is set up."""
-    store = Store(state / STORE_FILE)
+    store, _ = open_store(CoordinatorConfig(state_dir=state, store=store_url))
     tokens = TokenStore(store)
     with store.tx():
         admin = tokens.create(Role.ADMIN)[1]
@@ -173,7 +178,9 @@ async def _closed_loop(port: int, requests: list[bytes], connections: int = 256)
     return refused
 
 
-def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_node: int) -> dict:
+def _closed_loop_step(
+    port: int, pid: int, tokens: list[str], nodes: int, per_node: int, db_pid: int | None
+) -> dict:
     import uvloop
 
     os.sched_setaffinity(0, _cores()[1])
@@ -188,11 +195,13 @@ def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_no
     def loop_thread_s() -> float:
         return next(t.user_time + t.system_time for t in proc.threads() if t.id == pid)
 
+    db0 = server_cpu_s(db_pid)
     cpu0, loop0, t0 = proc.cpu_times(), loop_thread_s(), time.perf_counter()
     refused = uvloop.run(_closed_loop(port, requests))
     cpu1, loop1, wall = proc.cpu_times(), loop_thread_s(), time.perf_counter() - t0
     cpu_ms = 1000 * (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / len(requests)
     loop_ms = 1000 * (loop1 - loop0) / len(requests)
+    db_ms = 1000 * (server_cpu_s(db_pid) - db0) / len(requests) if db_pid else None
     return {
         "nodes": nodes,
         "batches": len(requests),
@@ -201,6 +210,8 @@ def _closed_loop_step(port: int, pid: int, tokens: list[str], nodes: int, per_no
         "cpu_ms_per_batch": round(cpu_ms, 3),
         "loop_thread_ms_per_batch": round(loop_ms, 3),
         "other_threads_ms_per_batch": round(cpu_ms - loop_ms, 3),
+        # The database server's CPU per batch (PostgreSQL: every backend of the replica).
+        "db_cpu_ms_per_batch": None if db_ms is None else round(db_ms, 3),
         "loadavg_1m": os.getloadavg()[0],
     }
 
@@ -259,6 +270,120 @@ class _LargestFile(threading.Thread):
                 return
 
 
+def _start_coordinator(state: Path, store_url: str | None) -> tuple[subprocess.Popen, int, int]:
+    """The coordinator pinned to its core; (process, API port, ingest port) once it answers."""
+    port, ingest = free_port(), free_port()  # the API, and the fleet's ingest listener
+    argv = [sys.executable, "-m", "sentinel", "--log-level", "warning", "coordinator",
+            "--listen", f"127.0.0.1:{port}", "--ingest-listen", f"127.0.0.1:{ingest}",
+            "--state-dir", str(state)]  # fmt: skip
+    if store_url:
+        argv += ["--store", store_url]
+    coord = subprocess.Popen(argv, preexec_fn=lambda: os.sched_setaffinity(0, _cores()[0]))
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return coord, port, ingest
+
+
+def _paced_step(
+    coord: subprocess.Popen, url: str, token: str, ingest: int, node_tokens: list[str],
+    nodes: int, seconds: float, wal: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    proc = psutil.Process(coord.pid)
+    hist0 = _server_ack_buckets(url, token)
+    q: mp.Queue = mp.Queue()
+    cpu0, t0 = proc.cpu_times(), time.perf_counter()
+    loader = mp.Process(target=_loader, args=(ingest, node_tokens, nodes, seconds, q))
+    with _LargestFile(wal or Path("/nonexistent")) as largest:
+        loader.start()
+        lat, late, elapsed = q.get()
+        loader.join()
+    hist1 = _server_ack_buckets(url, token)
+    wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
+    cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
+    acked = hist1.get(float("inf"), 0.0) - hist0.get(float("inf"), 0.0)
+    cpu_s = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+    cpu_ms = 1000 * cpu_s / max(acked, 1.0)
+    rate = acked / elapsed  # what the coordinator acknowledged while the fleet sent
+    return {
+        "nodes": nodes,
+        "batches_per_s": round(rate, 1),
+        "events_per_s": round(9 * rate, 1),
+        "ack_ms_p50": percentile_ms(lat, 0.5),
+        "ack_ms_p99": percentile_ms(lat, 0.99),
+        "cpu_core_fraction": round(cpu, 3),
+        # CPU the coordinator spent per acknowledged batch, and the 1 Hz fleet one
+        # core would carry at that cost: robust to a starved load generator.
+        "cpu_ms_per_batch": round(cpu_ms, 3),
+        "projected_nodes_per_core": int(1000 / cpu_ms) if cpu_ms > 0 else None,
+        "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
+        "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
+        "loader_lag_ms_p99": percentile_ms(late, 0.99),
+        # SQLite's write-ahead log stays bounded however long the load lasts.
+        "wal_mib_max": round(largest.largest / 2**20, 1) if wal else None,
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def _measure_store(
+    store_url: str | None, sizes: list[int], seconds: float, closed_loop: int | None,
+    db_pid: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Paced steps (or the closed loop) against one coordinator on this store."""
+    state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
+    token, node_tokens = _make_tokens(state, store_url, max(sizes))
+    coord, port, ingest = _start_coordinator(state, store_url)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if closed_loop:
+            return _closed_loop_step(ingest, coord.pid, node_tokens, sizes[0], closed_loop, db_pid)
+        wal = None if store_url else wal_path(state / STORE_FILE)
+        steps = []
+        for nodes in sizes:
+            step = _paced_step(coord, url, token, ingest, node_tokens, nodes, seconds, wal)
+            print(json.dumps(step), flush=True)
+            steps.append(step)
+            if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
+                break
+    finally:
+        stop_process(coord, 10.0)
+    ok = [s for s in steps if _holds(s)]
+    at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
+    keys = ("events_per_s", "batches_per_s", "ack_ms_p50", "ack_ms_p99", "cpu_ms_per_batch",
+            "projected_nodes_per_core", "cpu_core_fraction")  # fmt: skip
+    return {
+        **{k: at_target[k] for k in keys},
+        "fleet_nodes": at_target["nodes"],
+        "max_nodes_at_1hz": max((s["nodes"] for s in ok), default=0),
+        "steps": steps,
+    }
+
+
+PROJECTED_NODES = 12_500  # 100,000 GPUs at 8 a node, each node's batch once a second
+
+
+def _projection(cost: dict[str, Any]) -> dict[str, Any]:
+    """Cores a 100,000-GPU fleet needs on PostgreSQL, from the measured CPU per batch."""
+    coord_ms, db_ms = cost["cpu_ms_per_batch"], cost["db_cpu_ms_per_batch"]
+    per_replica = int(1000 / coord_ms)  # one core's batches a second at that cost
+    replicas = -(-PROJECTED_NODES // per_replica)
+    db_cores = PROJECTED_NODES * db_ms / 1000
+    return {
+        "nodes": PROJECTED_NODES,
+        "coordinator_cpu_ms_per_batch": coord_ms,
+        "db_cpu_ms_per_batch": db_ms,
+        "replicas_needed": replicas,
+        "db_cores_needed": round(db_cores, 1),
+        "arithmetic": (
+            f"replicas = ceil({PROJECTED_NODES} / floor(1000 / {coord_ms})) = {replicas};"
+            f" database cores = {PROJECTED_NODES} x {db_ms} ms / 1000 ms = {db_cores:.1f}"
+        ),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0, help="per fleet size (>1)")
@@ -269,105 +394,39 @@ def main() -> None:
         metavar="N",
         help="instead of paced steps: N batches per node of the first size, sent back to back",
     )
+    ap.add_argument(
+        "--store",
+        choices=["sqlite", "postgresql"],
+        default="sqlite",
+        help="postgresql: a throwaway server too (SQLite's figures first, in the same run), "
+        "failover over --kills leader kills, and the projection to 100,000 GPUs",
+    )
+    ap.add_argument("--kills", type=int, default=10, help="leader kills for the failover time")
     args = ap.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
-    state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
-    token, node_tokens = _make_tokens(state, max(sizes))
-    port, ingest = free_port(), free_port()  # the API, and the fleet's ingest listener
-    url = f"http://127.0.0.1:{port}"
-    coord = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sentinel",
-            "--log-level",
-            "warning",
-            "coordinator",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--ingest-listen",
-            f"127.0.0.1:{ingest}",
-            "--state-dir",
-            str(state),
-        ],
-        preexec_fn=lambda: os.sched_setaffinity(0, _cores()[0]),
-    )
-    try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        if args.closed_loop:
-            print(
-                json.dumps(
-                    _closed_loop_step(ingest, coord.pid, node_tokens, sizes[0], args.closed_loop)
-                )
-            )
-            return
-        proc = psutil.Process(coord.pid)
-        steps = []
-        for nodes in sizes:
-            hist0 = _server_ack_buckets(url, token)
-            q: mp.Queue = mp.Queue()
-            cpu0, t0 = proc.cpu_times(), time.perf_counter()
-            loader = mp.Process(target=_loader, args=(ingest, node_tokens, nodes, args.seconds, q))
-            with _LargestFile(wal_path(state / STORE_FILE)) as wal:
-                loader.start()
-                lat, late, elapsed = q.get()
-                loader.join()
-            hist1 = _server_ack_buckets(url, token)
-            wall, cpu1 = time.perf_counter() - t0, proc.cpu_times()
-            cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall
-            acked = hist1.get(float("inf"), 0.0) - hist0.get(float("inf"), 0.0)
-            cpu_s = cpu1.user + cpu1.system - cpu0.user - cpu0.system
-            cpu_ms = 1000 * cpu_s / max(acked, 1.0)
-            rate = acked / elapsed  # what the coordinator acknowledged while the fleet sent
-            step = {
-                "nodes": nodes,
-                "batches_per_s": round(rate, 1),
-                "events_per_s": round(9 * rate, 1),
-                "ack_ms_p50": percentile_ms(lat, 0.5),
-                "ack_ms_p99": percentile_ms(lat, 0.99),
-                "cpu_core_fraction": round(cpu, 3),
-                # CPU the coordinator spent per acknowledged batch, and the 1 Hz fleet one
-                # core would carry at that cost: robust to a starved load generator.
-                "cpu_ms_per_batch": round(cpu_ms, 3),
-                "projected_nodes_per_core": int(1000 / cpu_ms) if cpu_ms > 0 else None,
-                "server_ack_ms_p50_le": _bucket_quantile(hist0, hist1, 0.5),
-                "server_ack_ms_p99_le": _bucket_quantile(hist0, hist1, 0.99),
-                "loader_lag_ms_p99": percentile_ms(late, 0.99),
-                # The store's write-ahead log stays bounded however long the load lasts.
-                "wal_mib_max": round(wal.largest / 2**20, 1),
-                "loadavg_1m": os.getloadavg()[0],
-            }
-            print(json.dumps(step), flush=True)
-            steps.append(step)
-            if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
-                break
-    finally:
-        stop_process(coord, 10.0)
-    ok = [s for s in steps if _holds(s)]
-    at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
+    _cores()
+    sqlite = _measure_store(None, sizes, args.seconds, args.closed_loop, None)
+    if args.store == "sqlite":
+        print(json.dumps({**sqlite, "run_id": uuid.uuid4().hex[:8]}))
+        return
+    with ThrowawayPostgres() as pg:
+        os.environ.update(pg.client_env())
+        # The split: the coordinator on one core, the database and the load generator on the
+        # other (forked from the postmaster, every backend inherits its affinity).
+        db_pid = pg.postmaster_pid()
+        os.sched_setaffinity(db_pid, _cores()[1])
+        postgres = _measure_store(pg.dsn, sizes, args.seconds, args.closed_loop, db_pid)
+        cost = postgres if args.closed_loop else _measure_store(pg.dsn, sizes[:1], 0, 20, db_pid)
+        failover = measure_failover(pg, args.kills)
     print(
         json.dumps(
             {
-                **{
-                    k: at_target[k]
-                    for k in (
-                        "events_per_s",
-                        "batches_per_s",
-                        "ack_ms_p50",
-                        "ack_ms_p99",
-                        "cpu_ms_per_batch",
-                        "projected_nodes_per_core",
-                        "cpu_core_fraction",
-                    )
-                },
-                "fleet_nodes": at_target["nodes"],
-                "max_nodes_at_1hz": max((s["nodes"] for s in ok), default=0),
-                "steps": steps,
+                "sqlite": sqlite,
+                "postgresql": postgres,
+                "postgresql_cost": cost,
+                "failover": failover,
+                "projection_100k_gpus": _projection(cost),
+                "cores": {"coordinator": sorted(_cores()[0]), "db_and_load": sorted(_cores()[1])},
                 "run_id": uuid.uuid4().hex[:8],
             }
         )

@@ -88,7 +88,7 @@ class ThrowawayPostgres:
 
     def kill(self) -> None:
         """SIGKILL the postmaster, as a crash; `start()` recovers from the WAL."""
-        pid = self._postmaster_pid()
+        pid = self.postmaster_pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
@@ -149,7 +149,7 @@ class ThrowawayPostgres:
     def _pg_ctl(self, *args: str) -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)
 
-    def _postmaster_pid(self) -> int | None:
+    def postmaster_pid(self) -> int | None:
         try:
             return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
         except (OSError, ValueError):
@@ -164,5 +164,5 @@ class ThrowawayPostgres:
         return True
 
     def _running(self) -> bool:
-        pid = self._postmaster_pid()
+        pid = self.postmaster_pid()
         return pid is not None and self._alive(pid)
