@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from coord_util import ROOT, Coordinator, job_status, wait_for, xid
 
+from sentinel.coordinator.lifecycle import Entity
 from sentinel.coordinator.store import Fenced, StoreUnavailable
 from sentinel.coordinator.store.postgres import PostgresStore, claim_leadership
 from sentinel.harness.postgres import ThrowawayPostgres
@@ -252,3 +253,40 @@ def test_the_database_refuses_a_deposed_leaders_write(shared: Path, pg: Throwawa
     finally:
         lease.close()
         store.close()
+
+
+def test_credentials_come_from_a_file_and_tls_settings_reach_libpq(
+    shared: Path, pg: ThrowawayPostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`store_password_file` holds the password (the URL carries none); `sslmode` in the URL
+    is libpq's: required against this server (no TLS here), the connection is refused with
+    libpq's reason, and no error names the password."""
+    password = Path(pg.client_env()["PGPASSFILE"]).read_text().strip().rsplit(":", 1)[1]
+    monkeypatch.delenv("PGPASSFILE")
+    secret = tmp_path / "pg-password"
+    secret.write_text(password + "\n")
+    store = PostgresStore(pg.dsn, password_file=secret)
+    assert store.state_counts(Entity.NODE) == {}
+    store.close()
+    with pytest.raises(StoreUnavailable) as refused:
+        PostgresStore(pg.dsn + "?sslmode=require", password_file=secret)
+    assert "SSL" in str(refused.value) and password not in str(refused.value)
+    with pytest.raises(StoreUnavailable, match="password authentication failed") as wrong:
+        PostgresStore(pg.dsn.replace("sentinel@", "nobody@"), password_file=secret)
+    assert password not in str(wrong.value)
+
+
+def test_a_url_with_a_password_is_refused_without_repeating_it(
+    sentinel_cmd: list[str], tmp_path: Path
+) -> None:
+    import subprocess
+
+    url = "postgresql://sentinel:hunter2-secret@db:5432/sentinel"
+    done = subprocess.run(
+        [*sentinel_cmd, "coordinator", "--store", url, "--state-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "must not carry a password" in done.stderr and "hunter2" not in done.stderr

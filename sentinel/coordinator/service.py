@@ -36,7 +36,7 @@ from sentinel.coordinator.playbooks import (
     load_playbooks,
 )
 from sentinel.coordinator.retention import EventPruner, windows_past_retention
-from sentinel.coordinator.store import Fenced, SqlStore, Store
+from sentinel.coordinator.store import Fenced, SqlStore, Store, StoreUnavailable
 from sentinel.coordinator.store.rows import EffectRow
 from sentinel.protocol import Event, EventBatch, decode_batch
 
@@ -167,19 +167,27 @@ class Service:
     async def _engine_loop(self) -> None:
         """The leader advances playbook runs and starts effects; every replica wakes the
         long-polls of commands it holds for delivery (the leader may have queued them)."""
+        away = False  # the store is unreachable: said once, not every tick
         while True:
             finished = 0
-            if self.leadership.leads():
-                try:
-                    finished = await self.db(self._as_leader, self._tick)
-                except Exception:
-                    log.exception("engine tick failed")
-                await self._start_effects()
             try:
+                if self.leadership.leads():
+                    try:
+                        finished = await self.db(self._as_leader, self._tick)
+                    except Fenced:
+                        log.warning("engine writes refused: another replica leads now")
+                    await self._start_effects()
                 if finished or await self.db(self._has_undelivered):
                     await self.notify_commands()
+                if away:
+                    log.warning("the store is back; the engine goes on")
+                away = False
+            except StoreUnavailable as e:
+                if not away:
+                    log.error("the store is unavailable (%s); the engine waits for it", e)
+                away = True
             except Exception:
-                log.exception("reading undelivered commands failed")
+                log.exception("engine tick failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
             self._kick.clear()
@@ -188,6 +196,8 @@ class Service:
         """Start every recorded effect not already under way (each in a task of its own)."""
         try:
             pending = await self.db(self._as_leader, self.engine.effects.pending)
+        except (StoreUnavailable, Fenced):
+            raise  # the engine loop says so once
         except Exception:
             log.exception("reading pending effects failed")
             return
