@@ -8,6 +8,7 @@ that an eviction was made once. Every replica runs the shipped lease settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -290,3 +291,30 @@ def test_a_url_with_a_password_is_refused_without_repeating_it(
     )
     assert done.returncode == 2
     assert "must not carry a password" in done.stderr and "hunter2" not in done.stderr
+
+
+def test_a_session_lost_mid_transaction_commits_none_of_it(
+    shared: Path, pg: ThrowawayPostgres
+) -> None:
+    """The server ends the session between two writes of one transaction: the second write
+    and the commit fail (no new session picks the transaction's tail up and commits it on its
+    own), nothing of it is stored, and the next transaction connects again."""
+    store = PostgresStore(pg.dsn)
+    admin = store.connect()
+    try:
+        with pytest.raises(StoreUnavailable, match="in a transaction"), store.tx():
+            store.audit(1.0, "ingest", "test.write", "first half")
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'sentinel-coordinator' AND pid <> pg_backend_pid()"
+            )
+            with contextlib.suppress(StoreUnavailable):  # a caller that carries on regardless
+                store.audit(2.0, "ingest", "test.write", "second half")
+            store.audit(3.0, "ingest", "test.write", "third")
+        assert db_rows(pg, "SELECT why FROM audit") == []
+        with store.tx():
+            store.audit(4.0, "ingest", "test.write", "after")
+        assert db_rows(pg, "SELECT why FROM audit") == [("after",)]
+    finally:
+        admin.close()
+        store.close()

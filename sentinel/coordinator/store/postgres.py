@@ -175,11 +175,20 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"PostgreSQL unreachable: {_reason(e)}") from None
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = self.connect()
-            if self._epoch is not None:  # a leader's session carries its epoch again
-                self._set_epoch(self._conn, self._epoch)
-        return self._conn
+        """The session, connected again if it was lost, except inside a transaction: what
+        the lost session held died with it, and statements on a new one would commit on
+        their own, half a transaction (a batch acknowledged, part of it never stored)."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._depth > 0:
+            raise StoreUnavailable(
+                "PostgreSQL connection lost in a transaction: none of it committed"
+            )
+        self._conn = conn = self.connect()
+        if self._epoch is not None:  # a leader's session carries its epoch again
+            self._set_epoch(conn, self._epoch)
+        return conn
 
     @contextmanager
     def _driver(self) -> Iterator[psycopg.Connection[Any]]:
@@ -244,28 +253,31 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def tx(self) -> Iterator[None]:
-        """A transaction (nested calls become savepoints): all of it commits, or none of it."""
+        """A transaction (nested calls become savepoints): all of it commits, or none of it.
+        Only the outermost BEGIN may open a new session; everything after it, the COMMIT
+        included, runs on that session or fails (`_connection`)."""
         with self._lock:
-            name = f"sp{self._depth}"
+            outer, name = self._depth == 0, f"sp{self._depth}"
             with self._driver() as conn:
-                conn.execute("BEGIN" if self._depth == 0 else f"SAVEPOINT {name}")
+                conn.execute("BEGIN" if outer else f"SAVEPOINT {name}")
             self._depth += 1
             try:
                 yield
             except BaseException:
-                self._depth -= 1
-                self._undo(name)
+                self._undo(name, outer)
                 raise
-            self._depth -= 1
-            with self._driver() as conn:
-                conn.execute("COMMIT" if self._depth == 0 else f"RELEASE {name}")
+            else:
+                with self._driver() as conn:
+                    conn.execute("COMMIT" if outer else f"RELEASE {name}")
+            finally:
+                self._depth -= 1
 
-    def _undo(self, savepoint: str) -> None:
+    def _undo(self, savepoint: str, outer: bool) -> None:
         conn = self._conn
         if conn is None or conn.closed:
-            return  # the server rolled it back with the connection
+            return  # the server rolled it back with the session
         try:
-            if self._depth == 0:
+            if outer:
                 conn.execute("ROLLBACK")
             else:
                 conn.execute(f"ROLLBACK TO {savepoint}")
