@@ -8,6 +8,7 @@ that an eviction was made once. Every replica runs the shipped lease settings.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -318,3 +319,19 @@ def test_a_session_lost_mid_transaction_commits_none_of_it(
     finally:
         admin.close()
         store.close()
+
+
+def test_a_dump_uploaded_to_one_replica_is_served_by_the_other(
+    replicas: list[Coordinator],
+) -> None:
+    """Flight-recorder dumps live in the shared store: the agent's upload and the supervisor's
+    read may reach different replicas."""
+    token = admin_token(replicas)
+    dump = b"\x80\x04 a pickled flight-recorder dump"
+    stored = replicas[1].call("PUT", "/v1/fr/chk-1/node-1/rank-2", token, dump)
+    assert stored == {"stored": "chk-1/node-1/rank-2", "bytes": len(dump)}
+    served = replicas[0].call("GET", "/v1/fr/chk-1", token)
+    assert served == {
+        "check": "chk-1",
+        "files": [{"node": "node-1", "name": "rank-2", "data": base64.b64encode(dump).decode()}],
+    }

@@ -301,7 +301,7 @@ async def run_action(request: web.Request) -> web.Response:
 
 def _fr_route(fn: Callable[..., Awaitable[web.Response]]) -> Handler:
     async def handler(request: web.Request) -> web.Response:
-        return await fn(request, _principal(request), request.app[SERVICE].cfg.state_dir)
+        return await fn(request, _principal(request), request.app[SERVICE])
 
     return handler
 

@@ -3,19 +3,22 @@
 `PUT /v1/fr/{check}/{node}/{name}`: a node's agent uploads one dump file of the `fr.dump` whose
 check id is `check`; a node token may upload only as its own node. `GET /v1/fr/{check}`: the
 job's supervisor (or an operator) reads every file of that check, base64 in JSON, and runs the
-analysis on them. Files live under `<state_dir>/fr/<check>/<node>/<name>`, written atomically.
+analysis on them. Files live in the store (`fr_dumps`), so every coordinator sharing it serves
+every upload; they go with the events' retention.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import re
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from sentinel.coordinator.auth import Principal, Role
+
+if TYPE_CHECKING:
+    from sentinel.coordinator.service import Service
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$"  # a check id, node or file name
 _NAME = re.compile(NAME_PATTERN)
@@ -32,11 +35,7 @@ def _forbidden(message: str) -> web.HTTPForbidden:
     return web.HTTPForbidden(text=f'{{"error": "{message}"}}', content_type="application/json")
 
 
-def fr_root(state_dir: Path) -> Path:
-    return state_dir / "fr"
-
-
-async def put_dump(request: web.Request, principal: Principal, state_dir: Path) -> web.Response:
+async def put_dump(request: web.Request, principal: Principal, service: Service) -> web.Response:
     check = _check(request.match_info["check"], "check id")
     node = _check(request.match_info["node"], "node")
     name = _check(request.match_info["name"], "file name")
@@ -45,22 +44,16 @@ async def put_dump(request: web.Request, principal: Principal, state_dir: Path) 
     ):
         raise _forbidden(f"{principal} may not upload dumps for node {node}")
     data = await request.read()
-    target = fr_root(state_dir) / check / node / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, target)
+    await service.db(service.store.put_fr_dump, check, node, name, data, service.clock())
     return web.json_response({"stored": f"{check}/{node}/{name}", "bytes": len(data)})
 
 
-async def get_dumps(request: web.Request, principal: Principal, state_dir: Path) -> web.Response:
+async def get_dumps(request: web.Request, principal: Principal, service: Service) -> web.Response:
     check = _check(request.match_info["check"], "check id")
     if principal.role == Role.NODE:
         raise _forbidden("a node token may not read other nodes' dumps")
-    base = fr_root(state_dir) / check
-    files = []
-    for path in sorted(base.glob("*/*")) if base.is_dir() else []:
-        if path.is_file() and not path.name.startswith("."):
-            files.append({"node": path.parent.name, "name": path.name,
-                          "data": base64.b64encode(path.read_bytes()).decode()})  # fmt: skip
+    files = [
+        {"node": node, "name": name, "data": base64.b64encode(data).decode()}
+        for node, name, data in await service.db(service.store.fr_dumps, check)
+    ]
     return web.json_response({"check": check, "files": files})

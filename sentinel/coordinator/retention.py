@@ -52,6 +52,8 @@ class EventPruner:
         if now < self._next_at:
             return 0
         deleted, backlog = self.prune_once(now - self.retention_s)
+        if not backlog:  # the flight-recorder dumps go with the events, once caught up
+            self.store.prune_fr_dumps(now - self.retention_s)
         self._next_at = now if backlog else now + IDLE_CHECK_S
         return deleted
 

@@ -127,6 +127,13 @@ MIGRATIONS: list[str] = [
         " FOR EACH STATEMENT EXECUTE FUNCTION sentinel_fence();\n"
         for t in FENCED_TABLES
     ),
+    # Flight-recorder dumps carried from the nodes: every replica serves every upload.
+    """
+    CREATE TABLE fr_dumps (
+        check_id TEXT NOT NULL, node TEXT NOT NULL, name TEXT NOT NULL, data BYTEA NOT NULL,
+        stored_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (check_id, node, name)
+    );
+    """,
 ]
 
 

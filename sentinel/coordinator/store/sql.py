@@ -689,6 +689,31 @@ class SqlStore(ABC):
     def has_undelivered_commands(self) -> bool:
         return self._first("SELECT 1 FROM commands WHERE delivered_at IS NULL LIMIT 1") is not None
 
+    # --- flight-recorder dumps ------------------------------------------------------------
+
+    def put_fr_dump(self, check_id: str, node: str, name: str, data: bytes, now: float) -> None:
+        """Store one dump file of a check (an upload again replaces it)."""
+        self._run(
+            "INSERT INTO fr_dumps (check_id, node, name, data, stored_at) VALUES (?,?,?,?,?)"
+            " ON CONFLICT (check_id, node, name) DO UPDATE SET data=excluded.data,"
+            " stored_at=excluded.stored_at",
+            (check_id, node, name, data, now),
+        )
+
+    def fr_dumps(self, check_id: str) -> list[tuple[str, str, bytes]]:
+        """(node, file name, bytes) of every dump file of a check, by node and name."""
+        return [
+            (str(r[0]), str(r[1]), bytes(r[2]))
+            for r in self._all(
+                "SELECT node, name, data FROM fr_dumps WHERE check_id=? ORDER BY node, name",
+                (check_id,),
+            )
+        ]
+
+    def prune_fr_dumps(self, cutoff: float) -> int:
+        """Delete dumps stored before `cutoff` (the events' retention)."""
+        return max(self._run("DELETE FROM fr_dumps WHERE stored_at < ?", (cutoff,)).rowcount, 0)
+
     # --- audit -----------------------------------------------------------------------------
 
     def audit(

@@ -95,6 +95,14 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX effects_state ON effects(state);
     """,
+    # Flight-recorder dumps carried from the nodes: in the store, so that every coordinator
+    # sharing it serves a dump whichever one the agent uploaded it to.
+    """
+    CREATE TABLE fr_dumps (
+        check_id TEXT NOT NULL, node TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL,
+        stored_at REAL NOT NULL, PRIMARY KEY (check_id, node, name)
+    );
+    """,
 ]
 
 
