@@ -8,7 +8,6 @@ override the file: `SENTINEL_<SECTION>__<FIELD>[__<SUBFIELD>]`, e.g.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -268,8 +267,8 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-# A URL's user:password@ part: never echoed back in an error (it may hold a password).
-_USERINFO = re.compile(r"(//)[^/@\s]*@")
+# Fields whose value may hold a secret (a URL with a password): never echoed in errors.
+SECRET_FIELDS = frozenset({"coordinator_url"})
 
 
 def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = None) -> list[str]:
@@ -285,9 +284,12 @@ def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = No
         if env_names and path in env_names:
             path = f"{path} (from ${env_names[path]})"
         # A whole section as the input says nothing the path does not; a value says what is wrong.
-        shown = e["type"] != "missing" and not isinstance(e["input"], dict | list)
-        got = _USERINFO.sub(r"\1***@", repr(e["input"])) if shown else ""
-        lines.append(f"{path}: {e['msg']}" + (f" (got {got})" if shown else ""))
+        shown = (
+            e["type"] != "missing"
+            and not isinstance(e["input"], dict | list)
+            and e["loc"][-1] not in SECRET_FIELDS
+        )
+        lines.append(f"{path}: {e['msg']}" + (f" (got {e['input']!r})" if shown else ""))
     return lines
 
 

@@ -32,6 +32,7 @@ from loopback import serve
 
 from sentinel.agent.delivery import Deliverer, Outcome
 from sentinel.agent.spool import Spool
+from sentinel.config import ConfigError, load_config
 from sentinel.failover import Coordinators, Unreachable, parse_urls, request, retry_after_s
 from sentinel.processes import free_port, spawn, stop_process, wait_ready
 from sentinel.protocol import (
@@ -397,3 +398,12 @@ async def test_status_asks_the_first_replica_that_answers(
         assert len(stand_in.asked) == 1
         code, _, err = await run_status("--coordinator", "http://a,http://a")
         assert code == 2 and "listed twice" in err
+
+
+def test_a_url_list_in_config_and_environment_and_no_password_echoed() -> None:
+    cfg = load_config(env={"SENTINEL_AGENT__COORDINATOR_URL": "http://a:9400,http://b:9400"})
+    assert cfg.agent.coordinator_url == ("http://a:9400", "http://b:9400")
+    assert cfg.supervisor.coordinator_url == ("http://127.0.0.1:9400",)  # one, as before
+    with pytest.raises(ConfigError) as e:
+        load_config(env={"SENTINEL_SUPERVISOR__COORDINATOR_URL": "http://me:hunter2@a"})
+    assert "supervisor.coordinator_url" in str(e.value) and "hunter2" not in str(e.value)
