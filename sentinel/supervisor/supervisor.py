@@ -48,6 +48,9 @@ from sentinel.protocol import JobState as ReportedState
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor")
+# Events and acknowledgements: a replica that has not answered in this long (paused, or its
+# host gone) is left for the next one, rather than after the long-poll's longer timeout.
+_SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
 _CKPT = re.compile(r"step[-_]?(\d+)")
 
 
@@ -187,7 +190,9 @@ class Supervisor:
         headers = {"Content-Type": "application/json"}
         for attempt in range(5):
             try:
-                r = await self._call("POST", "/v1/events", data=body, headers=headers)
+                r = await self._call(
+                    "POST", "/v1/events", data=body, headers=headers, timeout=_SHORT
+                )
             except Unreachable as e:
                 log.warning("%s; retrying", e)
                 await asyncio.sleep(max(0.5 * (attempt + 1), e.retry_in_s))
@@ -243,7 +248,10 @@ class Supervisor:
         detail = {"generation": self.job.generation, "state": self.job.state}
         try:
             r = await self._call(
-                "POST", f"/v1/commands/{cid}/ack", json={"ok": True, "detail": detail}
+                "POST",
+                f"/v1/commands/{cid}/ack",
+                json={"ok": True, "detail": detail},
+                timeout=_SHORT,
             )
         except Unreachable as e:  # delivered again later; seen_commands keeps it from a redo
             log.warning("ack of %s not delivered: %s", cid, e)
