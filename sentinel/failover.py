@@ -44,8 +44,13 @@ _CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 def parse_urls(value: str | Sequence[str]) -> tuple[str, ...]:
     """One URL, a comma-separated list, or a sequence of them; each http(s)://host[:port][/path]
     with no credentials in it. Raises ValueError saying what is wrong."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    urls = [str(u).strip().rstrip("/") for u in items if str(u).strip()]
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list | tuple) and all(isinstance(u, str) for u in value):
+        items = list(value)
+    else:
+        raise ValueError("give a coordinator URL, or a list of them")
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
     if not urls:
         raise ValueError("no coordinator URL given")
     for url in urls:

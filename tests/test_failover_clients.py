@@ -66,6 +66,8 @@ def test_urls_parse_one_or_several_and_refuse_what_is_not_one() -> None:
         ("a:9400", r"not an http\(s\)"),
         ("http://a,http://a", "listed twice"),
         ("http://a?x=1", "no query"),
+        (5, "a list of them"),
+        ([9400], "a list of them"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_urls(bad)
