@@ -198,7 +198,7 @@ def agent_metric(port: int, name: str) -> list[str]:
 def test_agent_and_supervisor_carry_on_when_the_first_coordinator_is_killed(
     replicas: tuple[Coordinator, Coordinator, dict[str, Path]], tmp_path: Path
 ) -> None:
-    """The agent lists A then B; the supervisor a dead URL, then A, then B. Events flow to A;
+    """Agent and supervisor list a dead URL, then A, then B. Events flow to A;
     kill -9 A; they flow to B, and every step event the rank sent is stored by A or B. Then a
     playbook at B sends a command to the job and to the node: both arrive and are acked."""
     a, b, tokens = replicas
@@ -211,7 +211,7 @@ def test_agent_and_supervisor_carry_on_when_the_first_coordinator_is_killed(
     }
     agent = spawn(
         [*SENTINEL, "agent", "--sim", "--gpus", "1", "--node-id", "node-0",
-         "--coordinator", f"{a.url},{b.url}", "--spool-dir", str(tmp_path / "spool"),
+         "--coordinator", f"{dead},{a.url},{b.url}", "--spool-dir", str(tmp_path / "spool"),
          "--rank-socket", str(sock), "--listen", f"127.0.0.1:{metrics_port}"],
         env=agent_env, log=tmp_path / "agent.log",
     )  # fmt: skip
@@ -247,7 +247,7 @@ def test_agent_and_supervisor_carry_on_when_the_first_coordinator_is_killed(
         assert steps(b), "B acknowledged nothing"
         wait_for(lambda: rows(b, job_at) and rows(b, job_at)[0][0] > killed_at, 10, "job at B")
         assert agent_metric(metrics_port, "sentinel_agent_coordinator_failovers_total") == [
-            "sentinel_agent_coordinator_failovers_total 1.0"
+            "sentinel_agent_coordinator_failovers_total 2.0"  # dead -> A, A -> B
         ]
         assert (
             f'url="{b.url}"' in agent_metric(metrics_port, "sentinel_agent_coordinator_current")[0]
