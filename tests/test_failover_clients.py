@@ -11,6 +11,7 @@ that answered, so nothing is lost when the union of the two stores holds every e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -176,7 +177,7 @@ class FakeRank:
             self.sent += 1
 
     def _read(self) -> None:
-        with self.sock.makefile("r") as f:
+        with contextlib.suppress(OSError), self.sock.makefile("r") as f:  # OSError: closed
             for line in f:
                 self.lines.append(line)
 
