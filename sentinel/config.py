@@ -12,15 +12,21 @@ import socket
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from sentinel.exitcodes import InputError
+from sentinel.failover import parse_urls
 from sentinel.faults.catalog import RULE_BY_NAME
 
 ENV_PREFIX = "SENTINEL_"
+
+
+# One coordinator URL, or several (replicas sharing one store) as a list or comma-separated:
+# the client fails over between them in order (sentinel/failover.py).
+CoordinatorUrls = Annotated[tuple[str, ...], BeforeValidator(parse_urls)]
 
 
 class StrictModel(BaseModel):
@@ -80,7 +86,8 @@ class AgentConfig(StrictModel):
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
     listen: str = "127.0.0.1:9410"
     interval_s: float = Field(default=1.0, gt=0)
-    coordinator_url: str | None = None
+    # None: no coordinator (the agent serves /metrics only).
+    coordinator_url: CoordinatorUrls | None = None
     token_file: Path | None = None
     spool_dir: Path = Path("/var/lib/sentinel/spool")
     spool_max_events: int = Field(default=100_000, ge=1)
@@ -180,7 +187,7 @@ class CoordinatorConfig(StrictModel):
 class SupervisorConfig(StrictModel):
     """`sentinel run`: where the coordinator is and what gang to launch."""
 
-    coordinator_url: str = "http://127.0.0.1:9400"
+    coordinator_url: CoordinatorUrls = ("http://127.0.0.1:9400",)
     token_file: Path | None = None
     job_id: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
     # local: ranks as local processes (the simulated fleet); slurm: a job step per generation
@@ -283,8 +290,8 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-# Fields whose value may hold a secret (a store URL with a password): never echoed in errors.
-SECRET_FIELDS = frozenset({"store"})
+# Fields whose value may hold a secret (a URL with a password): never echoed in errors.
+SECRET_FIELDS = frozenset({"store", "coordinator_url"})
 
 
 def config_errors(err: ValidationError, env_names: Mapping[str, str] | None = None) -> list[str]:

@@ -1,19 +1,20 @@
 """`sentinel status`: the fleet, jobs, open incidents and their playbook runs, read from a
 coordinator's HTTP API (the same reads an operator's token may make), for a person on one
-screen or as one JSON document."""
+screen or as one JSON document. Given several coordinator URLs (replicas), it asks the first
+that answers (sentinel/failover.py) and says which one did."""
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
+
+from sentinel.failover import Coordinators, Reply, Unreachable, fetch
 
 # The incident states an operator still has to look at (the coordinator's ACTIVE_STATES).
 OPEN_STATES = ("open", "acting", "escalated", "mitigated")
@@ -29,31 +30,41 @@ class StatusError(Exception):
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, timeout_s: float = 10.0) -> None:
-        self.url, self.token, self.timeout_s = url.rstrip("/"), token, timeout_s
+    def __init__(
+        self, urls: str | Sequence[str], token: str | None, timeout_s: float = 10.0
+    ) -> None:
+        self.coordinators = Coordinators(urls)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout_s = timeout_s
+
+    @property
+    def url(self) -> str:
+        """The coordinator answering now (the first listed until one fails)."""
+        return self.coordinators.current
 
     def get(self, path: str) -> Any:
-        req = urllib.request.Request(self.url + path)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            why = _error_text(e)
+        reply = self._fetch(path)
+        if not reply.ok:
             raise StatusError(
-                f"{self.url}{path}: {e.code} {why}", bad_input=e.code in (401, 403)
-            ) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise StatusError(f"cannot reach the coordinator at {self.url}: {reason}") from None
+                f"{reply.url}{path}: {reply.status} {reply.error()}",
+                bad_input=reply.status in (401, 403),
+            )
+        try:
+            return reply.json()
+        except ValueError:
+            raise StatusError(f"{reply.url}{path}: not JSON: {reply.text()[:200]}") from None
 
-
-def _error_text(e: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.loads(e.read()).get("error", e.reason))
-    except (ValueError, AttributeError):
-        return str(e.reason)
+    def _fetch(self, path: str) -> Reply:
+        try:
+            return fetch(self.coordinators, path, self.headers, self.timeout_s)
+        except Unreachable as e:
+            if not 0 < e.retry_in_s <= self.timeout_s:
+                raise StatusError(str(e)) from None
+            time.sleep(e.retry_in_s)  # every replica answered 503: ask once more, when told
+        try:
+            return fetch(self.coordinators, path, self.headers, self.timeout_s)
+        except Unreachable as e:
+            raise StatusError(str(e)) from None
 
 
 def gather(client: Client, now: float | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from sentinel.agent.delivery import Deliverer, Outcome
 from sentinel.agent.rank_socket import RankSocketServer
 from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
+from sentinel.failover import Coordinators
 from sentinel.protocol import (
     AgentHeartbeatPayload,
     Command,
@@ -98,7 +99,7 @@ async def test_delivery_retries_then_delivers_everything_once(
     events = [heartbeat() for _ in range(7)]
     spool.append(events)
     fake.statuses = [503, 401]
-    d = Deliverer(spool, url, token="s3cret", batch_max=3)
+    d = Deliverer(spool, Coordinators(url), token="s3cret", batch_max=3)
     async with aiohttp.ClientSession() as session:
         assert await d.deliver_once(session) is Outcome.BACK_OFF
         assert await d.deliver_once(session) is Outcome.BACK_OFF
@@ -115,7 +116,7 @@ async def test_delivery_sends_the_bearer_token_from_the_service(
     fake, url = fake_coordinator
     spool = Spool(tmp_path, 100)
     spool.append([heartbeat()])
-    d = Deliverer(spool, url, token="s3cret", idle_s=0.01)
+    d = Deliverer(spool, Coordinators(url), token="s3cret", idle_s=0.01)
     task = asyncio.create_task(d.run())
     for _ in range(200):
         if fake.received:
@@ -132,7 +133,7 @@ async def test_unreachable_coordinator_keeps_events(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    d = Deliverer(spool, f"http://127.0.0.1:{port}", token=None)
+    d = Deliverer(spool, Coordinators(f"http://127.0.0.1:{port}"), token=None)
     async with aiohttp.ClientSession() as session:
         assert await d.deliver_once(session) is Outcome.BACK_OFF
     assert len(spool) == 1
@@ -145,7 +146,7 @@ async def test_malformed_batch_is_dropped_not_retried_forever(
     spool = Spool(tmp_path, 100)
     spool.append([heartbeat(), heartbeat()])
     fake.statuses = [413, 422]
-    d = Deliverer(spool, url, token=None, batch_max=2)
+    d = Deliverer(spool, Coordinators(url), token=None, batch_max=2)
     async with aiohttp.ClientSession() as session:
         assert await d.deliver_once(session) is Outcome.SENT  # 413: halve and go again
         assert d.batch_max == 1
@@ -270,7 +271,7 @@ async def test_command_relay_delivers_to_ranks_then_acknowledges(tmp_path: Path)
     reader, writer = await asyncio.open_unix_connection(str(tmp_path / "agent.sock"))
     await asyncio.sleep(0.05)  # the server registers the connection
     async with serve(app) as url, aiohttp.ClientSession() as session:
-        relay = CommandRelay(url, "tok", "node-0", ranks, wait_s=1)
+        relay = CommandRelay(Coordinators(url), "tok", "node-0", ranks, wait_s=1)
         assert await relay.poll_once(session) == 1
     assert decode_command(await asyncio.wait_for(reader.readline(), 5)) == command
     assert polls[0] == {"node": "node-0", "wait": "1"}

@@ -94,25 +94,144 @@ def test_agent_configmap_is_a_valid_sentinel_config(tmp_path: Path) -> None:
     assert cfg.agent.node_id == "gpu-node-7" and cfg.agent.listen == "0.0.0.0:9410"
 
 
-@pytest.mark.parametrize("unit", ["sentinel-agent.service", "sentinel-coordinator.service"])
+@pytest.mark.parametrize(
+    "unit",
+    ["sentinel-agent.service", "sentinel-coordinator.service", "sentinel-coordinator@.service"],
+)
 def test_systemd_units_verify(unit: str, tmp_path: Path) -> None:
     """As shipped, except ExecStart points at this checkout's `sentinel` (verify requires the
-    binary to exist)."""
+    binary to exist). A template is verified as an instance of it (`@a`), which also resolves
+    its specifiers (%i, %d): one it cannot resolve is a warning naming the unit."""
     systemd_analyze = require_command("systemd-analyze", "systemd")
     sentinel = shutil.which("sentinel") or str(Path(sys.executable).parent / "sentinel")
     text = (DEPLOY / "systemd" / unit).read_text()
     assert "ExecStart=/usr/local/bin/sentinel " in text
     (tmp_path / unit).write_text(text.replace("/usr/local/bin/sentinel", sentinel))
+    instance = unit.replace("@.", "@a.")
     r = subprocess.run(
-        [systemd_analyze, "verify", str(tmp_path / unit)], capture_output=True, text=True
+        [systemd_analyze, "verify", str(tmp_path / instance)], capture_output=True, text=True
     )
-    assert r.returncode == 0 and unit not in r.stderr, r.stderr
+    assert r.returncode == 0 and unit.split("@")[0] not in r.stderr, r.stderr
 
 
 def test_coordinator_unit_type_matches_the_coordinator() -> None:
     """Type=notify would hang the start: the coordinator does not send READY=1."""
     text = (DEPLOY / "systemd" / "sentinel-coordinator.service").read_text()
     assert "Type=exec" in text and "NoNewPrivileges=yes" in text
+
+
+# Coordinator replicas on PostgreSQL: systemd and Kubernetes ----------------------------------
+# No Kubernetes API server exists here: the manifests are checked as data (they parse, and the
+# names, ports, paths and files they refer to agree), not applied.
+
+PG = DEPLOY / "k8s" / "postgresql" / "coordinator.yaml"
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def test_replica_unit_keeps_the_password_out_of_argv_and_environment() -> None:
+    """The password reaches libpq as a systemd credential (a file only this service reads),
+    named by PGPASSFILE; nothing in the unit or its config is the password itself."""
+    unit = unit_settings((DEPLOY / "systemd" / "sentinel-coordinator@.service").read_text())
+    (credential,) = unit["LoadCredential"]
+    name, _, source = credential.partition(":")
+    assert source == "/etc/sentinel/pgpass"
+    assert f"PGPASSFILE=%d/{name}" in unit["Environment"]
+    assert not any("PASSWORD" in e.upper().split("=")[0] for e in unit["Environment"])
+    (exec_start,) = unit["ExecStart"]
+    assert "pass" not in exec_start.lower()
+    # One file and one state directory per replica: two may share a host.
+    assert "--config /etc/sentinel/coordinator-%i.yaml" in exec_start
+    assert "--state-dir /var/lib/sentinel/coordinator-%i" in exec_start
+    assert unit["StateDirectory"] == ["sentinel sentinel/coordinator-%i"]
+    replica = yaml.safe_load((DEPLOY / "coordinator-replica.yaml").read_text())["coordinator"]
+    assert replica["store"] == "postgresql://sentinel@db.example:5432/sentinel?sslmode=verify-full"
+    assert set(replica) & {"store_password_file", "password"} == set()
+
+
+def test_replica_config_is_a_valid_sentinel_config() -> None:
+    cfg = load_config(DEPLOY / "coordinator-replica.yaml", env={})
+    assert cfg.coordinator.store and cfg.coordinator.listen == "0.0.0.0:9400"
+
+
+def test_agents_list_both_replicas() -> None:
+    cfg = load_config(DEPLOY / "agent-replicas.yaml", env={})
+    urls = ("https://coord-a.example:9400", "https://coord-b.example:9400")
+    assert cfg.agent.coordinator_url == urls and cfg.supervisor.coordinator_url == urls
+
+
+def pg_manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    docs = list(yaml.safe_load_all(PG.read_text()))
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def mounts_of(pod: dict[str, Any], c: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Volume name -> (its mount path, the volume)."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {m["name"]: (m["mountPath"], volumes[m["name"]]) for m in c["volumeMounts"]}
+
+
+def test_kubernetes_replicas_on_postgresql_agree() -> None:
+    m, header = pg_manifests(), PG.read_text()
+    dep, svc = m[("Deployment", "sentinel-coordinator")], m[("Service", "sentinel-coordinator")]
+    pod = dep["spec"]["template"]["spec"]
+    c = container(dep)
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert {d["metadata"]["namespace"] for d in m.values()} == {"sentinel"}
+    # Both replicas ready on /healthz (a follower serves too), behind one Service.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "api"}
+    (port,) = c["ports"]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] == port["name"]
+    assert m[("PodDisruptionBudget", "sentinel-coordinator")]["spec"]["minAvailable"] == 1
+    # The same Service name and port the agents' ConfigMap already dials.
+    agent_cfg = manifests()[("ConfigMap", "sentinel-agent")]["data"]["agent.yaml"]
+    assert yaml.safe_load(agent_cfg)["agent"]["coordinator_url"] == (
+        f"http://{svc['metadata']['name']}.sentinel.svc:{svc['spec']['ports'][0]['port']}"
+    )
+    rbac = yaml.safe_load_all((DEPLOY / "k8s" / "coordinator-rbac.yaml").read_text())
+    assert ("ServiceAccount", pod["serviceAccountName"]) in {
+        (d["kind"], d["metadata"]["name"]) for d in rbac
+    }
+    # The config the container reads is the ConfigMap's, listening on the container's port.
+    mounts = mounts_of(pod, c)
+    path, volume = mounts["config"]
+    assert f"--config={path}" in c["args"]
+    doc = m[("ConfigMap", volume["configMap"]["name"])]["data"][path.rsplit("/", 1)[1]]
+    coord = yaml.safe_load(doc)["coordinator"]
+    assert coord["listen"] == f"0.0.0.0:{port['containerPort']}"
+    assert coord["state_dir"] == mounts["state"][0]
+    # The database: an ExternalName Service, dialled by its cluster name, verify-full.
+    db = m[("Service", "sentinel-db")]
+    assert db["spec"]["type"] == "ExternalName" and db["spec"]["externalName"]
+    db_port = db["spec"]["ports"][0]["port"]
+    assert coord["store"] == (
+        f"postgresql://sentinel@sentinel-db.sentinel.svc:{db_port}/sentinel?sslmode=verify-full"
+    )
+    # The password: a file of a Secret this file tells the operator to create (no Secret, and
+    # no password, in the manifests); the CA likewise, named to libpq by PGSSLROOTCERT.
+    secret_path, secret = mounts["db-password"]
+    name = secret["secret"]["secretName"]
+    assert f"create secret generic {name} --from-file=password=" in header
+    assert coord["store_password_file"] == f"{secret_path}/password"
+    ca_path, ca = mounts["db-ca"]
+    assert f"create configmap {ca['configMap']['name']} --from-file=ca.crt=" in header
+    assert {"name": "PGSSLROOTCERT", "value": f"{ca_path}/ca.crt"} in c["env"]
+    assert "Secret" not in {k for k, _ in m} and "PGPASSWORD" not in header
+
+
+def test_kubernetes_replica_config_is_a_valid_sentinel_config(tmp_path: Path) -> None:
+    doc = pg_manifests()[("ConfigMap", "sentinel-coordinator")]["data"]["coordinator.yaml"]
+    (tmp_path / "coordinator.yaml").write_text(doc)
+    cfg = load_config(tmp_path / "coordinator.yaml", env={})
+    assert cfg.coordinator.store and cfg.coordinator.eviction_backend == "kubernetes"
 
 
 def test_slurm_scripts_pass_shellcheck() -> None:

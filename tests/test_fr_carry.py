@@ -12,6 +12,7 @@ import aiohttp
 from coord_util import Coordinator
 
 from sentinel.agent.fr_carry import FrCarrier
+from sentinel.failover import Coordinators
 
 
 def _status(coord: Coordinator, method: str, path: str, token: str, body: bytes | None) -> int:
@@ -49,7 +50,7 @@ async def test_the_agent_carries_fresh_dumps_once_settled(
     token = coord.token("--role", "node", "--node", "node-1")
     carrier = FrCarrier(fr, "node-1", wait_s=10, settle_s=0.3)
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as s:
-        assert await carrier.carry(s, coord.url, "chk-2", since, ranks=2) == 4
+        assert await carrier.carry(s, Coordinators(coord.url), "chk-2", since, ranks=2) == 4
     admin = coord.token("--role", "admin")
     names = sorted(f["name"] for f in coord.call("GET", "/v1/fr/chk-2", admin)["files"])  # type: ignore[index]
     assert names == ["fr_2", "fr_2.json", "fr_3", "fr_3.json"]

@@ -3,7 +3,8 @@ now) to the training ranks connected to this node's socket.
 
 Long-polls `GET /v1/commands?node=ID` with the node's token; a command is acknowledged only
 after it was written to the ranks, so one lost with the agent is delivered again (at least once;
-the actions are safe to repeat).
+the actions are safe to repeat). Polls and acknowledgements fail over between the coordinator
+replicas the agent knows (sentinel/failover.py): any replica delivers any node's commands.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import aiohttp
 from sentinel.agent.delivery import Backoff
 from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Refused, Unreachable, request
 from sentinel.protocol import CommandKind, ProtocolError, decode_command, encode
 
 log = logging.getLogger("sentinel.agent.commands")
@@ -25,7 +27,7 @@ log = logging.getLogger("sentinel.agent.commands")
 class CommandRelay:
     def __init__(
         self,
-        url: str,
+        coordinators: Coordinators,
         token: str | None,
         node_id: str,
         ranks: RankSocketServer,
@@ -34,7 +36,7 @@ class CommandRelay:
     ) -> None:
         self.fr = fr  # carries the ranks' flight-recorder dumps after an fr.dump
         self._carrying: set[asyncio.Task[int]] = set()
-        self.base = url.rstrip("/")
+        self.coordinators = coordinators  # shared with the agent's other clients
         self.token = token
         self.node_id = node_id
         self.ranks = ranks
@@ -44,21 +46,23 @@ class CommandRelay:
 
     async def run(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        timeout = aiohttp.ClientTimeout(total=self.wait_s + 10)
+        timeout = aiohttp.ClientTimeout(total=self.wait_s + 10, sock_connect=CONNECT_TIMEOUT_S)
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
             while True:
                 try:
                     await self.poll_once(session)
                     self._backoff.reset()
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                except (Unreachable, Refused, ValueError) as e:
                     log.warning("command poll failed", extra={"error": str(e)})
-                    await asyncio.sleep(self._backoff.next_delay())
+                    rest = e.retry_in_s if isinstance(e, Unreachable) else 0.0
+                    await asyncio.sleep(max(self._backoff.next_delay(), rest))
 
     async def poll_once(self, session: aiohttp.ClientSession) -> int:
         params = {"node": self.node_id, "wait": str(self.wait_s)}
-        async with session.get(f"{self.base}/v1/commands", params=params) as resp:
-            resp.raise_for_status()
-            body = await resp.json()
+        reply = await request(session, self.coordinators, "GET", "/v1/commands", params=params)
+        if not reply.ok:
+            raise Refused("command poll", reply)
+        body = reply.json()
         handled = 0
         for raw in body.get("commands", []):
             try:
@@ -71,14 +75,16 @@ class CommandRelay:
             check_id = cmd.args.get("check_id")
             if cmd.kind == CommandKind.FR_DUMP and self.fr is not None and reached and check_id:
                 task = asyncio.create_task(
-                    self.fr.carry(session, self.base, str(check_id), since, reached)
+                    self.fr.carry(session, self.coordinators, str(check_id), since, reached)
                 )
                 self._carrying.add(task)
                 task.add_done_callback(self._carrying.discard)
             log.info("relayed %s to %d rank(s)", cmd.kind.value, reached, extra={"id": cmd.id})
             ack = {"ok": True, "detail": {"relayed_to_ranks": reached}}
-            async with session.post(f"{self.base}/v1/commands/{cmd.id}/ack", json=ack) as resp:
-                resp.raise_for_status()
+            path = f"/v1/commands/{cmd.id}/ack"
+            reply = await request(session, self.coordinators, "POST", path, json=ack)
+            if not reply.ok:  # not acknowledged: delivered again, relayed again (safe)
+                raise Refused(f"ack of {cmd.id}", reply)
             self.relayed += 1
             handled += 1
         return handled

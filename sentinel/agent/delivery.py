@@ -1,7 +1,9 @@
 """Deliver spooled events to the coordinator in batches, retrying with capped exponential backoff.
 
-The spool is the source of truth: a batch is removed from it only after the coordinator has
-acknowledged it (2xx, which the coordinator sends once the batch is durable).
+The spool is the source of truth: a batch is removed from it only after a coordinator has
+acknowledged it (2xx, which the coordinator sends once the batch is durable). With several
+coordinator URLs a batch no replica could take is sent to the next one (sentinel/failover.py);
+it stays in the spool until one of them acknowledges it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from enum import Enum
 import aiohttp
 
 from sentinel.agent.spool import Spool
+from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Unreachable, request
 from sentinel.protocol import EventBatch, encode
 
 log = logging.getLogger("sentinel.agent.delivery")
@@ -52,18 +55,19 @@ class Deliverer:
     def __init__(
         self,
         spool: Spool,
-        url: str,
+        coordinators: Coordinators,
         token: str | None,
         batch_max: int = 500,
         idle_s: float = 0.2,
     ) -> None:
         self.spool = spool
-        self.endpoint = url.rstrip("/") + "/v1/events"
+        self.coordinators = coordinators  # shared with the agent's other clients
         self.token = token
         self.batch_max = batch_max
         self.idle_s = idle_s
         self.stats = DeliveryStats()
         self._backoff = Backoff()
+        self._retry_in_s = 0.0  # every coordinator asked for a rest this long (503 Retry-After)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -74,12 +78,12 @@ class Deliverer:
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        timeout = aiohttp.ClientTimeout(total=10)
+        timeout = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
             while True:
                 outcome = await self.deliver_once(session)
                 if outcome is Outcome.BACK_OFF:
-                    await asyncio.sleep(self._backoff.next_delay())
+                    await asyncio.sleep(max(self._backoff.next_delay(), self._retry_in_s))
                 elif outcome is Outcome.EMPTY:
                     self._wake.clear()
                     with contextlib.suppress(TimeoutError):
@@ -92,13 +96,14 @@ class Deliverer:
             return Outcome.EMPTY
         body = encode(EventBatch(events=events))
         try:
-            async with session.post(self.endpoint, data=body) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            reply = await request(session, self.coordinators, "POST", "/v1/events", data=body)
+        except Unreachable as e:
             self.stats.failures += 1
+            self._retry_in_s = e.retry_in_s
             log.warning("coordinator unreachable, events stay spooled", extra={"error": str(e)})
             return Outcome.BACK_OFF
+        self._retry_in_s = 0.0
+        text, status = reply.text(), reply.status
         if 200 <= status < 300:
             self.spool.ack(upto)
             self.stats.delivered += len(events)
@@ -114,7 +119,8 @@ class Deliverer:
             self.stats.rejected += len(events)
             log.error("coordinator rejected a batch", extra={"status": status, "reason": text})
             return Outcome.SENT
-        # 401/403 (a token to fix), 429 and 5xx: keep the events and try again later.
+        # 401/403 (a token to fix), 429 and 5xx: keep the events and try again later, at the
+        # same coordinator (another replica would give the same answer).
         self.stats.failures += 1
         log.warning("delivery failed, will retry", extra={"status": status, "reason": text[:200]})
         return Outcome.BACK_OFF

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
+from sentinel.failover import Coordinators, Unreachable, request
+
 log = logging.getLogger("sentinel.agent.fr")
 
 
@@ -48,19 +50,24 @@ class FrCarrier:
         return self.fresh(since)
 
     async def carry(
-        self, session: aiohttp.ClientSession, base: str, check_id: str, since: float, ranks: int
+        self,
+        session: aiohttp.ClientSession,
+        coordinators: Coordinators,
+        check_id: str,
+        since: float,
+        ranks: int,
     ) -> int:
         sent = 0
         for path in await self.settle(since, ranks):
-            url = f"{base}/v1/fr/{check_id}/{self.node}/{path.name}"
+            url = f"/v1/fr/{check_id}/{self.node}/{path.name}"
             try:
-                async with session.put(url, data=path.read_bytes()) as resp:
-                    if resp.status != 200:
-                        log.error("coordinator refused dump %s: %s %s", path.name, resp.status,
-                                  await resp.text())  # fmt: skip
-                        continue
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                reply = await request(session, coordinators, "PUT", url, data=path.read_bytes())
+            except (Unreachable, OSError) as e:
                 log.error("cannot carry dump %s: %s", path.name, e)
+                continue
+            if reply.status != 200:
+                log.error("coordinator refused dump %s: %s %s", path.name, reply.status,
+                          reply.error())  # fmt: skip
                 continue
             sent += 1
         log.info("carried %d flight-recorder file(s) for %s", sent, check_id)

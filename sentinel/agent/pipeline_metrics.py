@@ -37,6 +37,19 @@ def delivery_families(spool: Spool, deliverer: Deliverer) -> Iterator[Metric]:
         "Delivery attempts that failed (retried).",
         value=stats.failures,
     )
+    coordinators = deliverer.coordinators
+    yield CounterMetricFamily(
+        "sentinel_agent_coordinator_failovers",
+        "Moves from a coordinator URL that did not answer to the next one listed.",
+        value=coordinators.failovers,
+    )
+    current = GaugeMetricFamily(
+        "sentinel_agent_coordinator_current",
+        "1 for the coordinator URL the agent talks to now.",
+        labels=["url"],
+    )
+    current.add_metric([coordinators.current], 1)
+    yield current
 
 
 def rank_socket_families(server: RankSocketServer) -> Iterator[Metric]:

@@ -46,6 +46,7 @@ from sentinel.agent.readings import GpuBackend
 from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
 from sentinel.config import AgentConfig, ConfigError, load_config
+from sentinel.failover import Coordinators
 from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict
 
 log = logging.getLogger("sentinel.agent")
@@ -131,12 +132,12 @@ class Agent:
         if cfg.coordinator_url:
             self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
             token = cfg.token_file.read_text().strip() if cfg.token_file else None
-            self.deliverer = Deliverer(self.spool, cfg.coordinator_url, token, cfg.batch_max_events)
+            # One rotation for delivery and commands: a replica one finds dead, both leave.
+            coordinators = Coordinators(cfg.coordinator_url)
+            self.deliverer = Deliverer(self.spool, coordinators, token, cfg.batch_max_events)
             if self.rank_server is not None:
                 fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
-                self.relay = CommandRelay(
-                    cfg.coordinator_url, token, cfg.node_id, self.rank_server, fr=fr
-                )
+                self.relay = CommandRelay(coordinators, token, cfg.node_id, self.rank_server, fr=fr)
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()

@@ -26,7 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="YAML or TOML config file (section 'agent')")
     p.add_argument("--listen", metavar="HOST:PORT", help="/metrics address (agent.listen)")
     p.add_argument("--node-id", help="this node's name (agent.node_id; default: hostname)")
-    p.add_argument("--coordinator", metavar="URL", help="coordinator base URL")
+    p.add_argument(
+        "--coordinator",
+        metavar="URL[,URL...]",
+        help="coordinator base URL, or several replicas' comma-separated: events and command "
+        "polls fail over between them in order (agent.coordinator_url)",
+    )
     p.add_argument("--spool-dir", type=Path, help="where undelivered events wait")
     p.add_argument("--rank-socket", type=Path, help="Unix socket for training ranks")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="collection interval")
@@ -63,9 +68,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from sentinel.agent.host import PsutilHost
     from sentinel.agent.service import Agent, parse_listen
-    from sentinel.config import AgentConfig, SimConfig, load_config
+    from sentinel.config import AgentConfig, ConfigError, SimConfig, config_errors, load_config
 
     cfg = load_config(args.config)
     fields = cfg.agent.model_dump() | _overrides(args)
@@ -75,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         agent_cfg = AgentConfig.model_validate(fields)
         parse_listen(agent_cfg.listen)
+    except ValidationError as e:
+        raise ConfigError("command line", config_errors(e)) from None
     except ValueError as e:
         raise InputError(str(e)) from None
     if args.sim_faults and agent_cfg.sim is None:

@@ -28,7 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "allocation (or one asked for with salloc)",
     )
     p.add_argument("--job-id", help="job id (default from config)")
-    p.add_argument("--coordinator", help="coordinator URL, e.g. http://127.0.0.1:9400")
+    p.add_argument(
+        "--coordinator",
+        metavar="URL[,URL...]",
+        help="coordinator URL, e.g. http://127.0.0.1:9400, or several replicas' comma-separated: "
+        "events and command polls fail over between them in order (supervisor.coordinator_url)",
+    )
     p.add_argument("--token-file", type=Path, help="file holding a job (or admin) token")
     p.add_argument("--nodes", type=int, help="simulated nodes for the local launcher")
     p.add_argument("--gpus-per-node", type=int, help="ranks per simulated node (local launcher)")
@@ -55,7 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from sentinel.config import load_config
+    from pydantic import ValidationError
+
+    from sentinel.config import ConfigError, config_errors, load_config
     from sentinel.supervisor.supervisor import Supervisor
 
     argv = list(args.trainer)
@@ -80,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
         }.items()
         if v is not None
     }
-    cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    try:
+        cfg = cfg.model_validate({**cfg.model_dump(), **overrides})
+    except ValidationError as e:
+        raise ConfigError("command line", config_errors(e)) from None
     token = os.environ.get("SENTINEL_TOKEN")
     if cfg.token_file is not None:
         try:

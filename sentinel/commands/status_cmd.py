@@ -22,9 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--coordinator",
-        metavar="URL",
+        metavar="URL[,URL...]",
         default=os.environ.get(URL_ENV, "http://127.0.0.1:9400"),
-        help=f"coordinator URL (default: ${URL_ENV} or http://127.0.0.1:9400)",
+        help=f"coordinator URL, or several replicas' comma-separated: the first that answers is "
+        f"asked (default: ${URL_ENV} or http://127.0.0.1:9400)",
     )
     p.add_argument(
         "--token-file",
@@ -51,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.status import Client, StatusError, gather, render
 
     try:
-        doc = gather(Client(args.coordinator, _token(args), args.timeout))
+        client = Client(args.coordinator, _token(args), args.timeout)
+    except ValueError as e:
+        raise InputError(f"--coordinator: {e}") from None
+    try:
+        doc = gather(client)
     except StatusError as e:
         if e.bad_input:
             raise InputError(str(e)) from None

@@ -1,6 +1,7 @@
 """`sentinel run`: the job supervisor.
 
-It registers the job with the coordinator (its `job.status` heartbeat), launches the gang,
+It talks to one coordinator, or fails over between the replicas listed in `coordinator_url`
+(sentinel/failover.py). It registers the job with the coordinator (its `job.status` heartbeat), launches the gang,
 reports rank exits as `rank.crash` events, and carries out job commands it long-polls:
 `job.stop`, and `job.restart` with a plan (excluded nodes, spares in their place, the checkpoint
 to resume from, batches to skip, a learning-rate scale). The plan reaches the trainer as flags
@@ -28,6 +29,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
+from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
 from sentinel.processes import free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
@@ -46,6 +48,9 @@ from sentinel.protocol import JobState as ReportedState
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor")
+# Events and acknowledgements: a replica that has not answered in this long (paused, or its
+# host gone) is left for the next one, rather than after the long-poll's longer timeout.
+_SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
 _CKPT = re.compile(r"step[-_]?(\d+)")
 
 
@@ -168,29 +173,33 @@ class Supervisor:
         self.gang: Gang | None = None
         self.plan: GangPlan | None = None
         self.session: aiohttp.ClientSession | None = None
+        self.coordinators = Coordinators(cfg.coordinator_url)
         self.done = asyncio.Event()
         self.exit_code = 0
         self._background: set[asyncio.Task[None]] = set()
 
     # --- coordinator I/O ---------------------------------------------------------------------
 
-    async def _post(self, events: list[Any]) -> None:
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Reply:
+        """One request to the coordinator, failing over between the replicas it knows."""
         assert self.session is not None
+        return await request(self.session, self.coordinators, method, path, **kwargs)
+
+    async def _post(self, events: list[Any]) -> None:
         body = encode(EventBatch(events=events))
+        headers = {"Content-Type": "application/json"}
         for attempt in range(5):
             try:
-                async with self.session.post(
-                    f"{self.cfg.coordinator_url}/v1/events",
-                    data=body,
-                    headers={"Content-Type": "application/json"},
-                ) as r:
-                    if r.status == 200:
-                        return
-                    log.warning("coordinator refused events: %s %s", r.status, await r.text())
-                    return
-            except (aiohttp.ClientError, TimeoutError) as e:
-                log.warning("coordinator unreachable (%s); retrying", e)
-                await asyncio.sleep(0.5 * (attempt + 1))
+                r = await self._call(
+                    "POST", "/v1/events", data=body, headers=headers, timeout=_SHORT
+                )
+            except Unreachable as e:
+                log.warning("%s; retrying", e)
+                await asyncio.sleep(max(0.5 * (attempt + 1), e.retry_in_s))
+                continue
+            if r.status != 200:
+                log.warning("coordinator refused events: %s %s", r.status, r.error())
+            return
 
     def _status_event(self) -> Any:
         ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
@@ -215,36 +224,40 @@ class Supervisor:
                 await asyncio.wait_for(self.done.wait(), self.cfg.heartbeat_s)
 
     async def _commands(self) -> None:
-        assert self.session is not None
-        url = f"{self.cfg.coordinator_url}/v1/commands"
         params = {"job": self.cfg.job_id, "wait": str(self.cfg.poll_wait_s)}
         while not self.done.is_set():
             try:
-                async with self.session.get(url, params=params) as r:
-                    if r.status != 200:
-                        log.warning("command poll refused: %s %s", r.status, await r.text())
-                        await asyncio.sleep(1.0)
-                        continue
-                    commands = (await r.json())["commands"]
-            except (aiohttp.ClientError, TimeoutError) as e:
+                r = await self._call("GET", "/v1/commands", params=params)
+            except Unreachable as e:
                 log.warning("command poll failed (%s); retrying", e)
+                await asyncio.sleep(max(1.0, e.retry_in_s))
+                continue
+            if r.status != 200:
+                log.warning("command poll refused: %s %s", r.status, r.error())
                 await asyncio.sleep(1.0)
                 continue
-            for cmd in commands:
+            for cmd in r.json()["commands"]:
                 await self._handle(cmd)
 
     async def _handle(self, cmd: dict[str, Any]) -> None:
-        assert self.session is not None
         cid = cmd["id"]
         if cid not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
             self.job.seen_commands.add(cid)
             log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
             await self._execute(cmd["kind"], cmd["args"])
-        url = f"{self.cfg.coordinator_url}/v1/commands/{cid}/ack"
         detail = {"generation": self.job.generation, "state": self.job.state}
-        async with self.session.post(url, json={"ok": True, "detail": detail}) as r:
-            if r.status != 200:
-                log.warning("ack of %s refused: %s", cid, await r.text())
+        try:
+            r = await self._call(
+                "POST",
+                f"/v1/commands/{cid}/ack",
+                json={"ok": True, "detail": detail},
+                timeout=_SHORT,
+            )
+        except Unreachable as e:  # delivered again later; seen_commands keeps it from a redo
+            log.warning("ack of %s not delivered: %s", cid, e)
+            return
+        if r.status != 200:
+            log.warning("ack of %s refused: %s", cid, r.error())
 
     async def _execute(self, kind: str, args: dict[str, Any]) -> None:
         if kind == CommandKind.JOB_STOP:
@@ -302,15 +315,13 @@ class Supervisor:
     async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
         """The dumps the nodes' agents carried to the coordinator: until every rank's is there
         and nothing new came for two seconds, or fr_wait_s."""
-        assert self.session is not None
-        url = f"{self.cfg.coordinator_url}/v1/fr/{check_id}"
         deadline, last = time.time() + self.cfg.fr_wait_s, (-1, 0.0)
         files: list[dict[str, Any]] = []
         while time.time() < deadline:
             try:
-                async with self.session.get(url) as r:
-                    files = (await r.json())["files"] if r.status == 200 else files
-            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                r = await self._call("GET", f"/v1/fr/{check_id}")
+                files = r.json()["files"] if r.status == 200 else files
+            except (Unreachable, ValueError) as e:
                 log.warning("cannot read carried dumps (%s); retrying", e)
             if len(files) != last[0]:
                 last = (len(files), time.time())
@@ -430,7 +441,9 @@ class Supervisor:
             self.done.set()
 
     async def run(self) -> int:
-        timeout = aiohttp.ClientTimeout(total=self.cfg.poll_wait_s + 30)
+        timeout = aiohttp.ClientTimeout(
+            total=self.cfg.poll_wait_s + 30, sock_connect=CONNECT_TIMEOUT_S
+        )
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as self.session:
             self._launch()
