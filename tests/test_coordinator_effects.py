@@ -87,6 +87,28 @@ def test_an_effect_begun_before_a_crash_is_reconciled_not_repeated(
     assert store.step("run1/step0").state == "done"  # type: ignore[union-attr]
 
 
+def test_a_step_waiting_on_a_drain_writes_nothing_until_it_lands(
+    tmp_path: Path, slurm_env: Path
+) -> None:
+    """The engine passes a waiting step every tick. While the drain is under way there is
+    nothing new to record, so those ticks write nothing (each write was a commit to disk on
+    the store thread, which acknowledgements queue behind); the outcome is recorded once."""
+    c, store, _, effect = _drain_recorded_not_made(tmp_path)
+    clock = [1001.0]
+    engine = Engine(store, PLAYBOOKS, c, make_backend(c), lambda: clock[0], inline_effects=False)
+    engine.tick()  # the first pass after the intent may still record the run waiting
+    snapshot = store.query("SELECT * FROM runs"), store.query("SELECT * FROM actions")
+    for _ in range(5):
+        clock[0] += 1.0
+        engine.tick()
+    assert (store.query("SELECT * FROM runs"), store.query("SELECT * FROM actions")) == snapshot
+    engine.effects.settle(effect, engine.effects.perform(effect, False), clock[0])
+    engine.tick()
+    assert store.step("run1/step0").state == "done"  # type: ignore[union-attr]
+    (run,) = store.query("SELECT updated_at, step_index FROM runs")
+    assert run["updated_at"] == clock[0] and run["step_index"] > 0
+
+
 def test_a_drain_the_scheduler_never_got_is_made_after_the_crash(
     tmp_path: Path, slurm_env: Path
 ) -> None:
