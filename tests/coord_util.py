@@ -140,13 +140,15 @@ class Coordinator:
 
 
 @contextmanager
-def own_core(pid: int, nice: int = -10) -> Iterator[bool]:
+def own_core(pid: int, nice: int = -20) -> Iterator[bool]:
     """Give process `pid` (already started: every thread it has now) a core of its own, as the
     coordinator benchmark does, for a latency test: the target is a fleet on one core. It is
-    pinned to the last CPU with its priority raised by `nice`, and the caller's thread (the
-    load generator) to the other CPUs until the block ends: on a machine shared with other
-    tests or a CPU hog, they take the rest, not its core. Threads it starts later inherit
-    both. Yields whether the priority could be raised (root, or CAP_SYS_NICE)."""
+    pinned to the last CPU, and the caller's thread (the load generator) to the other CPUs;
+    both get their priority raised by `nice` until the block ends: on a machine shared with
+    other tests or a CPU hog, those take what is left, not the coordinator's core, and the
+    generator keeps its schedule (a starved one sends late, in bursts: not the paced load a
+    latency bound is stated for). Threads `pid` starts later inherit both. Yields whether the
+    priorities could be raised (root, or CAP_SYS_NICE)."""
     cpus = sorted(os.sched_getaffinity(0))
     core, rest = {cpus[-1]}, set(cpus[:-1]) or {cpus[-1]}
     raised = True
@@ -158,12 +160,17 @@ def own_core(pid: int, nice: int = -10) -> Iterator[bool]:
             raised = False
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
-    mine = os.sched_getaffinity(0)
+    mine, my_nice = os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)
     os.sched_setaffinity(0, rest)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # on Linux: this thread only
+    except PermissionError:
+        raised = False
     try:
         yield raised
     finally:
         os.sched_setaffinity(0, mine)
+        os.setpriority(os.PRIO_PROCESS, 0, my_nice)
 
 
 def run_queue_wait_s(pid: int) -> float | None:
