@@ -165,10 +165,10 @@ def test_a_stale_writer_loses() -> None:
         assert store.state_of(Entity.NODE, "n") == "draining"
 
 
-def test_the_docs_show_the_tables_the_code_uses() -> None:
-    page = (ROOT / "docs" / "repair-core.md").read_text()
-    assert lifecycle.markdown_tables() in page, (
-        "regenerate: python -m sentinel.coordinator.lifecycle"
+@pytest.mark.parametrize("page", ["README.md", "docs/repair-core.md"])
+def test_the_docs_show_the_tables_the_code_uses(page: str) -> None:
+    assert lifecycle.markdown_tables() in (ROOT / page).read_text(), (
+        f"{page}: regenerate its tables with python -m sentinel.coordinator.lifecycle"
     )
 
 

@@ -35,7 +35,7 @@ from sentinel.coordinator.lifecycle import (
 )
 from sentinel.coordinator.playbooks import Playbook, Step
 from sentinel.coordinator.store import StateStore
-from sentinel.coordinator.store.rows import IncidentRow, RunRow
+from sentinel.coordinator.store.rows import IncidentRow, RunContext, RunRow
 from sentinel.protocol import JobState
 
 log = logging.getLogger("sentinel.coordinator.engine")
@@ -180,6 +180,7 @@ class Engine:
         incident = self.store.incident(run.incident_id)
         assert incident is not None
         impl = ACTIONS[action]
+        context_before = run.context.model_copy(deep=True)
         with self.store.tx():
             ctx = ActionContext(
                 store=self.store,
@@ -199,8 +200,32 @@ class Engine:
             except Exception as e:  # an action that breaks fails its step, not the engine
                 log.exception("action %s failed", action)
                 result = StepResult(St.FAILED, {"error": f"{type(e).__name__}: {e}"})
-            self._record_step(run, key, who, action, incident, result, now)
+            if not self._waits_as_before(run, key, incident, result, context_before):
+                self._record_step(run, key, who, action, incident, result, now)
         return result
+
+    def _waits_as_before(
+        self,
+        run: RunRow,
+        key: str,
+        incident: IncidentRow,
+        result: StepResult,
+        context_before: RunContext,
+    ) -> bool:
+        """Whether the step waits just as it did on the last pass (the same answer, the run's
+        context untouched): then there is nothing to record, and the tick's transaction writes
+        nothing. A step waiting on a slow effect (a 20 s drain) is passed every tick; a write
+        each time was a commit to disk each tick on the store thread, which the ingest path's
+        acknowledgements queue behind."""
+        if result.status != St.WAIT or run.status != R.WAITING or run.context != context_before:
+            return False
+        row = self.store.step(key)
+        return (
+            row is not None
+            and row.state == StepState.STARTED
+            and row.result == result.detail
+            and row.target == incident.target
+        )
 
     def _record_step(
         self,

@@ -1,6 +1,9 @@
-"""Playbook actions, by name. Add one: subclass BaseAction in a small module, list it here."""
+"""Playbook actions, by name. Add one: subclass BaseAction in a small module (`base.py` says
+how), list it here."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from sentinel.coordinator.actions.base import (
     ActionContext,
@@ -22,7 +25,7 @@ from sentinel.coordinator.actions.job import (
 )
 from sentinel.coordinator.actions.restore import ReturnNode
 
-ACTIONS: dict[str, BaseAction] = {
+ACTIONS: dict[str, BaseAction[Any]] = {
     a.name: a
     for a in (
         EvictNode(),

@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
+from sentinel.coordinator.actions.base import (
+    ActionContext,
+    BaseAction,
+    StepResult,
+    StepStatus,
+    WaitParams,
+)
 from sentinel.coordinator.store.rows import JobRow, StoredEvent
 from sentinel.protocol import CommandKind, FrAnalysisPayload, RankSdcPayload
-
-
-class _WaitParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    timeout_s: float = Field(default=120.0, gt=0)
 
 
 def node_of_rank(job: JobRow | None, rank: int) -> str | None:
@@ -69,15 +68,12 @@ def complete_check(rows: list[Digest], world: int) -> list[Digest]:
     return by_step[max(done)] if done else []
 
 
-class SdcRecompute(BaseAction):
-    name = "sdc_recompute"
-    Params = _WaitParams
-    description = "have every rank recompute the suspect step; nodes that disagree are culprits"
+class SdcRecompute(
+    BaseAction[WaitParams], name="sdc_recompute", dry_run="would run a recompute-diff"
+):
+    """Have every rank recompute the suspect step; nodes that disagree are culprits."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, _WaitParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would run a recompute-diff"})
+    def act(self, ctx: ActionContext, params: WaitParams) -> StepResult:
         job = ctx.job()
         step = ctx.incident.first_step or 0
         cid = ctx.issue_command(CommandKind.SDC_CHECK, {"step": step, "check_id": ctx.command_id()})
@@ -89,8 +85,7 @@ class SdcRecompute(BaseAction):
         answers = ctx.store.sdc_digests(ctx.job_id, cid, ctx.step_started_at, step)
         world = job.status.world_size if job else 0
         rows = complete_check([Digest.of(e) for e in answers], world)
-        timed_out = ctx.now - ctx.step_started_at > params.timeout_s
-        if not rows and not timed_out:
+        if not rows and not ctx.waited_past(params.timeout_s):
             return StepResult(StepStatus.WAIT, {})
         if not rows:  # nobody answered: fall back to the digests that opened the incident
             opened = ctx.store.sdc_digests_of_incident(ctx.incident.id)
@@ -102,20 +97,15 @@ class SdcRecompute(BaseAction):
         return StepResult(StepStatus.DONE, {"culprit_nodes": culprits, "digests": len(rows)})
 
 
-class FrDump(BaseAction):
-    name = "fr_dump"
-    Params = _WaitParams
-    description = "dump every rank's flight recorder, analyze, and name the culprit ranks' nodes"
+class FrDump(BaseAction[WaitParams], name="fr_dump", dry_run="would dump flight recorders"):
+    """Dump every rank's flight recorder, analyze, and name the culprit ranks' nodes."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, _WaitParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would dump flight recorders"})
+    def act(self, ctx: ActionContext, params: WaitParams) -> StepResult:
         cid = ctx.issue_command(CommandKind.FR_DUMP, {"check_id": ctx.command_id()})
         assert ctx.job_id is not None  # issue_command refused a job-less incident
         row = ctx.store.fr_analysis(ctx.job_id, cid)
         if row is None:
-            if ctx.now - ctx.step_started_at > params.timeout_s:
+            if ctx.waited_past(params.timeout_s):
                 return StepResult(StepStatus.ESCALATE, {"reason": "no flight-recorder analysis"})
             return StepResult(StepStatus.WAIT, {})
         analysis = FrAnalysisPayload.model_validate(row.payload)

@@ -16,12 +16,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions.base import (
     ActionContext,
+    ActionParams,
     BaseAction,
     EvictionBackend,
     EvictionError,
@@ -159,8 +158,7 @@ def make_backend(cfg: CoordinatorConfig) -> EvictionBackend:
     return ExcludeFileBackend(cfg.exclude_file or cfg.state_dir / "exclude.txt")
 
 
-class EvictParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class EvictParams(ActionParams):
     # incident: the incident's node(s); culprits: nodes a diagnosis step put in the context.
     target: Literal["incident", "culprits"] = "incident"
     reason: str = "sentinel playbook"
@@ -215,15 +213,12 @@ def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
     return None
 
 
-class EvictNode(BaseAction):
-    name = "evict_node"
-    Params = EvictParams
-    description = "take the node out of service through the eviction backend (budgeted)"
+class EvictNode(BaseAction[EvictParams], name="evict_node"):
+    """Take the node out of service through the eviction backend (budgeted)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
+    def act(self, ctx: ActionContext, params: EvictParams) -> StepResult:
         """Per node: check the rails, move it to draining and record the drain (an effect);
         wait until every drain has an outcome."""
-        assert isinstance(params, EvictParams)
         nodes = incident_nodes(ctx, params.target)
         if not nodes:
             return StepResult(StepStatus.FAILED, {"error": "no node to evict"})
@@ -327,18 +322,14 @@ def _approved_again(ctx: ActionContext) -> bool:
     return step is not None and step.state == StepState.ESCALATED
 
 
-class SwapParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SwapParams(ActionParams):
     required: bool = False  # True: no spare left escalates instead of running one node short
 
 
-class SwapSpare(BaseAction):
-    name = "swap_spare"
-    Params = SwapParams
-    description = "map each node this run evicted to a free hot spare of the job"
+class SwapSpare(BaseAction[SwapParams], name="swap_spare"):
+    """Map each node this run evicted to a free hot spare of the job."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, SwapParams)
+    def act(self, ctx: ActionContext, params: SwapParams) -> StepResult:
         job = ctx.job()
         spares = list(job.status.spares) if job else []
         mapping = ctx.plan.spare_map

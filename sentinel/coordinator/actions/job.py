@@ -9,38 +9,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from sentinel.coordinator import lifecycle
-from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
+from sentinel.coordinator.actions.base import (
+    ActionContext,
+    ActionParams,
+    BaseAction,
+    StepResult,
+    StepStatus,
+    WaitParams,
+)
 from sentinel.coordinator.effects import EffectKind
 from sentinel.coordinator.lifecycle import EffectState
 from sentinel.protocol import CommandKind, JobState
 from sentinel.protocol import LrScale as LrScalePlan
 
 
-class _P(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StopParams(_P):
+class StopParams(ActionParams):
     reason: str = "sentinel playbook"
 
 
-class StopJob(BaseAction):
-    name = "stop_job"
-    Params = StopParams
-    description = "stop the job's gang (the supervisor stays up and waits for a restart)"
+class StopJob(BaseAction[StopParams], name="stop_job", dry_run="would stop the job"):
+    """Stop the job's gang (the supervisor stays up and waits for a restart)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, StopParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would stop the job"})
+    def act(self, ctx: ActionContext, params: StopParams) -> StepResult:
         cid = ctx.issue_command(CommandKind.JOB_STOP, {"reason": params.reason})
         return StepResult(StepStatus.DONE, {"command": cid})
 
 
-class RollbackParams(_P):
+class RollbackParams(ActionParams):
     # latest: the newest checkpoint; before_incident: the newest one at or before
     # (first suspect step - margin_steps). The first suspect step is the incident's first step,
     # or earlier when its evidence says since when the state may be bad (`suspect_since`).
@@ -48,13 +46,10 @@ class RollbackParams(_P):
     margin_steps: int = Field(default=0, ge=0)
 
 
-class Rollback(BaseAction):
-    name = "rollback"
-    Params = RollbackParams
-    description = "choose the checkpoint the restart resumes from"
+class Rollback(BaseAction[RollbackParams], name="rollback"):
+    """Choose the checkpoint the restart resumes from."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, RollbackParams)
+    def act(self, ctx: ActionContext, params: RollbackParams) -> StepResult:
         first = ctx.incident.first_step
         since = ctx.incident.detail.suspect_since
         if since is not None:
@@ -66,18 +61,15 @@ class Rollback(BaseAction):
         return StepResult(StepStatus.DONE, {"resume_before_step": ctx.plan.resume_before_step})
 
 
-class SkipParams(_P):
+class SkipParams(ActionParams):
     before: int = Field(default=0, ge=0)  # batches before the offending one
     after: int = Field(default=0, ge=0)  # and after it (PaLM skipped 200-500 at scale)
 
 
-class SkipBatches(BaseAction):
-    name = "skip_batches"
-    Params = SkipParams
-    description = "add the batch range around the offending batch to the skip list"
+class SkipBatches(BaseAction[SkipParams], name="skip_batches"):
+    """Add the batch range around the offending batch to the skip list."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, SkipParams)
+    def act(self, ctx: ActionContext, params: SkipParams) -> StepResult:
         detail = ctx.incident.detail
         batch = detail.batch if detail.batch is not None else ctx.incident.first_step
         if batch is None:
@@ -92,28 +84,22 @@ class LrScaleParams(LrScalePlan):
     pass
 
 
-class LrScale(BaseAction):
-    name = "lr_scale"
-    Params = LrScaleParams
-    description = "scale the learning rate by FACTOR for the first N steps after the restart"
+class LrScale(BaseAction[LrScaleParams], name="lr_scale"):
+    """Scale the learning rate by FACTOR for the first N steps after the restart."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, LrScaleParams)
+    def act(self, ctx: ActionContext, params: LrScaleParams) -> StepResult:
         ctx.plan.lr_scale = LrScalePlan(factor=params.factor, steps=params.steps)
         return StepResult(StepStatus.DONE, ctx.plan.lr_scale.model_dump())
 
 
-class ResumeParams(_P):
+class ResumeParams(WaitParams):
     timeout_s: float = Field(default=300.0, gt=0)
 
 
-class Resume(BaseAction):
-    name = "resume"
-    Params = ResumeParams
-    description = "restart the gang with the plan (exclusions, spares, checkpoint, skips, LR)"
+class Resume(BaseAction[ResumeParams], name="resume"):
+    """Restart the gang with the plan (exclusions, spares, checkpoint, skips, LR)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, ResumeParams)
+    def act(self, ctx: ActionContext, params: ResumeParams) -> StepResult:
         job = ctx.job()
         if job is None:
             return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
@@ -130,48 +116,44 @@ class Resume(BaseAction):
                 StepStatus.FAILED,
                 {"error": "the supervisor reports the job failed", "command": cid},
             )
-        if ctx.now - ctx.step_started_at > params.timeout_s:
+        if ctx.waited_past(params.timeout_s):
             return StepResult(
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
             )
         return StepResult(StepStatus.WAIT, {"command": cid})
 
 
-class WaitCheckpointParams(_P):
+class WaitCheckpointParams(WaitParams):
     timeout_s: float = Field(default=900.0, gt=0)
 
 
-class WaitCheckpoint(BaseAction):
-    name = "wait_checkpoint"
-    Params = WaitCheckpointParams
-    description = "wait for the job's next checkpoint (act then, losing no work)"
+class WaitCheckpoint(
+    BaseAction[WaitCheckpointParams],
+    name="wait_checkpoint",
+    dry_run="would wait for a checkpoint",
+):
+    """Wait for the job's next checkpoint (act then, losing no work)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, WaitCheckpointParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would wait for a checkpoint"})
+    def act(self, ctx: ActionContext, params: WaitCheckpointParams) -> StepResult:
         job = ctx.job()
         newest = max(job.status.checkpoints, default=-1) if job else -1
         floor = ctx.context.marks.setdefault(f"ckpt_floor:{ctx.key}", newest)
         if newest > floor:
             return StepResult(StepStatus.DONE, {"checkpoint": newest})
-        if ctx.now - ctx.step_started_at > params.timeout_s:
+        if ctx.waited_past(params.timeout_s):
             return StepResult(StepStatus.DONE, {"timed_out": True, "checkpoint": newest})
         return StepResult(StepStatus.WAIT, {})
 
 
-class NotifyParams(_P):
+class NotifyParams(ActionParams):
     message: str = "incident needs attention"
     severity: Literal["info", "warning", "critical"] = "warning"
 
 
-class Notify(BaseAction):
-    name = "notify"
-    Params = NotifyParams
-    description = "tell a person (coordinator log + audit; Alertmanager scrapes the metrics)"
+class Notify(BaseAction[NotifyParams], name="notify"):
+    """Tell a person (coordinator log + audit; Alertmanager scrapes the metrics)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, NotifyParams)
+    def act(self, ctx: ActionContext, params: NotifyParams) -> StepResult:
         args = {"message": params.message, "severity": params.severity}
         effect = ctx.store.effect(ctx.key)
         if effect is None:

@@ -9,11 +9,12 @@ and a scheduler that refused leaves it `evicted` and escalates.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from sentinel.coordinator import lifecycle
 from sentinel.coordinator.actions.base import (
     ActionContext,
+    ActionParams,
     BaseAction,
     StepResult,
     StepStatus,
@@ -22,18 +23,14 @@ from sentinel.coordinator.effects import EffectKind
 from sentinel.coordinator.lifecycle import EffectState, Entity, NodeState
 
 
-class ReturnParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ReturnParams(ActionParams):
     node: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-class ReturnNode(BaseAction):
-    name = "return_node"
-    Params = ReturnParams
-    description = "operator only: put an evicted node back in service (scheduler and fleet)"
+class ReturnNode(BaseAction[ReturnParams], name="return_node"):
+    """Operator only: put an evicted node back in service (scheduler and fleet)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, ReturnParams)
+    def act(self, ctx: ActionContext, params: ReturnParams) -> StepResult:
         who = ctx.context.who or ""
         if not who.startswith(("operator:", "admin:")):
             return StepResult(
