@@ -149,6 +149,13 @@ class SqlStore(ABC):
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self._run(sql, params)
 
+    def _row(self, cls: type[_R], sql: str, params: Sequence[Any] = ()) -> _R | None:
+        row = self._first(sql, params)
+        return None if row is None else from_row(cls, row)
+
+    def _rows(self, cls: type[_R], sql: str, params: Sequence[Any] = ()) -> list[_R]:
+        return [from_row(cls, r) for r in self._all(sql, params)]
+
     def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
         row = self._first(sql, params)
         return int(row[0]) if row is not None and row[0] is not None else 0
@@ -233,14 +240,12 @@ class SqlStore(ABC):
     ) -> list[StoredEvent]:
         column = {"node": "node", "job": "job"}[who]
         marks = ",".join("?" * len(kinds))
-        return [
-            from_row(StoredEvent, r)
-            for r in self._all(
-                f"SELECT {_EVENT_COLS} FROM events WHERE {column}=? AND kind IN ({marks})"
-                " AND ts>=? LIMIT ?",
-                (value, *kinds, since, limit),
-            )
-        ]
+        return self._rows(
+            StoredEvent,
+            f"SELECT {_EVENT_COLS} FROM events WHERE {column}=? AND kind IN ({marks})"
+            " AND ts>=? LIMIT ?",
+            (value, *kinds, since, limit),
+        )
 
     def sdc_digests(
         self, job: str, check_id: str, since: float, after_step: int
@@ -257,18 +262,15 @@ class SqlStore(ABC):
     def sdc_digests_of_incident(self, incident_id: int) -> list[StoredEvent]:
         if not _key_ok(incident_id):
             return []
-        return [
-            from_row(StoredEvent, r)
-            for r in self._all(self._sdc_rows() + " AND incident_id=?", (incident_id,))
-        ]
+        return self._rows(StoredEvent, self._sdc_rows() + " AND incident_id=?", (incident_id,))
 
     def fr_analysis(self, job: str, check_id: str) -> StoredEvent | None:
-        row = self._first(
+        return self._row(
+            StoredEvent,
             f"SELECT {_EVENT_COLS} FROM events WHERE kind='fr.analysis' AND job=?"
             f" AND {self._json_text('payload', 'check_id')}=? ORDER BY ts DESC LIMIT 1",
             (job, check_id),
         )
-        return None if row is None else from_row(StoredEvent, row)
 
     def prune_events(self, after: int, cutoff: float, chunk: int) -> PruneResult:
         """Rows go in cursor order, which is arrival order: walk from the cursor a chunk at a
@@ -316,14 +318,12 @@ class SqlStore(ABC):
         return cur.rowcount == 1
 
     def node(self, name: str) -> NodeRow | None:
-        row = self._first(f"SELECT {_NODE_COLS} FROM nodes WHERE name=?", (name,))
-        return None if row is None else from_row(NodeRow, row)
+        return self._row(NodeRow, f"SELECT {_NODE_COLS} FROM nodes WHERE name=?", (name,))
 
     def nodes(self, limit: int) -> list[NodeRow]:
-        return [
-            from_row(NodeRow, r)
-            for r in self._all(f"SELECT {_NODE_COLS} FROM nodes ORDER BY name LIMIT ?", (limit,))
-        ]
+        return self._rows(
+            NodeRow, f"SELECT {_NODE_COLS} FROM nodes ORDER BY name LIMIT ?", (limit,)
+        )
 
     def count_nodes(self, states: Iterable[str], changed_since: float | None = None) -> int:
         states = [str(s) for s in states]
@@ -347,30 +347,15 @@ class SqlStore(ABC):
         )
 
     def job(self, job_id: str) -> JobRow | None:
-        row = self._first(f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,))
-        return None if row is None else from_row(JobRow, row)
+        return self._row(JobRow, f"SELECT {_JOB_COLS} FROM jobs WHERE id=?", (job_id,))
 
     def jobs(self, limit: int, exclude_states: Iterable[str] = ()) -> list[JobRow]:
-        out = [str(s) for s in exclude_states]
-        return [
-            from_row(JobRow, r)
-            for r in self._all(
-                f"SELECT {_JOB_COLS} FROM jobs WHERE state NOT IN ({','.join('?' * len(out))})"
-                " ORDER BY id LIMIT ?",
-                (*out, limit),
-            )
-        ]
+        where, states = _jobs_not_in(exclude_states)
+        return self._rows(JobRow, where + " ORDER BY id LIMIT ?", (*states, limit))
 
     def silent_jobs(self, before: float, exclude_states: Iterable[str]) -> list[JobRow]:
-        out = [str(s) for s in exclude_states]
-        return [
-            from_row(JobRow, r)
-            for r in self._all(
-                f"SELECT {_JOB_COLS} FROM jobs WHERE state NOT IN ({','.join('?' * len(out))})"
-                " AND last_heartbeat < ?",
-                (*out, before),
-            )
-        ]
+        where, states = _jobs_not_in(exclude_states)
+        return self._rows(JobRow, where + " AND last_heartbeat < ?", (*states, before))
 
     # --- incidents -------------------------------------------------------------------------
 
@@ -395,8 +380,9 @@ class SqlStore(ABC):
     def incident(self, incident_id: int) -> IncidentRow | None:
         if not _key_ok(incident_id):
             return None
-        row = self._first(f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id=?", (incident_id,))
-        return None if row is None else from_row(IncidentRow, row)
+        return self._row(
+            IncidentRow, f"SELECT {_INCIDENT_COLS} FROM incidents WHERE id=?", (incident_id,)
+        )
 
     def incidents(self, limit: int, state: str | None = None) -> list[IncidentRow]:
         if state is None:
@@ -530,18 +516,14 @@ class SqlStore(ABC):
     def run(self, run_id: int) -> RunRow | None:
         if not _key_ok(run_id):
             return None
-        row = self._first(f"SELECT {_RUN_COLS} FROM runs WHERE id=?", (run_id,))
-        return None if row is None else from_row(RunRow, row)
+        return self._row(RunRow, f"SELECT {_RUN_COLS} FROM runs WHERE id=?", (run_id,))
 
     def runs(self, statuses: Iterable[str], incident_id: int | None = None) -> list[RunRow]:
         statuses = [str(s) for s in statuses]
         sql = f"SELECT {_RUN_COLS} FROM runs WHERE status IN ({','.join('?' * len(statuses))})"
         if incident_id is None:
-            return [from_row(RunRow, r) for r in self._all(sql + " ORDER BY id", statuses)]
-        return [
-            from_row(RunRow, r)
-            for r in self._all(sql + " AND incident_id=? ORDER BY id", (*statuses, incident_id))
-        ]
+            return self._rows(RunRow, sql + " ORDER BY id", statuses)
+        return self._rows(RunRow, sql + " AND incident_id=? ORDER BY id", (*statuses, incident_id))
 
     def last_run_update(self, incident_id: int) -> float | None:
         row = self._first("SELECT MAX(updated_at) FROM runs WHERE incident_id=?", (incident_id,))
@@ -578,14 +560,12 @@ class SqlStore(ABC):
         )
 
     def step(self, key: str) -> StepRow | None:
-        row = self._first(f"SELECT {_STEP_COLS} FROM actions WHERE key=?", (key,))
-        return None if row is None else from_row(StepRow, row)
+        return self._row(StepRow, f"SELECT {_STEP_COLS} FROM actions WHERE key=?", (key,))
 
     def steps(self, limit: int) -> list[StepRow]:
-        return [
-            from_row(StepRow, r)
-            for r in self._all(f"SELECT {_STEP_COLS} FROM actions ORDER BY id LIMIT ?", (limit,))
-        ]
+        return self._rows(
+            StepRow, f"SELECT {_STEP_COLS} FROM actions ORDER BY id LIMIT ?", (limit,)
+        )
 
     def save_step_result(
         self, key: str, result: dict[str, Any], target: str | None, done_at: float | None
@@ -617,8 +597,7 @@ class SqlStore(ABC):
         return row
 
     def effect(self, key: str) -> EffectRow | None:
-        row = self._first(f"SELECT {_EFFECT_COLS} FROM effects WHERE key=?", (key,))
-        return None if row is None else from_row(EffectRow, row)
+        return self._row(EffectRow, f"SELECT {_EFFECT_COLS} FROM effects WHERE key=?", (key,))
 
     def effects(self, states: Iterable[str]) -> list[EffectRow]:
         states = [str(s) for s in states]
@@ -661,8 +640,9 @@ class SqlStore(ABC):
         )
 
     def command(self, command_id: str) -> CommandRow | None:
-        row = self._first(f"SELECT {_COMMAND_COLS} FROM commands WHERE id=?", (command_id,))
-        return None if row is None else from_row(CommandRow, row)
+        return self._row(
+            CommandRow, f"SELECT {_COMMAND_COLS} FROM commands WHERE id=?", (command_id,)
+        )
 
     def take_commands(self, target_kind: str, target: str, now: float) -> list[CommandRow]:
         rows = self._all(
@@ -737,12 +717,9 @@ class SqlStore(ABC):
         )
 
     def audit_log(self, limit: int) -> list[AuditRow]:
-        return [
-            from_row(AuditRow, r)
-            for r in self._all(
-                f"SELECT {_AUDIT_COLS} FROM audit ORDER BY id DESC LIMIT ?", (limit,)
-            )
-        ]
+        return self._rows(
+            AuditRow, f"SELECT {_AUDIT_COLS} FROM audit ORDER BY id DESC LIMIT ?", (limit,)
+        )
 
     # --- tokens ----------------------------------------------------------------------------
 
@@ -758,16 +735,14 @@ class SqlStore(ABC):
         return cur.rowcount == 1
 
     def token(self, token_id: str) -> TokenRow | None:
-        row = self._first(
-            f"SELECT {_TOKEN_COLS} FROM tokens WHERE id=? AND revoked_at IS NULL", (token_id,)
+        return self._row(
+            TokenRow,
+            f"SELECT {_TOKEN_COLS} FROM tokens WHERE id=? AND revoked_at IS NULL",
+            (token_id,),
         )
-        return None if row is None else from_row(TokenRow, row)
 
     def tokens(self) -> list[TokenRow]:
-        return [
-            from_row(TokenRow, r)
-            for r in self._all(f"SELECT {_TOKEN_COLS} FROM tokens ORDER BY created_at")
-        ]
+        return self._rows(TokenRow, f"SELECT {_TOKEN_COLS} FROM tokens ORDER BY created_at")
 
     def revoke_token(self, token_id: str, now: float) -> bool:
         with self.tx():
@@ -842,6 +817,12 @@ def _decode_json(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _jobs_not_in(states: Iterable[str]) -> tuple[str, list[str]]:
+    """The jobs in none of these states: (SQL, its parameters)."""
+    out = [str(s) for s in states]
+    return f"SELECT {_JOB_COLS} FROM jobs WHERE state NOT IN ({','.join('?' * len(out))})", out
+
+
 def _detail(detail: IncidentDetail) -> str:
     return detail.model_dump_json(exclude_none=True)
 
@@ -854,6 +835,7 @@ _UPSERT_NODES_TAIL = (
     " verdict=COALESCE(excluded.verdict, nodes.verdict)"
 )
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def _chunks(rows: list[_T]) -> Iterator[list[_T]]:
