@@ -8,7 +8,8 @@ simulated fleet, or, with `--results`, reads drill run directories made before
 (`sentinel demo --out DIR`), and merges every timed fault into one measurements file
 (`sentinel/goodput/measurements.py`): per fault class the mean detection and repair seconds,
 the sample count and the drills they came from, with its date, this command and the machine's
-load. `sentinel goodput --measurements FILE` reads it; the copy shipped in
+load (default `build/goodput_measurements.json`, where `make bench` leaves it).
+`sentinel goodput --measurements FILE` reads it; the copy shipped in
 `sentinel/data/goodput_measurements.json` was made by this script. A class no drill times (a
 degraded link, kept out by burn-in) is listed with a note instead of a number.
 
@@ -39,13 +40,19 @@ from sentinel.goodput.measurements import (  # noqa: E402
     summarise,
 )
 
+# Where `make bench` leaves the file (build/ is not tracked): `sentinel goodput --measurements
+# build/goodput_measurements.json` reads it; the shipped copy is refreshed with --out.
+DEFAULT_OUT = ROOT / "build" / "goodput_measurements.json"
 # Every fault kind the drills time, and the link fault burn-in keeps out (its class's note).
 SCENARIOS = "default,sdc,link_degraded,hang,crash,ecc_dbe,xid,thermal"
 
 
-def machine() -> str:
+def machine(ran_drills: bool) -> str:
+    """The machine and its load when the file was written: right after the drills, or (merging
+    earlier runs) only at the merge, which says nothing of the drills' load."""
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{os.cpu_count()} CPU cores, no GPU; load average at the end {load} (1, 5, 15 min)"
+    when = "at the end of the drills" if ran_drills else "when merging (not during the drills)"
+    return f"{os.cpu_count()} CPU cores, no GPU; load average {when} {load} (1, 5, 15 min)"
 
 
 def run_drills(scenarios: list[str], fleet: str, keep: Path) -> list[Path]:
@@ -62,7 +69,7 @@ def run_drills(scenarios: list[str], fleet: str, keep: Path) -> list[Path]:
     return out
 
 
-def merge(run_dirs: list[Path], command: str) -> Measurements:
+def merge(run_dirs: list[Path], command: str, ran_drills: bool) -> Measurements:
     drills: list[Drill] = []
     samples: list[Sample] = []
     for run_dir in run_dirs:
@@ -73,7 +80,7 @@ def merge(run_dirs: list[Path], command: str) -> Measurements:
         format=FORMAT,
         date=datetime.date.today().isoformat(),
         command=command,
-        machine=machine(),
+        machine=machine(ran_drills),
         drills=drills,
         samples=samples,
         classes=summarise(drills, samples),
@@ -86,7 +93,8 @@ def main() -> int:
     ap.add_argument("--fleet", choices=["local", "slurm"], default="local")
     ap.add_argument("--results", type=Path, nargs="+", metavar="DIR",
                     help="read these drill run directories instead of running drills")  # fmt: skip
-    ap.add_argument("--out", type=Path, help="measurements file (default: printed only)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"measurements file (default: {DEFAULT_OUT.relative_to(ROOT)})")  # fmt: skip
     ap.add_argument("--keep", type=Path, metavar="DIR",
                     help="keep the drills' run directories in DIR (default: a temporary one)")  # fmt: skip
     args = ap.parse_args()
@@ -94,12 +102,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="goodput-drills-") as tmp:
         keep = args.keep or Path(tmp)
         dirs = args.results or run_drills(args.scenarios.split(","), args.fleet, keep)
-        m = merge(dirs, command)
-    if args.out:
-        args.out.write_text(dump(m))
+        m = merge(dirs, command, ran_drills=not args.results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(dump(m))
     classes = {str(k): v.model_dump(include={"detect_s", "repair_s", "samples"})
                for k, v in m.classes.items()}  # fmt: skip
-    print(json.dumps({"benchmark": "goodput_measurements", "out": str(args.out or ""),
+    print(json.dumps({"benchmark": "goodput_measurements", "out": str(args.out),
                       "drills": [f"{d.scenario}: {d.verdict}" for d in m.drills],
                       "classes": classes}))  # fmt: skip
     return 0
