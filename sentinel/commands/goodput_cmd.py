@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+
+if TYPE_CHECKING:
+    from sentinel.goodput.inputs import Input
 
 
 def _positive(
@@ -72,8 +76,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Sentinel time from detection to resumed training; same form")  # fmt: skip
     p.add_argument("--node-repair-h", type=_positive(float, 0, False), default=12.0,
                    help="hours until a swapped-out node is back in the spare pool (default 12)")  # fmt: skip
+    p.add_argument("--measurements", type=Path, metavar="FILE",
+                   help="Sentinel's measured times (benchmarks/goodput_measurements.py); "
+                   "default: the copy shipped in sentinel/data")  # fmt: skip
     p.add_argument("--from-demo", type=Path, metavar="DEMO_JSON",
-                   help="measured time_to_detect_s / time_to_resume_s per fault kind")  # fmt: skip
+                   help="a drill's goodput.json: its time_to_detect_s / time_to_resume_s per "
+                   "fault kind replace the measurements' for those classes")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument(
         "--runs", type=_positive(int, 1, False), default=10, help="seeded runs (default 10)"
@@ -109,47 +117,75 @@ def _overrides(items: list[str], flag: str) -> dict[str, float]:
     return out
 
 
+# The checkpoint flags and the input each one sets.
+CHECKPOINT_FLAGS = {
+    "model_params": "checkpoint.params",
+    "bytes_per_param": "checkpoint.bytes_per_param",
+    "staging_gbps": "checkpoint.staging_gbps",
+    "coordination_s": "checkpoint.coordination_s",
+    "storage_tbps": "checkpoint.storage_tbps",
+    "node_repair_h": "node_repair_h",
+}
+
+
+def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, Any]]:
+    """Every input with its origin: the measurements, then a drill's file, then the flags."""
+    from sentinel.goodput.inputs import default_rows, override
+    from sentinel.goodput.inputs_report import measurements_dict
+    from sentinel.goodput.measurements import read_measurements
+    from sentinel.goodput.model import load_demo_times
+
+    meas, where = read_measurements(args.measurements)
+    rows = default_rows(meas, where)
+    if args.checkpoint_cost is not None:
+        cost = args.checkpoint_cost
+        rows = override(rows, "checkpoint.cost_s", cost, "--checkpoint-cost", "checkpoint blocking")
+    if args.from_demo:
+        detect, resume = load_demo_times(args.from_demo)
+        src = f"{args.from_demo} (a drill's goodput.json, as the drill ran)"
+        for cls, v in detect.items():
+            rows = override(rows, f"sentinel.detect_s.{cls}", v, src)
+        for cls, v in resume.items():
+            rows = override(rows, f"sentinel.resume_s.{cls}", v, src)
+    for name, v in _overrides(args.detect_s, "--detect-s").items():
+        rows = override(rows, f"sentinel.detect_s.{name}", v, "--detect-s")
+    for name, v in _overrides(args.repair_s, "--repair-s").items():
+        rows = override(rows, f"sentinel.resume_s.{name}", v, "--repair-s")
+    for dest, key in CHECKPOINT_FLAGS.items():
+        value = getattr(args, dest)
+        if value != next(r.value for r in rows if r.key == key):
+            rows = override(rows, key, value, "--" + dest.replace("_", "-"))
+    return rows, measurements_dict(meas, where)
+
+
+def _sources(rows: list[Input], prefix: str) -> str:
+    """One line of where a model's per-class times came from, for its `sources`."""
+    return "; ".join(
+        f"{r.label}: {r.origin} ({r.source})" for r in rows if r.key.startswith(prefix)
+    )
+
+
 def run_goodput(args: argparse.Namespace) -> int:
-    from sentinel.goodput.checkpoint import CheckpointSpec
+    from sentinel.goodput.inputs import Plan, build_models
+    from sentinel.goodput.inputs_report import inputs_json, render_inputs
     from sentinel.goodput.levers import lever_rows
-    from sentinel.goodput.model import baseline_model, sentinel_model, with_demo_times
     from sentinel.goodput.report import build_report, render_text
+    from sentinel.goodput.sensitivity import sensitivity
     from sentinel.goodput.simulate import Fleet
-    from sentinel.goodput.trace import LLAMA3, FaultClass, load_trace
+    from sentinel.goodput.trace import LLAMA3, load_trace
 
     trace = load_trace(args.trace) if args.trace else LLAMA3
     gpus = args.gpus or trace.gpus
-    spec = CheckpointSpec(
-        params=args.model_params,
-        bytes_per_param=args.bytes_per_param,
-        staging_gb_per_s=args.staging_gbps,
-        coordination_s=args.coordination_s,
-        storage_tb_per_s=args.storage_tbps,
-        asynchronous=not args.sync_checkpoint,
-    )
-    cost = spec.blocking_s(gpus) if args.checkpoint_cost is None else args.checkpoint_cost
-    lag = spec.commit_lag_s()
-    model = sentinel_model(spares=args.spares, checkpoint_cost_s=cost, checkpoint_commit_lag_s=lag)
-    model = model.replace(node_repair_s=args.node_repair_h * 3600.0)
-    if args.checkpoint_interval is not None:
-        model = model.replace(checkpoint_interval_s=args.checkpoint_interval)
-    if args.from_demo:
-        model = with_demo_times(model, args.from_demo)
-    sources = dict(model.sources)
-    detect = {FaultClass(k): v for k, v in _overrides(args.detect_s, "--detect-s").items()}
-    resume = {FaultClass(k): v for k, v in _overrides(args.repair_s, "--repair-s").items()}
-    if detect:
-        sources["detect_s"] = "command line (--detect-s); " + sources["detect_s"]
-    if resume:
-        sources["resume_s"] = "command line (--repair-s); " + sources["resume_s"]
-    model = model.replace(
-        detect_s={**model.detect_s, **detect},
-        resume_s={**model.resume_s, **resume},
-        sources=sources,
-    )
-    baseline = baseline_model(checkpoint_cost_s=cost, checkpoint_commit_lag_s=lag)
-    baseline = baseline.replace(node_repair_s=model.node_repair_s)
-
+    rows, meas = projection_inputs(args)
+    plan = Plan(gpus, args.spares, args.checkpoint_interval, not args.sync_checkpoint)
+    model, baseline, spec = build_models({r.key: r.value for r in rows}, plan)
+    model = model.replace(sources={
+        "detect_s": _sources(rows, "sentinel.detect_s") + "; " + _sources(rows, "sentinel.hang")
+        + "; " + _sources(rows, "sentinel.sdc"),
+        "resume_s": _sources(rows, "sentinel.resume_s"),
+    })  # fmt: skip
+    baseline = baseline.replace(sources={"detect_s": _sources(rows, "baseline.detect_s"),
+                                         "resume_s": _sources(rows, "baseline.resume_s")})  # fmt: skip
     fleet = Fleet(
         trace,
         gpus=gpus,
@@ -158,12 +194,13 @@ def run_goodput(args: argparse.Namespace) -> int:
     )
     sen, base = fleet.evaluate(model), fleet.evaluate(baseline)
     checkpoint = spec.describe(gpus) | {
-        "blocking_s_used": cost,
+        "blocking_s_used": model.checkpoint_cost_s,
         "source": "derived" if args.checkpoint_cost is None else "command line (--checkpoint-cost)",
     }
     levers = lever_rows(fleet, model, sen, spec)
     rep = build_report(fleet, sen, base, levers, args.target, args.seed, checkpoint)
+    rep |= inputs_json(rows, meas, sensitivity(fleet, rows, plan, sen.mean, base.mean))
     emit_json(args, rep)
     if not json_to_stdout(args):
-        print(render_text(rep))
+        print(render_text(rep) + "\n\n" + render_inputs(rep))
     return ExitCode.OK

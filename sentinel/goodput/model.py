@@ -1,8 +1,11 @@
 """The recovery model: what each interruption costs in detection, waiting and restart time.
 
-Two models are compared in every run. Their defaults, and where the figures come from:
+`sentinel goodput` builds both models from its inputs (`inputs.py`): Sentinel's times measured
+by the drills (`measurements.py`), the rest named assumptions. The figures below are Sentinel's
+old defaults, now used only for a class a measurements file has no sample of (said so in the
+output), and by the tests' and levers' default models:
 
-Sentinel (issue 8's targets for the demo, which measures them; `--from-demo` replaces them):
+Sentinel (issue 8's targets for the demo):
 - hardware (`node`): detected within one agent collection (1 s) plus delivery to the
   coordinator → 5 s; a hot spare is swapped in by the playbook.
 - software crash (`restart`): the supervisor sees the rank exit → 5 s.
@@ -23,12 +26,12 @@ per save, committed 2.8 s later for the reference trace's 405B model).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.exitcodes import InputError
 from sentinel.goodput.checkpoint import CheckpointSpec
+from sentinel.goodput.jsonfile import read_json
 from sentinel.goodput.trace import LLAMA3, FaultClass
 
 # Demo fault kinds (DESIGN.md vocabulary) → the class whose times they measure. Kinds that do
@@ -142,26 +145,7 @@ def _times(data: dict[str, object], key: str, source: str) -> dict[FaultClass, f
 
 def load_demo_times(path: Path) -> tuple[dict[FaultClass, float], dict[FaultClass, float]]:
     """Read `{"time_to_detect_s": {kind: s}, "time_to_resume_s": {kind: s}}` from a demo JSON."""
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not valid JSON: {e}") from None
+    data = read_json(path, "a drill's goodput.json")
     if not isinstance(data, dict) or not ("time_to_detect_s" in data or "time_to_resume_s" in data):
         raise InputError(f"{path}: expected time_to_detect_s and/or time_to_resume_s objects")
     return _times(data, "time_to_detect_s", str(path)), _times(data, "time_to_resume_s", str(path))
-
-
-def with_demo_times(model: RecoveryModel, path: Path) -> RecoveryModel:
-    detect, resume = load_demo_times(path)
-    sources = dict(model.sources)
-    if detect:
-        sources["detect_s"] = f"{path} ({', '.join(sorted(detect))}); defaults for the rest"
-    if resume:
-        sources["resume_s"] = f"{path} ({', '.join(sorted(resume))}); defaults for the rest"
-    return model.replace(
-        detect_s={**model.detect_s, **detect},
-        resume_s={**model.resume_s, **resume},
-        sources=sources,
-    )
