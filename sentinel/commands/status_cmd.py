@@ -20,6 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Reads the coordinator's HTTP API with an operator (or admin) token. Exit 0 "
         "when nothing is open, 1 when incidents are open, 2 on bad input or a refused token.",
     )
+    add_coordinator_options(p)
+    add_json_option(p, "the status")
+    p.set_defaults(handler=run)
+
+
+def add_coordinator_options(p: argparse.ArgumentParser) -> None:
+    """--coordinator, --token-file and --timeout: how an operator's command reaches the API."""
     p.add_argument(
         "--coordinator",
         metavar="URL[,URL...]",
@@ -33,11 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"file holding an operator token (default: ${TOKEN_ENV}; never on the command line)",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
-    add_json_option(p, "the status")
-    p.set_defaults(handler=run)
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def token_of(args: argparse.Namespace) -> str | None:
+    """The operator token: from --token-file, else $SENTINEL_TOKEN."""
     if args.token_file is None:
         return os.environ.get(TOKEN_ENV) or None
     try:
@@ -52,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.status import Client, StatusError, gather, render
 
     try:
-        client = Client(args.coordinator, _token(args), args.timeout)
+        client = Client(args.coordinator, token_of(args), args.timeout)
     except ValueError as e:
         raise InputError(f"--coordinator: {e}") from None
     try:
