@@ -21,6 +21,8 @@ from sentinel.coordinator.actions.job import (
     WaitCheckpoint,
 )
 from sentinel.coordinator.actions.restore import ReturnNode
+from sentinel.coordinator.actions.stacks import CollectStacks
+from sentinel.coordinator.actions.teardown import Teardown
 
 ACTIONS: dict[str, BaseAction] = {
     a.name: a
@@ -37,6 +39,8 @@ ACTIONS: dict[str, BaseAction] = {
         SdcRecompute(),
         FrDump(),
         ReturnNode(),
+        CollectStacks(),
+        Teardown(),
     )
 }
 
