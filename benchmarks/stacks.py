@@ -39,9 +39,10 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.stacks.client import StacksClient
+from sentinel.stacks.client import collect
 from sentinel.stacks.group import group
 from sentinel.stacks.render import render
+from sentinel.status import Client
 
 NODES, PER_NODE, JOB = 128, 8, "bench"
 WORLD = NODES * PER_NODE
@@ -166,7 +167,7 @@ def main() -> None:
             ready.wait(30)
             time.sleep(2.0)  # every agent's long-poll is waiting, as on a quiet fleet
             t0 = time.perf_counter()
-            doc = StacksClient(url, admin, timeout_s=30).collect(JOB, wait_s=60)
+            doc = collect(Client(url, admin, timeout_s=30), JOB, wait_s=60)
             text = render(doc)
             end_to_end = time.perf_counter() - t0
         finally:

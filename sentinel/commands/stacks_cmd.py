@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 
 from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
-from sentinel.commands.status_cmd import add_coordinator_options, token_of
+from sentinel.commands.status_cmd import add_coordinator_options, ask
 from sentinel.exitcodes import ExitCode, InputError
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
@@ -37,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sentinel.stacks.client import StacksClient, StacksError
+    from sentinel.stacks.client import collect
     from sentinel.stacks.render import render
 
     if not _JOB.fullmatch(args.job):
@@ -45,16 +44,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.wait <= 600:
         raise InputError(f"--wait {args.wait}: between 0 and 600 seconds")
     check_json_target(args)
-    try:
-        client = StacksClient(args.coordinator, token_of(args), args.timeout)
-    except ValueError as e:
-        raise InputError(f"--coordinator: {e}") from None
-    try:
-        doc = client.collect(args.job, args.wait)
-    except StacksError as e:
-        if e.bad_input:
-            raise InputError(str(e)) from None
-        print(f"sentinel: {e}", file=sys.stderr)
+    doc = ask(args, lambda client: collect(client, args.job, args.wait))
+    if doc is None:
         return ExitCode.PROBLEM_FOUND
     emit_json(args, doc)
     if not json_to_stdout(args):

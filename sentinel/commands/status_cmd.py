@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+
+if TYPE_CHECKING:
+    from sentinel.status import Client
 
 URL_ENV, TOKEN_ENV = "SENTINEL_COORDINATOR_URL", "SENTINEL_TOKEN"
 
@@ -52,21 +57,34 @@ def token_of(args: argparse.Namespace) -> str | None:
         raise InputError(f"--token-file {args.token_file}: {e.strerror}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from sentinel.status import Client, StatusError, gather, render
+def ask(
+    args: argparse.Namespace, work: Callable[[Client], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """`work` with a client of --coordinator, --token-file and --timeout. InputError (exit 2)
+    for a bad URL or a request the coordinator refused; None, said on stderr, when no
+    coordinator could be asked."""
+    from sentinel.status import Client, StatusError
 
     try:
         client = Client(args.coordinator, token_of(args), args.timeout)
     except ValueError as e:
         raise InputError(f"--coordinator: {e}") from None
     try:
-        doc = gather(client)
+        return work(client)
     except StatusError as e:
         if e.bad_input:
             raise InputError(str(e)) from None
         print(f"sentinel: {e}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sentinel.status import gather, render
+
+    doc = ask(args, gather)
+    if doc is None:
         return ExitCode.PROBLEM_FOUND
     emit_json(args, doc)
     if not json_to_stdout(args):
