@@ -209,6 +209,10 @@ class SupervisorConfig(StrictModel):
     rank_socket_template: str | None = None
     heartbeat_s: float = Field(default=2.0, gt=0)
     poll_wait_s: float = Field(default=5.0, gt=0)
+    # Stopping the gang: SIGTERM, this long for every rank to end, then SIGKILL to what is left
+    # and a check that nothing survived. At most 25 s, so that with SIGKILL's own wait (5 s)
+    # every rank is gone within 30 s of the stop (issue #22's bound for a hung gang).
+    stop_grace_s: float = Field(default=10.0, gt=0, le=25.0)
     # Flight recorder: where the ranks dump on `fr.dump` (the hooks' fr_dir); when set, the
     # supervisor analyzes the dumps and reports `fr.analysis` for the playbook that asked.
     fr_dir: Path | None = None

@@ -245,11 +245,14 @@ def fetch(
     path: str,
     headers: Mapping[str, str],
     timeout_s: float,
+    method: str = "GET",
+    data: bytes | None = None,
 ) -> Reply:
-    """`GET path` the way `request` does it, for a synchronous command line (urllib)."""
+    """`method path` (GET by default) the way `request` does it, for a synchronous command
+    line (urllib)."""
     attempt = _Attempt(coordinators)
     for base in attempt.urls():
-        req = urllib.request.Request(base + path, headers=dict(headers))
+        req = urllib.request.Request(base + path, data=data, headers=dict(headers), method=method)
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 reply = Reply(base, resp.status, resp.read())

@@ -11,6 +11,7 @@ protocol (a test checks what this module pulls in).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -81,27 +83,132 @@ def spawn(
 
 
 def _signal(proc: Process, sig: int, group: bool) -> None:
-    if group:
-        os.killpg(proc.pid, sig)
-    else:
-        proc.send_signal(sig)
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: nothing to signal
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
 
 
-def stop(procs: Sequence[Process], grace_s: float, *, group: bool = False) -> list[int | None]:
-    """SIGTERM to every process still running, then wait up to `grace_s` for each in turn, and
-    SIGKILL one still running after that. `group`: signal each one's process group (a process
-    started with `new_session`). Returns the exit codes (-N: ended by signal N)."""
+@dataclass(frozen=True)
+class Teardown:
+    """How a teardown went: every process it covered (the given ones and their descendants,
+    by pid), which ended within the grace period, which needed SIGKILL, and which were still
+    there at the end (a process in uninterruptible sleep: in the kernel, holding a device)."""
+
+    pids: list[int]
+    killed: list[int]
+    survivors: list[int]
+    seconds: float  # from the first signal until the last process was gone (or the give-up)
+    codes: list[int | None]  # exit codes of the given processes (-N: ended by signal N)
+
+    @property
+    def verified(self) -> bool:
+        return not self.survivors
+
+    def as_json(self) -> dict[str, object]:
+        return {"processes": len(self.pids), "killed": self.killed,
+                "survivors": self.survivors, "seconds": round(self.seconds, 3),
+                "verified": self.verified}  # fmt: skip
+
+
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time) from /proc/PID/stat; None when the process is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(b")") + 2 :].split()  # the name may hold spaces and parentheses
+    return int(fields[1]), fields[0].decode(), int(fields[19])
+
+
+def descendants(pids: Sequence[int]) -> dict[int, int]:
+    """{pid: start time} of every process below `pids` in the process tree now, whatever its
+    session or group (a rank's helper that called setsid escapes a group signal)."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := proc_stat(int(entry))) is not None:
+            children.setdefault(st[0], []).append(int(entry))
+            starts[int(entry)] = st[2]
+    found: dict[int, int] = {}
+    todo = list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found[child] = starts[child]
+                todo.append(child)
+    return found
+
+
+def alive(pid: int, start: int) -> bool:
+    """The same process (pid and start time: pids are reused) is there and is no zombie."""
+    st = proc_stat(pid)
+    return st is not None and st[2] == start and st[1] not in ("Z", "X")
+
+
+def teardown(
+    procs: Sequence[Process],
+    grace_s: float,
+    *,
+    group: bool = False,
+    kill_wait_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Teardown:
+    """End `procs` and everything below them, bounded: SIGTERM to all, one grace period for
+    all together (not one each), SIGKILL to whatever is left, then verify that none survived.
+
+    `group`: signal each one's process group too (a process started with `new_session`). The
+    tree is read before the first signal and again before SIGKILL, so a helper started during
+    the grace period is killed too; the whole teardown takes at most grace_s + kill_wait_s."""
+    t0 = clock()
+    own = {p.pid: p for p in procs}
+    tree = {pid: st[2] for pid in own if (st := proc_stat(pid)) is not None}
+    tree |= descendants(list(own))
     for proc in procs:
         if proc.poll() is None:
             _signal(proc, signal.SIGTERM, group)
-    codes: list[int | None] = []
-    for proc in procs:
-        try:
-            codes.append(proc.wait(timeout=grace_s))
-        except subprocess.TimeoutExpired:
-            _signal(proc, signal.SIGKILL, group)
-            codes.append(proc.wait())
-    return codes
+    _signal_pids(tree, own, signal.SIGTERM)
+    live = _wait_gone(own, tree, t0 + grace_s, clock)
+    killed: list[int] = []
+    if live:
+        tree |= descendants(list(live))
+        live |= {pid for pid, start in tree.items() if alive(pid, start)}
+        for pid in own.keys() & live:
+            _signal(own[pid], signal.SIGKILL, group)
+        _signal_pids({p: tree[p] for p in live if p in tree}, own, signal.SIGKILL)
+        killed = sorted(live)
+        live = _wait_gone(own, tree, clock() + kill_wait_s, clock)
+    codes = [p.poll() for p in procs]
+    return Teardown(sorted(tree.keys() | own.keys()), killed, sorted(live), clock() - t0, codes)
+
+
+def _signal_pids(tree: dict[int, int], own: dict[int, Process], sig: int) -> None:
+    """`sig` to the descendants still there (the given processes are signalled on their own)."""
+    for pid, start in tree.items():
+        if pid not in own and alive(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def _wait_gone(
+    own: dict[int, Process], tree: dict[int, int], until: float, clock: Callable[[], float]
+) -> set[int]:
+    """Poll (reaping the given processes) until none of the tree is alive or `until`; the pids
+    still alive then."""
+    while True:
+        live = {pid for pid, p in own.items() if p.poll() is None}
+        live |= {pid for pid, start in tree.items() if pid not in own and alive(pid, start)}
+        if not live or clock() >= until:
+            return live
+        time.sleep(0.05)
+
+
+def stop(procs: Sequence[Process], grace_s: float, *, group: bool = False) -> list[int | None]:
+    """SIGTERM to every process still running, one grace period of `grace_s` for all of them,
+    then SIGKILL to those still running (`teardown`). `group`: signal each one's process group
+    (a process started with `new_session`). Returns the exit codes (-N: ended by signal N)."""
+    return teardown(procs, grace_s, group=group).codes
 
 
 def stop_process(proc: Process | None, grace_s: float, *, group: bool = False) -> int | None:

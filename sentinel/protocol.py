@@ -197,6 +197,39 @@ class RankFrDumpPayload(_Strict):
     entries: int | None = Field(default=None, ge=0)
 
 
+# A rank's answer to `stacks.dump` is bounded, so one answer fits the agent's 1 MiB line:
+MAX_STACK_THREADS = 64  # threads per rank (the rest are counted in `threads_left_out`)
+MAX_STACK_FRAMES = 64  # frames per thread, the innermost kept (the rest: `frames_left_out`)
+
+
+class StackFrame(_Strict):
+    """One frame of a Python stack, as `traceback` shows it."""
+
+    file: str = Field(max_length=512)
+    line: int | None = Field(default=None, ge=0)
+    func: str = Field(max_length=256)
+    code: str = Field(default="", max_length=512)
+
+
+class ThreadStack(_Strict):
+    """One thread's stack, outermost frame first (a traceback's "most recent call last")."""
+
+    name: str = Field(max_length=256)
+    daemon: bool = False
+    frames: list[StackFrame] = Field(max_length=MAX_STACK_FRAMES)
+    frames_left_out: int = Field(default=0, ge=0)
+
+
+class RankStacksPayload(_Strict):
+    """A rank's Python stacks, every thread, answering the `stacks.dump` named `request_id`."""
+
+    request_id: Identifier
+    pid: int = Field(ge=0)
+    step: int | None = Field(default=None, ge=0)
+    threads: list[ThreadStack] = Field(max_length=MAX_STACK_THREADS)
+    threads_left_out: int = Field(default=0, ge=0)
+
+
 class RankCrashPayload(_Strict):
     """A rank process ended abnormally (reported by the supervisor that launched it)."""
 
@@ -260,6 +293,7 @@ class EventKind(StrEnum):
     RANK_STEP = "rank.step"
     RANK_FR_DUMP = "rank.fr_dump"
     RANK_CHECKPOINT = "rank.checkpoint"
+    RANK_STACKS = "rank.stacks"
 
 
 # --- envelopes -------------------------------------------------------------------------------
@@ -379,6 +413,11 @@ class RankCheckpointEvent(EventBase):
     payload: RankCheckpointPayload
 
 
+class RankStacksEvent(EventBase):
+    kind: Literal[EventKind.RANK_STACKS] = EventKind.RANK_STACKS
+    payload: RankStacksPayload
+
+
 # Any event: the class its `kind` names. The one decoder of events (see `decode_event`).
 Event = Annotated[
     GpuVerdictEvent
@@ -394,7 +433,8 @@ Event = Annotated[
     | FrAnalysisEvent
     | RankStepEvent
     | RankFrDumpEvent
-    | RankCheckpointEvent,
+    | RankCheckpointEvent
+    | RankStacksEvent,
     Field(discriminator="kind"),
 ]
 
@@ -418,6 +458,7 @@ class CommandKind(StrEnum):
     CHECKPOINT_NOW = "checkpoint.now"
     JOB_STOP = "job.stop"
     JOB_RESTART = "job.restart"
+    STACKS_DUMP = "stacks.dump"  # to a node's agent: its ranks answer with `rank.stacks`
 
 
 class LrScale(_Strict):

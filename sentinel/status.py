@@ -43,26 +43,33 @@ class Client:
         return self.coordinators.current
 
     def get(self, path: str) -> Any:
-        reply = self._fetch(path)
+        return self.call("GET", path)
+
+    def call(self, method: str, path: str, bad_input: tuple[int, ...] = (401, 403)) -> Any:
+        """`method path`'s JSON answer. StatusError when it fails; `bad_input` when the
+        coordinator answered one of those statuses (the caller's request itself is wrong)."""
+        reply = self._fetch(method, path)
         if not reply.ok:
             raise StatusError(
                 f"{reply.url}{path}: {reply.status} {reply.error()}",
-                bad_input=reply.status in (401, 403),
+                bad_input=reply.status in bad_input,
             )
         try:
             return reply.json()
         except ValueError:
             raise StatusError(f"{reply.url}{path}: not JSON: {reply.text()[:200]}") from None
 
-    def _fetch(self, path: str) -> Reply:
+    def _fetch(self, method: str, path: str) -> Reply:
+        data = b"" if method == "POST" else None
+        args = (self.coordinators, path, self.headers, self.timeout_s, method, data)
         try:
-            return fetch(self.coordinators, path, self.headers, self.timeout_s)
+            return fetch(*args)
         except Unreachable as e:
             if not 0 < e.retry_in_s <= self.timeout_s:
                 raise StatusError(str(e)) from None
             time.sleep(e.retry_in_s)  # every replica answered 503: ask once more, when told
         try:
-            return fetch(self.coordinators, path, self.headers, self.timeout_s)
+            return fetch(*args)
         except Unreachable as e:
             raise StatusError(str(e)) from None
 

@@ -48,7 +48,7 @@ from sentinel.protocol import (
     encode_registration,
     make_event,
 )
-from trainer_hooks import mfu, sdc, timing
+from trainer_hooks import mfu, sdc, stacks, timing
 from trainer_hooks.anomaly import AnomalyMonitor
 from trainer_hooks.config import HooksConfig
 from trainer_hooks.exchange import GangExchange, Gathered
@@ -515,6 +515,18 @@ class SentinelHooks:
             self._requests["sdc"].set()
         elif cmd.kind == CommandKind.CHECKPOINT_NOW:
             self._requests["checkpoint"].set()
+        elif cmd.kind == CommandKind.STACKS_DUMP:
+            self._answer_stacks(cmd)
+
+    def _answer_stacks(self, cmd: Command) -> None:
+        """Every thread's stack, taken here on the transport thread: the training thread is
+        never paused for it, and one stuck in a collective (GIL released) is seen waiting."""
+        request_id = cmd.args.get("request_id")
+        if not isinstance(request_id, str):
+            log.warning("a stacks.dump without a request id: not answered")
+            return
+        payload = stacks.capture(request_id, self._last_step())
+        self._send(EventKind.RANK_STACKS, payload)
 
     def _dump_before_exit(self, reason: str) -> None:
         self.dump_flight_recorder(reason)

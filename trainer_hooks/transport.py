@@ -104,6 +104,11 @@ class AgentTransport:
     def pending(self) -> int:
         return len(self._queue)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the agent's socket is open now (commands reach this rank only then)."""
+        return self._sock is not None
+
     def pending_events(self) -> list[Event]:
         """What is queued, built (for inspection and tests)."""
         with self._lock:

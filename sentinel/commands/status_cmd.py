@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+
+if TYPE_CHECKING:
+    from sentinel.status import Client
 
 URL_ENV, TOKEN_ENV = "SENTINEL_COORDINATOR_URL", "SENTINEL_TOKEN"
 
@@ -20,6 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Reads the coordinator's HTTP API with an operator (or admin) token. Exit 0 "
         "when nothing is open, 1 when incidents are open, 2 on bad input or a refused token.",
     )
+    add_coordinator_options(p)
+    add_json_option(p, "the status")
+    p.set_defaults(handler=run)
+
+
+def add_coordinator_options(p: argparse.ArgumentParser) -> None:
+    """--coordinator, --token-file and --timeout: how an operator's command reaches the API."""
     p.add_argument(
         "--coordinator",
         metavar="URL[,URL...]",
@@ -33,11 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"file holding an operator token (default: ${TOKEN_ENV}; never on the command line)",
     )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
-    add_json_option(p, "the status")
-    p.set_defaults(handler=run)
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def token_of(args: argparse.Namespace) -> str | None:
+    """The operator token: from --token-file, else $SENTINEL_TOKEN."""
     if args.token_file is None:
         return os.environ.get(TOKEN_ENV) or None
     try:
@@ -46,21 +57,34 @@ def _token(args: argparse.Namespace) -> str | None:
         raise InputError(f"--token-file {args.token_file}: {e.strerror}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from sentinel.status import Client, StatusError, gather, render
+def ask(
+    args: argparse.Namespace, work: Callable[[Client], dict[str, Any]]
+) -> dict[str, Any] | None:
+    """`work` with a client of --coordinator, --token-file and --timeout. InputError (exit 2)
+    for a bad URL or a request the coordinator refused; None, said on stderr, when no
+    coordinator could be asked."""
+    from sentinel.status import Client, StatusError
 
     try:
-        client = Client(args.coordinator, _token(args), args.timeout)
+        client = Client(args.coordinator, token_of(args), args.timeout)
     except ValueError as e:
         raise InputError(f"--coordinator: {e}") from None
     try:
-        doc = gather(client)
+        return work(client)
     except StatusError as e:
         if e.bad_input:
             raise InputError(str(e)) from None
         print(f"sentinel: {e}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sentinel.status import gather, render
+
+    doc = ask(args, gather)
+    if doc is None:
         return ExitCode.PROBLEM_FOUND
     emit_json(args, doc)
     if not json_to_stdout(args):

@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator import fr_files, queries
+from sentinel.coordinator import fr_files, queries, stacks
 from sentinel.coordinator.auth import Principal
 from sentinel.coordinator.metrics import Metrics
 from sentinel.coordinator.openapi import openapi_document
@@ -479,6 +479,27 @@ ROUTES: tuple[Route, ...] = (
         "Every dump file of a check (base64)",
         "job, operator, admin",
         (Param("check", "path", _FR_NAME, "the fr.dump command's check id", True),),
+    ),
+    Route(
+        "post",
+        "/v1/jobs/{job}/stacks",
+        _fr_route(stacks.post_request),
+        "Ask every rank of a job for its Python stacks (all threads), through the agents",
+        "operator, admin",
+        (Param("job", "path", _FR_NAME, "the job id", True),),
+        responses=(200, 400, 401, 403, 404),
+    ),
+    Route(
+        "get",
+        "/v1/jobs/{job}/stacks/{request}",
+        _fr_route(stacks.get_answers),
+        "The ranks' stacks of one request, grouped (odd ones out first) and who is silent",
+        "operator, admin",
+        (
+            Param("job", "path", _FR_NAME, "the job id", True),
+            Param("request", "path", _FR_NAME, "the request id the POST answered", True),
+        ),
+        responses=(200, 400, 401, 403, 404),
     ),
     Route("get", "/v1/openapi.json", openapi, "This description", "any token"),
     Route("get", "/metrics", metrics_handler, "Prometheus metrics", "any token"),

@@ -24,7 +24,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$"  # a check id, node or fi
 _NAME = re.compile(NAME_PATTERN)
 
 
-def _check(part: str, what: str) -> str:
+def check_name(part: str, what: str) -> str:
     if not _NAME.fullmatch(part) or ".." in part:
         raise web.HTTPBadRequest(text=f'{{"error": "bad {what} {part[:40]!r}"}}',
                                  content_type="application/json")  # fmt: skip
@@ -36,9 +36,9 @@ def _forbidden(message: str) -> web.HTTPForbidden:
 
 
 async def put_dump(request: web.Request, principal: Principal, service: Service) -> web.Response:
-    check = _check(request.match_info["check"], "check id")
-    node = _check(request.match_info["node"], "node")
-    name = _check(request.match_info["name"], "file name")
+    check = check_name(request.match_info["check"], "check id")
+    node = check_name(request.match_info["node"], "node")
+    name = check_name(request.match_info["name"], "file name")
     if principal.role != Role.ADMIN and not (
         principal.role == Role.NODE and principal.node == node
     ):
@@ -49,7 +49,7 @@ async def put_dump(request: web.Request, principal: Principal, service: Service)
 
 
 async def get_dumps(request: web.Request, principal: Principal, service: Service) -> web.Response:
-    check = _check(request.match_info["check"], "check id")
+    check = check_name(request.match_info["check"], "check id")
     if principal.role == Role.NODE:
         raise _forbidden("a node token may not read other nodes' dumps")
     files = [

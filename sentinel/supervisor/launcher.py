@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sentinel.processes import spawn, stop
+from sentinel.processes import Teardown, spawn, teardown
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class Gang(ABC):
         """How many ranks are still alive."""
 
     @abstractmethod
-    def stop(self, grace_s: float = 5.0) -> None:
-        """End every rank (SIGTERM, then SIGKILL after the grace period)."""
+    def stop(self, grace_s: float = 5.0) -> Teardown:
+        """End every rank, bounded: SIGTERM, one grace period, SIGKILL to what is left; then
+        verify that no rank survived (`Teardown.survivors`)."""
 
 
 class Launcher(ABC):
@@ -90,9 +91,12 @@ class LocalGang(Gang):
     def running(self) -> int:
         return sum(p.poll() is None for p in self.procs)
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        stop(self.procs, grace_s, group=True)
+    def stop(self, grace_s: float = 5.0) -> Teardown:
+        """Each rank leads a process group of its own: the group is signalled, and so is every
+        process below a rank in the tree (a helper that left the group), then checked gone."""
+        result = teardown(self.procs, grace_s, group=True)
         self._reported.update(range(len(self.procs)))
+        return result
 
 
 class LocalLauncher(Launcher):

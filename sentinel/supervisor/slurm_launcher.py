@@ -20,8 +20,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+from sentinel.processes import Teardown
 from sentinel.slurm.allocation import Allocation
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
 
@@ -95,13 +97,19 @@ class SlurmGang(Gang):
     def running(self) -> int:
         return 0 if self.proc.poll() is not None else self.plan.world_size - len(self._reported)
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM to srun (it forwards it to every task); then SIGKILL to the step itself."""
+    def stop(self, grace_s: float = 5.0) -> Teardown:
+        """SIGTERM to srun (it forwards it to every task); past the grace period SIGKILL to the
+        step's tasks on every node (`scancel --signal=KILL`), then to srun itself. Verified
+        with Slurm's own view: a step still listed by `squeue --steps` is a survivor (its
+        tasks are on other hosts: this process cannot see them in its process tree)."""
+        t0 = time.monotonic()
+        killed: list[int] = []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
+                killed = [self.proc.pid]
                 step = self._step_id()
                 if step:
                     subprocess.run(
@@ -114,6 +122,10 @@ class SlurmGang(Gang):
                     self.proc.wait()
         self._reader.join(timeout=5)
         self._reported.update(range(self.plan.world_size))
+        survivors = [self.proc.pid] if killed and self._step_id() else []
+        return Teardown(
+            [self.proc.pid], killed, survivors, time.monotonic() - t0, [self.proc.returncode]
+        )
 
     def _step_id(self) -> str | None:
         out = subprocess.run(["squeue", "-h", "--steps", "-j", self.job, "-o", "%i %j"],

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
-from sentinel.processes import free_rendezvous_port
+from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
     EventBatch,
@@ -177,6 +177,8 @@ class Supervisor:
         self.done = asyncio.Event()
         self.exit_code = 0
         self._background: set[asyncio.Task[None]] = set()
+        self.teardown: Teardown | None = None  # the last stop of a gang
+        self._teardowns: dict[str, Teardown | None] = {}  # by command id, for its (re)ack
 
     # --- coordinator I/O ---------------------------------------------------------------------
 
@@ -244,8 +246,13 @@ class Supervisor:
         if cid not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
             self.job.seen_commands.add(cid)
             log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
+            self.teardown = None
             await self._execute(cmd["kind"], cmd["args"])
-        detail = {"generation": self.job.generation, "state": self.job.state}
+            self._teardowns[cid] = self.teardown
+        detail: dict[str, Any] = {"generation": self.job.generation, "state": self.job.state}
+        done = self._teardowns.get(cid)
+        if done is not None:  # how the gang ended: the coordinator's teardown step reads it
+            detail["teardown"] = done.as_json()
         try:
             r = await self._call(
                 "POST",
@@ -261,10 +268,10 @@ class Supervisor:
 
     async def _execute(self, kind: str, args: dict[str, Any]) -> None:
         if kind == CommandKind.JOB_STOP:
-            await self._report_crashes(self._stop_gang())
+            await self._report_crashes(await self._stop_gang())
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
-            await self._report_crashes(self._stop_gang())
+            await self._report_crashes(await self._stop_gang())
             try:
                 self.job.apply_restart(
                     RepairPlan.model_validate(args),
@@ -388,15 +395,25 @@ class Supervisor:
         self.gang = self.launcher.launch(self.plan)
         self.job.state = "running"
 
-    def _stop_gang(self) -> list[RankExit]:
-        """Stop the gang; return the ranks that had already died on their own (since the last
-        poll): a rank that crashed just as a stop or restart arrived is still a crash, and
-        losing it would hide a flaky node from `rank_crash_repeat`."""
-        if self.gang is None:
+    async def _stop_gang(self) -> list[RankExit]:
+        """Stop the gang, bounded and verified (`Gang.stop`), off the event loop (a rank that
+        ignores SIGTERM holds it for the grace period); return the ranks that had already died
+        on their own (since the last poll): a rank that crashed just as a stop or restart
+        arrived is still a crash, and losing it would hide a flaky node from
+        `rank_crash_repeat`."""
+        gang, self.gang = self.gang, None  # detached first: the watcher must not see it end
+        if gang is None:
             return []
-        died = [e for e in self.gang.poll() if e.returncode != 0]
-        self.gang.stop()
-        self.gang = None
+        died = [e for e in gang.poll() if e.returncode != 0]
+        result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s)
+        self.teardown = result
+        detail = {"generation": self.job.generation, **result.as_json()}
+        if result.verified:
+            log.info("gang of generation %d gone in %.1f s", self.job.generation,
+                     result.seconds, extra={"teardown": detail})  # fmt: skip
+        else:
+            log.error("processes of generation %d survived SIGKILL: %s", self.job.generation,
+                      result.survivors, extra={"teardown": detail})  # fmt: skip
         return died
 
     async def _report_crashes(self, failed: list[RankExit]) -> None:
@@ -424,7 +441,7 @@ class Supervisor:
             exits = self.gang.poll()
             failed = [e for e in exits if e.returncode != 0]
             if failed:
-                failed += self._stop_gang()  # a gang with a dead rank cannot make progress
+                failed += await self._stop_gang()  # a gang with a dead rank cannot progress
                 self.job.state = "crashed"
                 await self._report_crashes(failed)
                 await self.report_status()
@@ -460,7 +477,7 @@ class Supervisor:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.gang is not None:  # told to stop (signal) or broken: leave no rank behind
-                self._stop_gang()
+                await self._stop_gang()
                 self.job.state = "stopped"
                 await self.report_status()
         return self.exit_code

@@ -24,6 +24,8 @@ from sentinel.coordinator.actions.job import (
     WaitCheckpoint,
 )
 from sentinel.coordinator.actions.restore import ReturnNode
+from sentinel.coordinator.actions.stacks import CollectStacks
+from sentinel.coordinator.actions.teardown import Teardown
 
 ACTIONS: dict[str, BaseAction[Any]] = {
     a.name: a
@@ -40,6 +42,8 @@ ACTIONS: dict[str, BaseAction[Any]] = {
         SdcRecompute(),
         FrDump(),
         ReturnNode(),
+        CollectStacks(),
+        Teardown(),
     )
 }
 

@@ -272,6 +272,17 @@ class SqlStore(ABC):
             (job, check_id),
         )
 
+    def rank_stacks(self, job: str, request_id: str) -> list[StoredEvent]:
+        """The ranks' `rank.stacks` answers to one stacks request, oldest first."""
+        return [
+            from_row(StoredEvent, r)
+            for r in self._all(
+                f"SELECT {_EVENT_COLS} FROM events WHERE kind='rank.stacks' AND job=?"
+                f" AND {self._json_text('payload', 'request_id')}=? ORDER BY received_at, id",
+                (job, request_id),
+            )
+        ]
+
     def prune_events(self, after: int, cutoff: float, chunk: int) -> PruneResult:
         """Rows go in cursor order, which is arrival order: walk from the cursor a chunk at a
         time, and stop at the first row that arrived after the cutoff."""
