@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
+from sentinel.coordinator.actions.base import (
+    ActionContext,
+    BaseAction,
+    StepResult,
+    StepStatus,
+    WaitParams,
+)
 from sentinel.coordinator.stacks import answers, ask
 from sentinel.stacks.group import Grouped, StackGroup, rank_ranges
 
@@ -20,8 +26,7 @@ GROUPS_KEPT = 8  # groups whose frames go into the record; the rest by their ran
 FRAMES_KEPT = 12  # innermost frames per thread in the record (all are in the stored answers)
 
 
-class StacksParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class StacksParams(WaitParams):
     timeout_s: float = Field(default=20.0, gt=0)
 
 
@@ -47,15 +52,12 @@ def record(grouped: Grouped, request_id: str) -> dict[str, Any]:
     }
 
 
-class CollectStacks(BaseAction):
-    name = "stacks"
-    Params = StacksParams
-    description = "save every rank's Python stacks with the incident, grouped (odd ones first)"
+class CollectStacks(
+    BaseAction[StacksParams], name="stacks", dry_run="would collect every rank's stacks"
+):
+    """Save every rank's Python stacks with the incident, grouped (odd ones first)."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, StacksParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would collect every rank's stacks"})
+    def act(self, ctx: ActionContext, params: StacksParams) -> StepResult:
         if ctx.job_id is None:
             return StepResult(StepStatus.FAILED, {"error": "the incident names no job"})
         rid = ctx.command_id("-stacks")
@@ -64,7 +66,7 @@ class CollectStacks(BaseAction):
             grouped = answers(ctx.store, ctx.job_id, rid)
         except LookupError as e:  # no job or no node: nothing to ask, the repair goes on
             return StepResult(StepStatus.DONE, {"error": str(e)})
-        timed_out = ctx.now - ctx.step_started_at > params.timeout_s
+        timed_out = ctx.waited_past(params.timeout_s)
         if grouped.missing and not timed_out:
             return StepResult(StepStatus.WAIT, {"answered": grouped.answered})
         detail = record(grouped, rid)

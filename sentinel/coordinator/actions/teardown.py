@@ -12,17 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from sentinel.coordinator.actions.base import ActionContext, BaseAction, StepResult, StepStatus
+from sentinel.coordinator.actions.base import (
+    ActionContext,
+    BaseAction,
+    StepResult,
+    StepStatus,
+    WaitParams,
+)
 from sentinel.protocol import CommandKind
 
 # Earlier steps whose end is a stage of the hang's repair, by the stage's name.
 STAGE_STEPS = {"fr_dump": "dumps_saved_s", "stacks": "stacks_saved_s"}
 
 
-class TeardownParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class TeardownParams(WaitParams):
     reason: str = "sentinel: hang teardown"
     timeout_s: float = Field(default=60.0, gt=0)  # for the supervisor's confirmation
 
@@ -40,19 +45,14 @@ def stages(ctx: ActionContext, gone_at: float) -> dict[str, float]:
     return out
 
 
-class Teardown(BaseAction):
-    name = "teardown"
-    Params = TeardownParams
-    description = "stop the gang (signal, grace, SIGKILL) and wait until no rank survives"
+class Teardown(BaseAction[TeardownParams], name="teardown", dry_run="would stop the gang"):
+    """Stop the gang (signal, grace, SIGKILL) and wait until no rank survives."""
 
-    def run(self, ctx: ActionContext, params: BaseModel) -> StepResult:
-        assert isinstance(params, TeardownParams)
-        if ctx.dry_run:
-            return StepResult(StepStatus.DONE, {"dry_run": "would stop the gang"})
+    def act(self, ctx: ActionContext, params: TeardownParams) -> StepResult:
         cid = ctx.issue_command(CommandKind.JOB_STOP, {"reason": params.reason})
         row = ctx.store.command(cid)
         if row is None or row.acked_at is None:
-            if ctx.now - ctx.step_started_at > params.timeout_s:
+            if ctx.waited_past(params.timeout_s):
                 return StepResult(
                     StepStatus.ESCALATE,
                     {"reason": "the supervisor did not confirm the gang stopped", "command": cid},
