@@ -29,6 +29,9 @@ from pydantic import (
 PROTOCOL_VERSION: Literal[1] = 1
 SUPPORTED_VERSIONS = frozenset({1})
 MAX_BATCH_EVENTS = 10_000
+# The largest gang a job may report: a million ranks, past any fleet built. Bounded because
+# the coordinator walks a job's ranks (who has not answered a stacks request).
+MAX_WORLD_SIZE = 1 << 20
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -261,7 +264,7 @@ class JobStatusPayload(_Strict):
 
     state: JobState
     generation: int = Field(ge=0)
-    world_size: int = Field(ge=0)
+    world_size: int = Field(ge=0, le=MAX_WORLD_SIZE)
     gpus_per_node: int = Field(default=1, ge=1)
     nodes: list[str] = Field(default_factory=list)
     spares: list[str] = Field(default_factory=list)
