@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import slow_drain
 from failover import measure_failover, server_cpu_s
 from stats import percentile_ms
 
@@ -279,7 +280,9 @@ class _LargestFile(threading.Thread):
                 return
 
 
-def _start_coordinator(state: Path, store_url: str | None) -> tuple[subprocess.Popen, int, int]:
+def _start_coordinator(
+    state: Path, store_url: str | None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, int, int]:
     """The coordinator pinned to its core; (process, API port, ingest port) once it answers."""
     port, ingest = free_port(), free_port()  # the API, and the fleet's ingest listener
     argv = [sys.executable, "-m", "sentinel", "--log-level", "warning", "coordinator",
@@ -287,7 +290,11 @@ def _start_coordinator(state: Path, store_url: str | None) -> tuple[subprocess.P
             "--state-dir", str(state)]  # fmt: skip
     if store_url:
         argv += ["--store", store_url]
-    coord = subprocess.Popen(argv, preexec_fn=lambda: os.sched_setaffinity(0, _cores()[0]))
+    coord = subprocess.Popen(
+        argv,
+        env={**os.environ, **(env or {})},
+        preexec_fn=lambda: os.sched_setaffinity(0, _cores()[0]),
+    )
     for _ in range(300):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
@@ -339,20 +346,27 @@ def _paced_step(
 
 def _measure_store(
     store_url: str | None, sizes: list[int], seconds: float, closed_loop: int | None,
-    db_pid: int | None,
+    db_pid: int | None, drain_s: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Paced steps (or the closed loop) against one coordinator on this store."""
+    """Paced steps (or the closed loop) against one coordinator on this store; with `drain_s`,
+    each step with a drain pending that takes that long (`slow_drain.py`)."""
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
     token, node_tokens = _make_tokens(state, store_url, max(sizes))
-    coord, port, ingest = _start_coordinator(state, store_url)
+    env = slow_drain.coordinator_env(state, drain_s) if drain_s else None
+    if env:
+        os.environ.update(env)  # the stand-in reads them too, from the coordinator's environment
+    coord, port, ingest = _start_coordinator(state, store_url, env)
     url = f"http://127.0.0.1:{port}"
     try:
         if closed_loop:
             return _closed_loop_step(ingest, coord.pid, node_tokens, sizes[0], closed_loop, db_pid)
         wal = None if store_url else wal_path(state / STORE_FILE)
         steps = []
-        for nodes in sizes:
+        for i, nodes in enumerate(sizes):
+            draining = slow_drain.start(url, token, state, i) if drain_s else None
             step = _paced_step(coord, url, token, ingest, node_tokens, nodes, seconds, wal)
+            if draining:
+                step["drain_pending_throughout"] = slow_drain.pending(state, draining)
             print(json.dumps(step), flush=True)
             steps.append(step)
             if not _holds(step) and nodes >= TARGET_NODES:  # always measure the target fleet
@@ -412,10 +426,16 @@ def main() -> None:
         "restart and the projection to 100,000 GPUs; sqlite: SQLite's figures alone",
     )
     ap.add_argument("--kills", type=int, default=10, help="leader kills for the failover time")
+    ap.add_argument(
+        "--slow-drain",
+        type=float,
+        metavar="S",
+        help="SQLite only: every paced step runs with a drain pending whose scontrol takes S s",
+    )
     args = ap.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     _cores()
-    sqlite = _measure_store(None, sizes, args.seconds, args.closed_loop, None)
+    sqlite = _measure_store(None, sizes, args.seconds, args.closed_loop, None, args.slow_drain)
     if args.store == "sqlite":
         print(json.dumps({**sqlite, "run_id": uuid.uuid4().hex[:8]}))
         return
