@@ -5,6 +5,7 @@ clocks or power. (The fleet-day false-flag rate is benchmarks/agent_outliers.py.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -95,8 +96,23 @@ def slot_node(
     ]
 
 
+def shifted(readings: list[GpuReading], gpu: int, field: str, by: float) -> list[GpuReading]:
+    """The readings with one GPU's `field` moved by `by`."""
+    return [
+        replace(r, **{field: getattr(r, field) + by}) if r.index == gpu else r for r in readings
+    ]
+
+
 def flagged(d: PeerOutliers, readings: list[GpuReading]) -> set[int]:
     return {g for g, (why, _) in d.update(readings, {}).items() if why is not None}
+
+
+def settled(sweep: Callable[[], list[GpuReading]]) -> PeerOutliers:
+    """A detector that has seen a minute of `sweep`: past learning each GPU's place."""
+    d = PeerOutliers(T.outlier_z, T.outlier_polls)
+    for _ in range(60):
+        flagged(d, sweep())
+    return d
 
 
 def test_a_slot_that_always_runs_warm_is_its_place_not_a_fault() -> None:
@@ -110,8 +126,7 @@ def test_a_slot_that_always_runs_warm_is_its_place_not_a_fault() -> None:
         watts = 120.0 if poll % 900 > 840 else 620.0  # a minute of idle every 15
         heat += (watts - heat) / 20
         assert not flagged(d, slot_node(rng, watts, warm, heat)), poll
-    hot = [replace(r, temp_gpu_c=r.temp_gpu_c + 10) if r.index == 5 else r
-           for r in slot_node(rng, 620.0, warm)]  # fmt: skip
+    hot = shifted(slot_node(rng, 620.0, warm), 5, "temp_gpu_c", 10)
     assert not flagged(d, hot)
     assert flagged(d, hot) == {5}
 
@@ -127,9 +142,7 @@ def test_a_gpu_far_off_its_peers_from_the_start_is_flagged() -> None:
 
 def test_a_fault_is_not_learned_into_the_gpus_place() -> None:
     rng = random.Random(7)
-    d = PeerOutliers(T.outlier_z, T.outlier_polls)
-    for _ in range(60):
-        flagged(d, slot_node(rng, 620.0, {}))
+    d = settled(lambda: slot_node(rng, 620.0, {}))
     for poll in range(2 * 3600):  # two hours 9 C hotter: still odd at the end
         found = flagged(d, slot_node(rng, 620.0, {3: 0.045 + 9 / 620}))
         assert found == ({3} if poll >= 1 else set()), poll
@@ -139,13 +152,9 @@ def test_a_few_degrees_is_never_an_outlier_however_tight_the_peers() -> None:
     # Seven GPUs that agree to a tenth of a degree: the eighth 3 C warmer, arriving after the
     # places are learned, is still not an outlier (the least effect for temperature is 4 C).
     rng = random.Random(8)
-    d = PeerOutliers(T.outlier_z, T.outlier_polls)
-    for _ in range(60):
-        flagged(d, slot_node(rng, 620.0, {}))
+    d = settled(lambda: slot_node(rng, 620.0, {}))
     for _ in range(600):
-        warm = [replace(r, temp_gpu_c=r.temp_gpu_c + 3) if r.index == 6 else r
-                for r in slot_node(rng, 620.0, {})]  # fmt: skip
-        assert not flagged(d, warm)
+        assert not flagged(d, shifted(slot_node(rng, 620.0, {}), 6, "temp_gpu_c", 3))
 
 
 def test_places_learned_while_the_node_warms_up_do_not_flag_it_later() -> None:
@@ -169,14 +178,10 @@ def test_odd_one_way_then_the_other_is_noise_not_an_outlier() -> None:
     # Power is judged either way, so a GPU 120 W over its peers one sweep and 120 W under the
     # next has been past the limit twice, never the same way twice: not a finding.
     rng = random.Random(10)
-    d = PeerOutliers(T.outlier_z, T.outlier_polls)
-    for _ in range(60):
-        flagged(d, node(rng))
+    d = settled(lambda: node(rng))
     for sweep in range(20):
         swing = 120.0 if sweep % 2 else -120.0
-        swung = [replace(r, power_w=(r.power_w or 0) + swing) if r.index == 3 else r
-                 for r in node(rng)]  # fmt: skip
-        assert not flagged(d, swung), sweep
+        assert not flagged(d, shifted(node(rng), 3, "power_w", swing)), sweep
     low = [replace(r, power_w=400.0) if r.index == 3 else r for r in node(rng)]
     assert not flagged(d, low)
     assert flagged(d, low) == {3}
