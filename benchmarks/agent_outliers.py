@@ -19,8 +19,9 @@ node by node, poll by poll at 1 Hz, on readings with realistic noise:
 False flags: `peer_outlier` findings raised on a fault-free fleet over `--hours` (through the
 rule's raise, clear and hold, as the agent raises them), scaled to per 1,000 GPUs per day
 (target <= 1). Recall: `--faults` nodes each get one GPU made odd (hotter at the same power,
-clocks cut, power cut, or an error-rate burst) and count as found when the detector flags that
-GPU, and only it, by the second poll. Fault sizes: +10..15 C at the same power, clocks 12..22%
+clocks cut, power cut, or an error-rate burst) after 30 fine polls (an agent just started: the
+detector has had little time to learn each GPU's place), every node busy throughout, and count
+as found when the detector flags that GPU, and only it, by the second poll. Fault sizes: +10..15 C at the same power, clocks 12..22%
 lower, power 25..40% lower, 100..500 corrected errors a minute. Prints one JSON line.
 """
 
@@ -57,6 +58,7 @@ class Fleet:
 
     nodes: int
     rng: np.random.Generator
+    idle_spells: bool = True  # False: every node stays busy (the recall trials)
 
     def __post_init__(self) -> None:
         n, r = self.nodes, self.rng
@@ -73,7 +75,8 @@ class Fleet:
         """(util %, power W, temperature C, SM clock MHz) of every GPU, shape (nodes, 8)."""
         n, r = self.nodes, self.rng
         flip = r.random(n)
-        self.busy = np.where(self.busy, flip >= 1 / 1800, flip < 1 / 60)
+        if self.idle_spells:
+            self.busy = np.where(self.busy, flip >= 1 / 1800, flip < 1 / 60)
         self.node_power = 620 + 0.95 * (self.node_power - 620) + r.normal(0, 30 * 0.31, n)
         self.node_clock = np.clip(
             1868 + 0.97 * (self.node_clock - 1868) + r.normal(0, 25, n), 1755, 1980
@@ -153,8 +156,8 @@ def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
 def recall(faults: int, seed: int) -> dict[str, object]:
     """Each fault on its own node: 30 fine polls, then one GPU odd from poll 30 on."""
     rng = np.random.default_rng(seed + 1)
-    fleet = Fleet(faults, rng)
-    fleet.busy[:] = True
+    # Every node busy throughout: a fault is judged at like load (the idle spells are above).
+    fleet = Fleet(faults, rng, idle_spells=False)
     found = detectors(faults)
     kinds = [FAULTS[i % len(FAULTS)] for i in range(faults)]
     victim = rng.integers(0, GPUS, faults)
@@ -162,7 +165,6 @@ def recall(faults: int, seed: int) -> dict[str, object]:
     hit = {k: 0 for k in FAULTS}
     wrong_gpu = 0
     for poll in range(32):
-        fleet.busy[:] = True  # a fault is judged at like load (the idle spells are above)
         util, power, temp, clock = fleet.step()
         rates = [{g: 0.0 for g in range(GPUS)} for _ in range(faults)]
         if poll >= 30:

@@ -135,6 +135,8 @@ class NodeMonitor:
             return self._recompose()
 
     def _admit_kernel_xids(self, found: list[KernelXid]) -> list[XidEvent]:
+        if not found:  # nearly every poll: no need to index the GPUs by bus
+            return []
         by_bus = {
             normal_bus_id(r.pci_bus_id): r for r in self._readings() if r.pci_bus_id is not None
         }

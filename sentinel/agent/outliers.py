@@ -2,60 +2,50 @@
 
 A fixed limit misses a GPU that runs 12 C hotter than its seven peers at the same power, or
 holds clocks 15% lower under the same job: each reading is normal on its own. Per sweep, each
-metric is scored with a robust z-score against the node's GPUs (median and MAD, so the odd one
-cannot drag the reference), at like load:
+signal is compared across the node's GPUs at like load (`peer_stats.PeerSignal`: a robust
+z-score against the node's pooled spread, after each GPU's learned place among its peers):
 
 - temperature at power: the temperature left after the node's own temperature-per-watt slope
-  (Theil-Sen over the GPU pairs, so one GPU cannot bend it) takes out the power difference;
-  power is smoothed per GPU first (`POWER_EMA`), because a heat sink follows power over tens
-  of seconds, not sample by sample;
+  (Theil-Sen over the GPU pairs, so one GPU cannot bend it, then smoothed over ~100 sweeps, as
+  a node's cooling does not change by the second) takes out the power difference; power is
+  smoothed per GPU first (`POWER_EMA`), because a heat sink follows power over tens of
+  seconds, not sample by sample. A GPU's place here is a thermal resistance (C per W), as a
+  board position's airflow is: a slot 6 C warmer at 600 W is about 1 C warmer at idle;
 - SM clock and power draw, among the GPUs busy at >= `busy_util_pct` only;
-- error rates (corrected ECC, PCIe replay, NVLink), per minute.
+- error rates (corrected ECC, PCIe replay, NVLink), per minute: every GPU should read alike.
 
-Each metric has a floor under its spread (`FLOORS`): eight GPUs that agree to the degree are
-not an invitation to flag the one 1.5 C off. And each is judged in the direction that means
-trouble (`SIDES`): hotter at the same power, slower clocks, more errors, power off either way;
-a GPU that runs cooler or faster than its peers is not a finding. A GPU is flagged after `polls` sweeps in a row at
-|z| >= `z_limit` (2: one noisy sample is not a finding) and is quiet again once every score is
-under half the limit. Pure Python: eight numbers per metric cost less than numpy's call overhead.
+Each signal is judged in the direction that means trouble (`SIGNALS`): hotter at the same
+power, slower clocks, more errors, power off either way; a GPU cooler or faster than its peers
+is not a finding. A GPU is flagged after `polls` sweeps in a row at or past `z_limit` on one
+signal, the same way (2: one noisy sample is not a finding), and is quiet again once every
+score is under half the limit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from statistics import median
 
+from sentinel.agent.peer_stats import MIN_PEERS, PeerSignal, Score, Signal, median
 from sentinel.agent.readings import GpuReading
 
-# The least spread a metric is judged against, in its unit (C, MHz, W, errors per minute).
-FLOORS = {"temperature at power": 2.0, "SM clock": 30.0, "power": 30.0, "error rate": 20.0}
-# +1: only above the peers is odd; -1: only below; 0: either way.
-SIDES = {"temperature at power": 1, "SM clock": -1, "power": 0, "error rate": 1}
-MAD_TO_SIGMA = 1.4826
-MIN_PEERS = 4  # fewer GPUs than this in a comparison: no reference to be odd against
+TEMP, CLOCK, POWER, ERRORS = "temperature at power", "SM clock", "power", "error rate"
+# The least effects are physical: a few degrees is sensor and airflow, four clock bins and
+# 50 W are within a busy GPU's step-to-step swing; the place limits are how far a board
+# position (temperature) or a chip's silicon (clocks, power at the cap) plausibly sets a GPU
+# apart from its peers.
+SIGNALS = {
+    TEMP: Signal(TEMP, side=1, floor=0.5, min_effect=4.0, place_limit=6.0),
+    CLOCK: Signal(CLOCK, side=-1, floor=15.0, min_effect=60.0, place_limit=60.0),
+    POWER: Signal(POWER, side=0, floor=10.0, min_effect=50.0, place_limit=50.0),
+    ERRORS: Signal(ERRORS, side=1, floor=20.0, min_effect=20.0, place_limit=0.0),
+}
 SLOPE_RANGE = (0.0, 0.15)  # C per W: what a GPU's cooling can plausibly be
+SLOPE_POLLS = 100  # the node's slope, smoothed over ~100 sweeps
 POWER_EMA = 0.1  # weight of the newest power sample in the smoothed power (~10 polls)
 
-# (how odd, in the metric's bad direction; signed z; metric; value; peers' median)
-Score = tuple[float, float, str, float, float]
 
-
-def _scores(metric: str, values: dict[int, float], worst: dict[int, Score]) -> None:
-    """Score every GPU on one metric, keeping each GPU's oddest score in `worst`."""
-    if len(values) < MIN_PEERS:
-        return
-    mid = median(values.values())
-    scale = max(MAD_TO_SIGMA * median([abs(x - mid) for x in values.values()]), FLOORS[metric])
-    side = SIDES[metric]
-    for gpu, x in values.items():
-        z = (x - mid) / scale
-        odd = abs(z) if side == 0 else max(0.0, side * z)
-        if gpu not in worst or odd > worst[gpu][0]:
-            worst[gpu] = (odd, z, metric, x, mid)
-
-
-def _slope(points: Sequence[tuple[float, float]]) -> float:
-    """Theil-Sen: the median slope over pairs at least 20 W apart; 0 when none are."""
+def _slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Theil-Sen: the median slope over pairs at least 20 W apart; None when none are."""
     slopes = [
         (t2 - t1) / (p2 - p1)
         for i, (p1, t1) in enumerate(points)
@@ -63,27 +53,25 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
         if abs(p2 - p1) >= 20.0
     ]
     low, high = SLOPE_RANGE
-    return min(high, max(low, median(slopes))) if slopes else 0.0
+    return min(high, max(low, median(slopes))) if slopes else None
 
 
-def temp_at_power(points: dict[int, tuple[float, float]]) -> dict[int, float]:
-    """GPU -> temperature with the node's temperature-per-watt taken out, from (power, temp)."""
-    if len(points) < MIN_PEERS:
-        return {}
-    slope = _slope(list(points.values()))
+def temp_at_power(points: dict[int, tuple[float, float]], slope: float) -> dict[int, float]:
+    """GPU -> temperature with `slope` (C per W) times its power off the median taken out."""
     mid_power = median(p for p, _ in points.values())
     return {g: t - slope * (p - mid_power) for g, (p, t) in points.items()}
 
 
 class PeerOutliers:
-    """Flags a GPU after `polls` sweeps in a row with a score at or past `z_limit`."""
+    """Flags a GPU after `polls` sweeps in a row past `z_limit` on one signal, the same way."""
 
     def __init__(self, z_limit: float, polls: int = 2, busy_util_pct: float = 50.0) -> None:
         self.z_limit = z_limit
         self.polls = polls
         self.busy_util_pct = busy_util_pct
-        self._streak: dict[int, int] = {}
         self._power: dict[int, float] = {}  # smoothed power per GPU
+        self._slope: float | None = None  # the node's smoothed temperature-per-watt
+        self._signals = {name: PeerSignal(s) for name, s in SIGNALS.items()}
 
     def _smoothed(self, gpu: int, watts: float) -> float:
         last = self._power.get(gpu)
@@ -91,13 +79,22 @@ class PeerOutliers:
         self._power[gpu] = value
         return value
 
+    def _heat(self, points: dict[int, tuple[float, float]]) -> dict[int, float]:
+        if len(points) < MIN_PEERS:
+            return {}
+        now = _slope(list(points.values()))
+        if now is not None:
+            last = now if self._slope is None else self._slope
+            self._slope = last + (now - last) / SLOPE_POLLS
+        return temp_at_power(points, self._slope or 0.0)
+
     def scores(self, readings: Sequence[GpuReading], rates: dict[int, float]) -> dict[int, Score]:
-        """Each GPU's worst score over every metric it can be compared on, this sweep."""
+        """Each GPU's worst score over every signal it can be compared on, this sweep."""
         worst: dict[int, Score] = {}
         heat: dict[int, tuple[float, float]] = {}
         clocks: dict[int, float] = {}
         power: dict[int, float] = {}
-        busy = self.busy_util_pct
+        busy: set[int] = set()
         for r in readings:
             if r.lost:
                 self._power.pop(r.index, None)
@@ -106,30 +103,38 @@ class PeerOutliers:
                 smooth = self._smoothed(r.index, r.power_w)
                 if r.temp_gpu_c is not None:
                     heat[r.index] = (smooth, r.temp_gpu_c)
-            if r.util_gpu_pct is not None and r.util_gpu_pct >= busy:
+            if r.util_gpu_pct is not None and r.util_gpu_pct >= self.busy_util_pct:
+                busy.add(r.index)
                 if r.sm_clock_mhz is not None:
                     clocks[r.index] = float(r.sm_clock_mhz)
                 if r.power_w is not None:
                     power[r.index] = r.power_w
-        _scores("temperature at power", temp_at_power(heat), worst)
-        _scores("SM clock", clocks, worst)
-        _scores("power", power, worst)
-        _scores("error rate", rates, worst)
+        z, s = self.z_limit, self._signals
+        # A slot's place in temperature is learned at load only, where it shows above noise.
+        loads = {g: p for g, (p, _) in heat.items()}
+        s[TEMP].score(self._heat(heat), z, worst, loads, learn=busy)
+        s[CLOCK].score(clocks, z, worst)
+        s[POWER].score(power, z, worst)
+        if any(rates.values()):  # no errors anywhere (nearly every sweep): nothing to compare
+            s[ERRORS].score(rates, z, worst)
         return worst
 
     def update(
         self, readings: Sequence[GpuReading], rates: dict[int, float]
     ) -> dict[int, tuple[str | None, bool]]:
-        """Per GPU: (why it is an outlier now or None, whether all its scores are quiet)."""
+        """Per GPU: (why it is an outlier now or None, whether all its scores are quiet). An
+        outlier is one signal past the limit the same way `polls` sweeps in a row: a GPU high
+        one sweep and low the next, or odd on one signal then on another, is noise."""
         worst = self.scores(readings, rates)
-        limit, out = self.z_limit, {}
+        out: dict[int, tuple[str | None, bool]] = {}
         for r in readings:
             score = worst.get(r.index)
-            odd = score[0] if score is not None else 0.0
-            streak = self._streak[r.index] = self._streak.get(r.index, 0) + 1 if odd >= limit else 0
+            if score is None:
+                out[r.index] = (None, True)
+                continue
+            run, odd, z, signal, value, mid = score
             why = None
-            if score is not None and streak >= self.polls:
-                _, z, metric, value, mid = score
-                why = f"{metric} {value:.1f} vs peers' {mid:.1f} (robust z {z:+.1f})"
-            out[r.index] = (why, odd < limit / 2)
+            if run >= self.polls:
+                why = f"{signal} {value:.1f} vs peers' {mid:.1f} (robust z {z:+.1f})"
+            out[r.index] = (why, odd < self.z_limit / 2)
         return out

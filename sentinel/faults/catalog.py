@@ -192,8 +192,9 @@ RULES: tuple[RuleInfo, ...] = (
              "every link active at start is active again", 10 * MINUTE),
     # -- peers: one GPU odd compared with the others of its node
     RuleInfo("peer_outlier", _D, _NONE,
-             "robust z-score against the node's other GPUs >= outlier_z for 2 polls in a row",
-             "z-score below outlier_z / 2", 10 * MINUTE),
+             "one signal off the node's other GPUs (past its usual place) by robust z >= "
+             "outlier_z and its least effect, the same way, for outlier_polls (2) polls in a row",
+             "every score below outlier_z / 2", 10 * MINUTE),
     # -- the host, from the kernel log
     RuleInfo("fs_read_only", _U, _DRAIN,
              "the kernel remounted the root or checkpoint filesystem read-only",
