@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from coord_util import (
 )
 
 from sentinel.coordinator.actions import make_backend
+from sentinel.coordinator.actions.eviction import ExcludeFileBackend
 from sentinel.coordinator.engine import Engine
 from sentinel.coordinator.ingest import Ingestor
 from sentinel.coordinator.playbooks import load_playbooks
@@ -287,3 +289,18 @@ def test_a_slow_scontrol_does_not_slow_ingest(
     with coordinator.db() as db:
         row = db.execute("SELECT state FROM nodes WHERE name='node-3'").fetchone()
         assert row[0] == "draining"
+
+
+def test_drains_made_at_once_on_the_exclude_file_all_land(tmp_path: Path) -> None:
+    """Drains run each on a thread of their own; a DBE storm makes several at once. Each one
+    rewrites the exclude file: unserialized, two of them read the same list and the second
+    write drops the first's node (or renames its temporary file away)."""
+    backend = ExcludeFileBackend(tmp_path / "exclude.txt")
+    nodes = [f"node-{i}" for i in range(48)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        done = list(pool.map(lambda n: backend.evict(n, "storm"), nodes))
+    assert all(d.endswith("added to " + str(backend.path)) for d in done)
+    assert sorted(backend.nodes()) == sorted(nodes)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda n: backend.restore(n, "repaired"), nodes[::2]))
+    assert sorted(backend.nodes()) == sorted(nodes[1::2])

@@ -6,6 +6,8 @@ NodeName=... State=DRAIN Reason=...`) and Kubernetes (cordon + taint through the
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -13,6 +15,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,23 +57,35 @@ class ExcludeFileBackend(EvictionBackend):
         return node in self.nodes()
 
     def evict(self, node: str, reason: str) -> str:
-        current = self.nodes()
-        if node in current:
-            return f"{node} already in {self.path}"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{n}\n" for n in [*current, node]))
-        os.replace(tmp, self.path)  # readers see the old list or the new one, never half
+        with self._locked():
+            current = self.nodes()
+            if node in current:
+                return f"{node} already in {self.path}"
+            self._write([*current, node])
         return f"{node} added to {self.path}"
 
     def restore(self, node: str, reason: str) -> str:
-        current = self.nodes()
-        if node not in current:
-            return f"{node} not in {self.path}"
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{n}\n" for n in current if n != node))
-        os.replace(tmp, self.path)
+        with self._locked():
+            current = self.nodes()
+            if node not in current:
+                return f"{node} not in {self.path}"
+            self._write([n for n in current if n != node])
         return f"{node} removed from {self.path}"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One read-modify-write at a time: drains run each on a thread of their own (a DBE
+        storm drains several nodes at once), and two writers that read the same list would
+        each drop the other's node, or rename the other's temporary file away."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # per open file: threads and processes alike
+            yield
+
+    def _write(self, nodes: list[str]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{n}\n" for n in nodes))
+        os.replace(tmp, self.path)  # readers see the old list or the new one, never half
 
 
 class SlurmBackend(EvictionBackend):
