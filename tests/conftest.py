@@ -40,6 +40,15 @@ def postgres_server() -> Iterator[object]:
         yield pg
 
 
+@pytest.fixture
+def coord_on_each_store(tmp_path: Path, store_url: str | None) -> Iterator[Coordinator]:
+    """A real coordinator process on this test's store backend (SQLite, or PostgreSQL)."""
+    c = Coordinator(tmp_path / "state", store=store_url)
+    c.start()
+    yield c
+    c.stop()
+
+
 def empty_postgres(pg: object, mp: pytest.MonkeyPatch) -> str:
     """The shared test server's database, emptied; its URL (the password through PGPASSFILE)."""
     import psycopg

@@ -76,8 +76,11 @@ def job_status(
 
 
 class Coordinator:
-    def __init__(self, state: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, state: Path, host: str = "127.0.0.1", store: str | None = None) -> None:
+        """`store`: a PostgreSQL URL (the password through PGPASSFILE); None: SQLite in
+        `state`."""
         self.state = state
+        self.store = store
         self.host = host
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
@@ -86,6 +89,7 @@ class Coordinator:
     def start(self) -> None:
         env = {
             **os.environ,
+            **({"SENTINEL_COORDINATOR__STORE": self.store} if self.store else {}),
             "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
             "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
             "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "4",
@@ -133,7 +137,13 @@ class Coordinator:
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
-    def db(self) -> sqlite3.Connection:
+    def db(self) -> Any:
+        """A connection to the coordinator's store, dead or alive: `execute(sql)` and rows
+        indexed by position on either backend."""
+        if self.store:
+            import psycopg
+
+            return psycopg.connect(self.store, autocommit=True)
         conn = sqlite3.connect(self.state / "coordinator.db")
         conn.row_factory = sqlite3.Row
         return conn

@@ -112,7 +112,13 @@ def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(
     assert job["state"] == "finished" and job["generation"] == 2
 
 
-def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(coord: Coordinator) -> None:
+def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(
+    coord_on_each_store: Coordinator,
+) -> None:
+    """On either store: kill -9 while the engine works through a DBE storm under ingest load;
+    restarted, the coordinator loses no acknowledged event and repeats no action. (On
+    PostgreSQL the restarted process leads once the dead one's lease has run out.)"""
+    coord = coord_on_each_store
     admin = (coord.state / "admin.token").read_text().strip()
     fleet = [f"node-{i}" for i in range(8)]
     # a job with no supervisor: the hardware playbook evicts node-5, then waits in `resume`.
