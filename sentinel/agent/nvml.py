@@ -438,7 +438,10 @@ class NvmlBackend(GpuBackend):
                     out[key] = convert(value)
             elif code in UNSUPPORTED_CODES and scalar.by_call is not None:
                 # A driver older than the field id may still have the call: ask it this sweep.
-                log.info("gpu %d: %s not a field value here; read per call", gpu.index, scalar.key)
+                # Debug only: a GPU that lacks the reading altogether is logged once by _call.
+                log.debug(
+                    "gpu %d: %s unsupported as a field; trying its call", gpu.index, scalar.key
+                )
                 gpu.by_call.add(scalar.key)
                 rebuild = True
             else:
