@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 from fake_nvml import (
     DRIVER,
@@ -226,7 +227,9 @@ def test_unsupported_fields_are_none_logged_once_and_not_asked_again(
     # Unsupported: asked once on GPU 0, then never again (GPU 1 is asked every sweep).
     calls = backend.ask("calls")["calls"]
     assert calls["nvmlDeviceGetTemperature"] == 1 + 4
-    assert calls["nvmlDeviceGetRemappedRows"] == 1 + 4
+    # Remapped rows ride in the field values; GPU 0's "unsupported" there is checked once
+    # against the per-call function (an older driver may have the call and not the field).
+    assert calls["nvmlDeviceGetRemappedRows"] == 1
     assert calls["nvmlDeviceGetComputeRunningProcesses"] == 1 + 4
     assert calls["nvmlDeviceGetPowerUsage"] == 4 + 4  # the transient failure is retried
 
@@ -240,6 +243,69 @@ def test_unsupported_fields_are_none_logged_once_and_not_asked_again(
         assert sum(f"gpu 0: {key} unavailable" in m for m in messages) == 1, key
     assert sum("gpu 0: reading power_w failed" in m for m in messages) == 1
     assert not any("gpu 1:" in m for m in messages)
+
+
+def test_fields_the_driver_lacks_are_read_per_call(start: Starter, config: Path) -> None:
+    """A driver that knows the call but not the field id: the value still flows, from the call,
+    and the batch stops asking for that field."""
+    gpus = [distinct_gpu(i) for i in range(2)]
+    lacking = [
+        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+        pynvml.NVML_FI_DEV_RETIRED_SBE,
+        pynvml.NVML_FI_DEV_RETIRED_PENDING,
+        pynvml.NVML_FI_DEV_REMAPPED_UNC,  # one of the four: the group is read per call
+    ]
+    gpus[0].missing_fields = lacking
+    write_config(config, gpus)
+    backend = start()
+    for _ in range(3):
+        for reading, gpu in zip(backend.sweep(), gpus, strict=True):
+            assert_matches(reading, gpu, tensor_active=reading["tensor_active"])
+        gpus[0].ecc_dbe_volatile += 1
+        gpus[0].energy_mj += 1000
+        gpus[0].remap_uncorrectable += 1
+        write_config(config, gpus)
+    assert backend.ask("errors") == {"errors": {}, "unsupported": [[], []]}
+    calls = backend.ask("calls")["calls"]
+    assert calls["nvmlDeviceGetTotalEnergyConsumption"] == 3  # GPU 0 only, once per sweep
+    assert calls["nvmlDeviceGetRemappedRows"] == 3
+    assert calls["nvmlDeviceGetRetiredPages"] == 3  # SBE only: DBE still rides in the batch
+    assert calls["nvmlDeviceGetTotalEccErrors"] == 3  # volatile DBE; the other three: batch
+
+
+def test_a_failed_field_is_one_missing_field(start: Starter, config: Path) -> None:
+    """A transient failure of one field in the batch: that field is missing (counted, logged
+    once, asked again), every other field of the same call still flows."""
+    gpus = [distinct_gpu(i) for i in range(2)]
+    gpus[1].errors = {"ecc_sbe_aggregate": UNKNOWN, "remapped_rows": UNKNOWN}
+    write_config(config, gpus)
+    backend = start()
+    missing = dict.fromkeys(
+        [
+            "ecc_sbe_aggregate",
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "remapped_rows_pending",
+            "remapped_rows_failure",
+        ]
+    )
+    for _ in range(2):
+        first, second = backend.sweep()
+        assert_matches(first, gpus[0], tensor_active=first["tensor_active"])
+        assert_matches(second, gpus[1], tensor_active=second["tensor_active"], **missing)
+    errors = backend.ask("errors")
+    assert errors == {
+        "errors": {"ecc_sbe_aggregate": 2, "remapped_rows": 2},
+        "unsupported": [[], []],
+    }
+    del gpus[1].errors["ecc_sbe_aggregate"]  # it clears: asked again, so it flows again
+    write_config(config, gpus)
+    assert backend.sweep()[1]["ecc_sbe_aggregate"] == gpus[1].ecc_sbe_aggregate
+    messages = [json.loads(line)["msg"] for line in backend.close().splitlines()]
+    assert sum("gpu 1: reading ecc_sbe_aggregate failed" in m for m in messages) == 1
+    assert sum("gpu 1: reading remapped_rows failed" in m for m in messages) == 1
 
 
 def test_nvlink_falls_back_to_per_link_counters(start: Starter, config: Path) -> None:

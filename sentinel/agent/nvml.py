@@ -8,7 +8,9 @@ timeout, so collection never blocks on them.
 
 Every pynvml function goes through `deadline.TracedLibrary`, so the agent can see a call that
 has not returned and name it (a driver wedged under an error storm), without touching the call.
-The driver's requested recovery action and the NVLink link states ride in the field-value batch.
+The driver's requested recovery action, the NVLink link states and every per-GPU counter NVML
+also serves as a field id (ECC, retired pages, remapped rows, energy, PCIe replay: see
+nvml_scalars) ride in the field-value batch, one call per GPU instead of one per counter.
 
 Cost matters (the target is a full 8-GPU sweep in a few milliseconds): handles, identity, the
 active NVLink links and GPM sample buffers are set up once in `__init__`; NVLink counters for
@@ -30,6 +32,7 @@ import pynvml
 
 from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary
 from sentinel.agent.nvml_fields import FieldBatch
+from sentinel.agent.nvml_scalars import Scalar, scalars
 from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 
 log = logging.getLogger(__name__)
@@ -63,17 +66,11 @@ _NVLINK_COUNTERS = (  # the fallback: per-link error counters; CRC is flit + dat
     ("nvlink_crc_errors", (nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, nvml.NVML_NVLINK_ERROR_DL_CRC_DATA)),
 )
 _NVLINK_KEYS = tuple(key for key, _ in _NVLINK_DL_FIELDS)
-_MEM_TEMP = "temp_mem_c"
 _LINK_STATE = "nvlink_state"
 # Sleeping (low power) links are up; inactive ones and links with traffic disabled are not.
 _LINK_DOWN_STATES = (
     nvml.NVML_NVLINK_STATE_INACTIVE,
     nvml.NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED,
-)
-# Per-GPU values in the batch; one the driver lacks is dropped from it for good.
-_SCALAR_FIELDS = (
-    (_MEM_TEMP, nvml.NVML_FI_DEV_MEMORY_TEMP),
-    ("recovery_action", nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
 )
 _MAX_XIDS_PER_DRAIN = 1024
 
@@ -109,8 +106,10 @@ class _Gpu:
     logged: set[str] = field(default_factory=set)  # failures already logged once
     links: list[int] = field(default_factory=list)  # NVLink links active at start
     nvlink_by_fields: bool = True  # False: the driver lacks the DL fields, use per-link calls
-    fields: FieldBatch | None = None  # memory temperature + NVLink DL counters, one call
-    field_keys: list[str] = field(default_factory=list)  # the reading field of each request
+    fields: FieldBatch | None = None  # per-GPU scalars + NVLink DL counters, one call
+    scalars: list[Scalar] = field(default_factory=list)  # those in the batch, first, in order
+    by_call: set[str] = field(default_factory=set)  # scalars the batch lacks: read per call
+    field_keys: list[str] = field(default_factory=list)  # the NVLink key of each later request
     reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
     gpm: _Gpm | None = None
 
@@ -150,6 +149,7 @@ class NvmlBackend(GpuBackend):
             nvml.nvmlShutdown()
             raise _init_failure(exc) from exc
         self._reasons_fn = nvml.nvmlDeviceGetCurrentClocksEventReasons
+        self._scalars = scalars(nvml)
         self._gpus = [_Gpu(index=i) for i in range(count)]
         for gpu in self._gpus:
             try:
@@ -299,7 +299,6 @@ class NvmlBackend(GpuBackend):
                 return GpuReading(index=index)
             self._read_thermal_power(gpu, out)
             self._read_clocks_memory(gpu, out)
-            self._read_memory_errors(gpu, out)
             self._read_fields(gpu, out)
             self._read_tensor_active(gpu, out)
             procs = self._call(
@@ -350,11 +349,7 @@ class NvmlBackend(GpuBackend):
         out["power_w"] = None if mw is None else mw / 1000.0
         limit = call(gpu, "power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
         out["power_limit_w"] = None if limit is None else limit / 1000.0
-        out["energy_mj"] = call(gpu, "energy_mj", nvml.nvmlDeviceGetTotalEnergyConsumption, h)
         out["throttle_reasons"] = call(gpu, "throttle_reasons", self._clock_reasons, h)
-        out["pcie_replay_count"] = call(
-            gpu, "pcie_replay_count", nvml.nvmlDeviceGetPcieReplayCounter, h
-        )
 
     def _clock_reasons(self, handle: Any) -> int:
         """Clocks-event reasons; drivers older than R535 only have the throttle-reasons name."""
@@ -382,52 +377,20 @@ class NvmlBackend(GpuBackend):
             out["fb_used_bytes"], out["fb_free_bytes"] = mem.used, mem.free
             out["fb_total_bytes"] = mem.total
 
-    def _read_memory_errors(self, gpu: _Gpu, out: dict[str, Any]) -> None:
-        h, call = gpu.handle, self._call
-        ecc = nvml.nvmlDeviceGetTotalEccErrors
-        sbe, dbe = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        vol, agg = nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC
-        out["ecc_sbe_volatile"] = call(gpu, "ecc_sbe_volatile", ecc, h, sbe, vol)
-        out["ecc_dbe_volatile"] = call(gpu, "ecc_dbe_volatile", ecc, h, dbe, vol)
-        out["ecc_sbe_aggregate"] = call(gpu, "ecc_sbe_aggregate", ecc, h, sbe, agg)
-        out["ecc_dbe_aggregate"] = call(gpu, "ecc_dbe_aggregate", ecc, h, dbe, agg)
-        pages = nvml.nvmlDeviceGetRetiredPages
-        single = call(
-            gpu,
-            "retired_pages_sbe",
-            pages,
-            h,
-            nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        )
-        double = call(
-            gpu, "retired_pages_dbe", pages, h, nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
-        )
-        out["retired_pages_sbe"] = None if single is None else len(single)
-        out["retired_pages_dbe"] = None if double is None else len(double)
-        pending = call(gpu, "retired_pages_pending", nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        out["retired_pages_pending"] = None if pending is None else bool(pending)
-        rows = call(gpu, "remapped_rows", nvml.nvmlDeviceGetRemappedRows, h)
-        if rows is not None:
-            correctable, uncorrectable, rows_pending, failure = rows
-            out["remapped_rows_correctable"] = correctable
-            out["remapped_rows_uncorrectable"] = uncorrectable
-            out["remapped_rows_pending"] = bool(rows_pending)
-            out["remapped_rows_failure"] = bool(failure)
-
     # ---- NVLink, GPM ----------------------------------------------------------------------
 
     def _build_fields(self, gpu: _Gpu) -> None:
-        """The field-value batch: memory temperature, and the DL counters of each active link.
+        """The field-value batch: the per-GPU scalars (nvml_scalars) this GPU still answers in
+        it, then the DL counters and state of each active link.
 
         Summing NVLink counters over the links active at start keeps the sums monotonic (they
         are counters) when a link goes down later.
         """
-        requests: list[tuple[int, int]] = []
+        gpu.scalars = [
+            s for s in self._scalars if s.key not in gpu.skip and s.key not in gpu.by_call
+        ]
+        requests = [(field_id, 0) for s in gpu.scalars for _, field_id, _ in s.outputs]
         gpu.field_keys = []
-        for key, field_id in _SCALAR_FIELDS:
-            if key not in gpu.skip:
-                requests.append((field_id, 0))
-                gpu.field_keys.append(key)
         if gpu.nvlink_by_fields:
             for link in gpu.links:
                 for key, field_id in (
@@ -443,41 +406,79 @@ class NvmlBackend(GpuBackend):
         try:
             return batch.read(gpu.handle)
         except pynvml.NVMLError as exc:  # the whole call: every field in it is missing
-            return [(exc.value, 0)] * len(gpu.field_keys)
+            return [(exc.value, 0)] * len(batch.requests)
         finally:
             self.watch.end()
 
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         if gpu.fields is not None:
             results = self._read_batch(gpu, gpu.fields)
-            totals = dict.fromkeys(_NVLINK_KEYS, 0)
-            down: list[int] = []
-            nvlink_code = nvml.NVML_SUCCESS
-            links = iter(gpu.links)
-            for key, (code, value) in zip(gpu.field_keys, results, strict=True):
-                if key == _MEM_TEMP or key == "recovery_action":
-                    if code:
-                        self._note_failure(gpu, key, code)
-                    else:
-                        out[key] = float(value) if key == _MEM_TEMP else int(value)
-                elif key == _LINK_STATE:
-                    link = next(links)
-                    if not code and value in _LINK_DOWN_STATES:
-                        down.append(link)
-                    nvlink_code = nvlink_code or code
-                elif code:
-                    nvlink_code = nvlink_code or code
-                else:
-                    totals[key] += int(value)
-            if gpu.nvlink_by_fields and gpu.links:
-                self._nvlink_fields_done(gpu, nvlink_code, totals, out)
-                if nvlink_code == nvml.NVML_SUCCESS:
-                    out["nvlink_links_down"] = tuple(down)
-            if any(k in gpu.skip for k, _ in _SCALAR_FIELDS if k in gpu.field_keys):
+            nvlink_at = len(results) - len(gpu.field_keys)
+            rebuild = self._take_scalars(gpu, results[:nvlink_at], out)
+            self._take_nvlink(gpu, results[nvlink_at:], out)
+            if rebuild:
                 self._build_fields(gpu)
+        if gpu.by_call:
+            self._read_by_call(gpu, out)
         if gpu.links and not gpu.nvlink_by_fields:
             self._read_link_counters(gpu, out)
             out["nvlink_links_down"] = self._links_down(gpu)
+
+    def _take_scalars(
+        self, gpu: _Gpu, results: list[tuple[int, int | float]], out: dict[str, Any]
+    ) -> bool:
+        """The scalars' answers; True when one must leave the batch (the batch is rebuilt)."""
+        rebuild = False
+        answers = iter(results)
+        for scalar in gpu.scalars:
+            got = [next(answers) for _ in scalar.outputs]
+            code = next((c for c, _ in got if c), nvml.NVML_SUCCESS)
+            if code == nvml.NVML_SUCCESS:
+                for (key, _, convert), (_, value) in zip(scalar.outputs, got, strict=True):
+                    out[key] = convert(value)
+            elif code in UNSUPPORTED_CODES and scalar.by_call is not None:
+                # A driver older than the field id may still have the call: ask it this sweep.
+                # Debug only: a GPU that lacks the reading altogether is logged once by _call.
+                log.debug(
+                    "gpu %d: %s unsupported as a field; trying its call", gpu.index, scalar.key
+                )
+                gpu.by_call.add(scalar.key)
+                rebuild = True
+            else:
+                self._note_failure(gpu, scalar.key, code)
+                rebuild = rebuild or scalar.key in gpu.skip
+        return rebuild
+
+    def _read_by_call(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        """Scalars the batch does not serve, through their own calls (unsupported: skipped)."""
+        for scalar in self._scalars:
+            if scalar.key in gpu.by_call and scalar.by_call is not None:
+                values = self._call(gpu, scalar.key, scalar.by_call, gpu.handle)
+                if values is not None:
+                    out.update(zip((key for key, _, _ in scalar.outputs), values, strict=True))
+
+    def _take_nvlink(
+        self, gpu: _Gpu, results: list[tuple[int, int | float]], out: dict[str, Any]
+    ) -> None:
+        if not gpu.field_keys:
+            return
+        totals = dict.fromkeys(_NVLINK_KEYS, 0)
+        down: list[int] = []
+        nvlink_code = nvml.NVML_SUCCESS
+        links = iter(gpu.links)
+        for key, (code, value) in zip(gpu.field_keys, results, strict=True):
+            if key == _LINK_STATE:
+                link = next(links)
+                if not code and value in _LINK_DOWN_STATES:
+                    down.append(link)
+                nvlink_code = nvlink_code or code
+            elif code:
+                nvlink_code = nvlink_code or code
+            else:
+                totals[key] += int(value)
+        self._nvlink_fields_done(gpu, nvlink_code, totals, out)
+        if nvlink_code == nvml.NVML_SUCCESS:
+            out["nvlink_links_down"] = tuple(down)
 
     def _links_down(self, gpu: _Gpu) -> tuple[int, ...] | None:
         """Per-link state calls, for drivers without the state field (older than R530)."""

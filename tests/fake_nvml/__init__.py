@@ -98,6 +98,7 @@ class FakeGpu:
     tensor_util: float = 37.5  # percent, as NVML's GPM metric gives it
     processes: list[tuple[int, int]] = field(default_factory=lambda: [(4242, 8 << 30)])
     errors: dict[str, int] = field(default_factory=dict)  # error.<key> = NVML code
+    missing_fields: list[int] = field(default_factory=list)  # field ids the driver lacks
     lost: bool = False
 
     def __post_init__(self) -> None:
@@ -127,6 +128,8 @@ class FakeGpu:
         lines.append("processes = " + ",".join(f"{pid}:{mem}" for pid, mem in self.processes))
         lines.extend(f"error.{key} = {code}" for key, code in sorted(self.errors.items()))
         lines.append(f"lost = {int(self.lost)}")
+        if self.missing_fields:
+            lines.append(f"missing_fields = {ints(self.missing_fields)}")
         return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,11 @@
  *                             ERROR_KEYS below; nvlink_fields fails the NVLink field values)
  *   lost = 1                  every call on this GPU returns NVML_ERROR_GPU_IS_LOST (15)
  *   recovery_action = 1       NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (error.recovery_action fails it)
+ *   missing_fields = 83,94    field ids this "driver" does not know (NOT_SUPPORTED in the field
+ *                             values) while it still has their per-call functions
+ *
+ * Field values serve the same state as the per-call functions, and fail with the same
+ * error.<key>: ECC totals, retired pages, remapped rows, energy and PCIe replay as well.
  *
  *   hang = nvmlDeviceGetPowerUsage   top level: that function (or every function: `hang = *`)
  *                             blocks, re-reading the file every 20 ms, until the file no longer
@@ -90,7 +95,20 @@ typedef struct {
     nvmlGpmMetric_t metrics[];
 } nvmlGpmMetricsGet_t;
 
+#define NVML_FI_DEV_ECC_SBE_VOL_TOTAL 3
+#define NVML_FI_DEV_ECC_DBE_VOL_TOTAL 4
+#define NVML_FI_DEV_ECC_SBE_AGG_TOTAL 5
+#define NVML_FI_DEV_ECC_DBE_AGG_TOTAL 6
+#define NVML_FI_DEV_RETIRED_SBE 29
+#define NVML_FI_DEV_RETIRED_DBE 30
+#define NVML_FI_DEV_RETIRED_PENDING 31
 #define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION 83
+#define NVML_FI_DEV_PCIE_REPLAY_COUNTER 94
+#define NVML_FI_DEV_REMAPPED_COR 142
+#define NVML_FI_DEV_REMAPPED_UNC 143
+#define NVML_FI_DEV_REMAPPED_PENDING 144
+#define NVML_FI_DEV_REMAPPED_FAILURE 145
 #define NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY 161
 #define NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY 162
 #define NVML_FI_DEV_NVLINK_ERROR_DL_CRC 163
@@ -161,6 +179,8 @@ struct nvml_gpu {
     unsigned int proc_pid[MAX_PROCS];
     unsigned long long proc_mem[MAX_PROCS];
     double tensor_util;
+    int missing_fields;
+    unsigned long long missing_field[MAX_LINKS];
 };
 
 struct state {
@@ -233,6 +253,9 @@ static int parse_gpu_key(struct nvml_gpu *g, const char *key, const char *value)
     else if (strcmp(key, "nvlink_state") == 0) {
         g->links = parse_list(value, g->link_state);
         return g->links < 0 ? -1 : 0;
+    } else if (strcmp(key, "missing_fields") == 0) {
+        g->missing_fields = parse_list(value, g->missing_field);
+        return g->missing_fields < 0 ? -1 : 0;
     } else if ((i = index_of(LINK_KEYS, LINK_COUNTERS, key)) >= 0)
         return parse_list(value, g->link_counter[i]) < 0 ? -1 : 0;
     else if (strncmp(key, "error.", 6) == 0 && (i = index_of(ERROR_KEYS, E_COUNT, key + 6)) >= 0)
@@ -463,19 +486,53 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *
     return get_uint(d, E_TEMP_GPU, V_TEMP_GPU, temp);
 }
 
-/* Field values: memory temperature, and the per-link NVLink DL counters (scopeId = link). */
+/* A per-GPU scalar field: the value its per-call function serves, failing as that call does. */
+static nvmlReturn_t scalar_field(struct nvml_gpu *g, nvmlFieldValue_t *fv, int value_key,
+                                 int error_key, int value_type) {
+    fv->valueType = value_type;
+    if (value_type == NVML_VALUE_TYPE_UNSIGNED_INT) fv->value.uiVal = (unsigned int)g->v[value_key];
+    else fv->value.ullVal = g->v[value_key];
+    return g->err[error_key];
+}
+
+/* Field values: per-GPU scalars, and the per-link NVLink DL counters (scopeId = link). */
 static nvmlReturn_t field_value(struct nvml_gpu *g, nvmlFieldValue_t *fv) {
     unsigned int link = fv->scopeId;
-    fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    const int UINT = NVML_VALUE_TYPE_UNSIGNED_INT, ULL = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    for (int i = 0; i < g->missing_fields; i++)
+        if (g->missing_field[i] == fv->fieldId) return NVML_ERROR_NOT_SUPPORTED;
+    fv->valueType = ULL;
     switch (fv->fieldId) {
+    case NVML_FI_DEV_ECC_SBE_VOL_TOTAL:
+        return scalar_field(g, fv, V_ECC_SBE_VOLATILE, E_ECC_SBE_VOLATILE, ULL);
+    case NVML_FI_DEV_ECC_DBE_VOL_TOTAL:
+        return scalar_field(g, fv, V_ECC_DBE_VOLATILE, E_ECC_DBE_VOLATILE, ULL);
+    case NVML_FI_DEV_ECC_SBE_AGG_TOTAL:
+        return scalar_field(g, fv, V_ECC_SBE_AGGREGATE, E_ECC_SBE_AGGREGATE, ULL);
+    case NVML_FI_DEV_ECC_DBE_AGG_TOTAL:
+        return scalar_field(g, fv, V_ECC_DBE_AGGREGATE, E_ECC_DBE_AGGREGATE, ULL);
+    case NVML_FI_DEV_RETIRED_SBE:
+        return scalar_field(g, fv, V_RETIRED_SBE, E_RETIRED_PAGES, ULL);
+    case NVML_FI_DEV_RETIRED_DBE:
+        return scalar_field(g, fv, V_RETIRED_DBE, E_RETIRED_PAGES, ULL);
+    case NVML_FI_DEV_RETIRED_PENDING:
+        return scalar_field(g, fv, V_RETIRED_PENDING, E_RETIRED_PENDING, UINT);
+    case NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION:
+        return scalar_field(g, fv, V_ENERGY_MJ, E_ENERGY, ULL);
+    case NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        return scalar_field(g, fv, V_PCIE_REPLAY, E_PCIE_REPLAY, UINT);
+    case NVML_FI_DEV_REMAPPED_COR:
+        return scalar_field(g, fv, V_REMAP_CORRECTABLE, E_REMAPPED_ROWS, UINT);
+    case NVML_FI_DEV_REMAPPED_UNC:
+        return scalar_field(g, fv, V_REMAP_UNCORRECTABLE, E_REMAPPED_ROWS, UINT);
+    case NVML_FI_DEV_REMAPPED_PENDING:
+        return scalar_field(g, fv, V_REMAP_PENDING, E_REMAPPED_ROWS, UINT);
+    case NVML_FI_DEV_REMAPPED_FAILURE:
+        return scalar_field(g, fv, V_REMAP_FAILURE, E_REMAPPED_ROWS, UINT);
     case NVML_FI_DEV_MEMORY_TEMP:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
-        fv->value.uiVal = (unsigned int)g->v[V_TEMP_MEM];
-        return g->err[E_TEMP_MEM];
+        return scalar_field(g, fv, V_TEMP_MEM, E_TEMP_MEM, UINT);
     case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
-        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
-        fv->value.uiVal = (unsigned int)g->v[V_RECOVERY_ACTION];
-        return g->err[E_RECOVERY_ACTION];
+        return scalar_field(g, fv, V_RECOVERY_ACTION, E_RECOVERY_ACTION, UINT);
     case NVML_FI_DEV_NVLINK_GET_STATE:
     case NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY:
     case NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY:
