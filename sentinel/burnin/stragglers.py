@@ -5,10 +5,10 @@ its slowest rank, so a rank noticeably slower than the median rank is flagged: i
 over `median * (1 + straggler_slowdown)` and more than `k` robust deviations (MAD) out, so a
 noisy fleet widens the band instead of flagging ranks at random.
 
-The measurement runs in many short rounds, all ranks at once (a barrier starts each round):
-every rank times a few products and copies on its own device clock (`Compute.clock`; its
-fastest one counts), each rank's time is divided by the round's median rank, and a rank is
-scored by the median of those ratios over all rounds. The ranks of a round are measured under
+The measurement runs in many short rounds, all ranks at once (a barrier starts every timed
+operation): every rank times a few products or copies on its own device clock
+(`Compute.clock`; its fastest one counts), each rank's time is divided by the round's median
+rank, and a rank is scored by the median of those ratios over all rounds. The ranks of a round are measured under
 the same conditions, so load that comes and goes on the machine moves the whole round and
 cancels out; a GPU that is slow every time stays slow in every round. Ranks that share a host
 without GPUs (the simulated fleet) can measure at once because their clock is their own CPU
