@@ -1,4 +1,5 @@
-"""Burn-in judgement, schedules and CLI input checks: pure logic, no process group."""
+"""Burn-in judgement, schedules, the simulated GPU's clock and CLI input checks: no process
+group."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ import json
 import random
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from sentinel.burnin import links, sdc, stragglers
 from sentinel.burnin.collectives import bus_factor, elements
+from sentinel.burnin.comm import Compute
 from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, baseline_from, load_baseline, render
 from sentinel.burnin.settings import BurninSettings, Thresholds, parse_size
 from sentinel.cli import main
 from sentinel.exitcodes import InputError
+from sentinel.sim.burnin_faults import FaultyCompute, RankFaults
 
 TH = Thresholds()
 
@@ -101,9 +107,11 @@ def test_link_judge_uses_the_baseline() -> None:
     assert "-50%" in v.node_reasons["node-0"][0]
 
 
-def _timings(slow: dict[int, float], n: int = 8, rounds: int = 40) -> list[stragglers.RankTiming]:
+def _timings(
+    slow: dict[int, float], n: int = 8, rounds: int = 40, seed: int = 3
+) -> list[stragglers.RankTiming]:
     """Rounds under a load that comes and goes (+-30%, shared by all), and +-2% per rank."""
-    rng = random.Random(3)
+    rng = random.Random(seed)
     load = [rng.uniform(0.85, 1.3) for _ in range(rounds)]
     return [
         stragglers.RankTiming(
@@ -122,14 +130,57 @@ def test_straggler_judge_flags_five_percent_and_nothing_on_clean() -> None:
     assert stragglers.judge(err, TH)[0] == [7]
 
 
-def test_turn_slots() -> None:
-    assert stragglers.turn_slots(["h", "h", "g", "h"], use_gpu=False) == [0, 1, 0, 2]
-    assert stragglers.turn_slots(["h", "h"], use_gpu=True) == [0, 0]
+def test_a_second_pass_confirms_a_slow_gpu_and_clears_a_busy_moment() -> None:
+    """The first pass flags rank 6 (5% slow). Pooled with a second pass in which it is slow
+    again, it stays flagged; pooled with one in which it is not (the first was a busy moment
+    for it), it is cleared, because it was slow in only half of the rounds."""
+    first = _timings({6: 1.05})
+    assert stragglers.judge(first, TH)[0] == [6]
+    again = stragglers.pooled(first, _timings({6: 1.05}, seed=4))
+    kept = stragglers.confirm([6], again, TH)
+    assert list(kept) == [6] and "confirmed over two passes (80 rounds)" in kept[6]
+    assert stragglers.confirm([6], stragglers.pooled(first, _timings({}, seed=4)), TH) == {}
+    failed = [*_timings({})[:7], stragglers.RankTiming(error="Xid 79")]
+    assert stragglers.pooled(failed, _timings({}))[7].error == "Xid 79"
+
+
+def test_round_scores_are_medians_of_ratios_to_the_rounds_median() -> None:
     assert stragglers.round_scores({0: [1.0, 2.0], 1: [1.1, 2.2], 2: [0.9, 1.8]}) == {
         0: 1.0,
         1: pytest.approx(1.1),
         2: pytest.approx(0.9),
     }
+
+
+def test_a_simulated_gpus_clock_counts_its_own_work_only() -> None:
+    """A CPU rank's clock is its CPU time: time the rank spends off the CPU (asleep
+    here; on a shared machine, while the scheduler runs other processes) is not GEMM time."""
+    cpu = Compute(torch.device("cpu"))
+    _, asleep = cpu.timed(time.sleep, 0.2)
+    assert asleep < 0.02
+    a = torch.randn(256, 256)
+    _, busy = cpu.timed(lambda: [cpu.matmul(a, a) for _ in range(20)])
+    assert busy > 0
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Arithmetic on one thread, as a CPU burn-in rank runs it (runner._setup)."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(was)
+
+
+def test_a_straggler_fault_costs_work_in_proportion(one_thread: None) -> None:
+    """A 1.5x straggler's product costs half as much again of its own clock: extra busy work,
+    not a sleep, so the CPU-time clock sees it."""
+    cpu, dev = Compute(torch.device("cpu")), torch.device("cpu")
+    slow = FaultyCompute(dev, RankFaults(slowdown=1.5))
+    a = torch.randn(256, 256)
+    plain = min(cpu.timed(cpu.matmul, a, a)[1] for _ in range(15))
+    slowed = min(slow.timed(slow.matmul, a, a)[1] for _ in range(15))
+    assert 1.35 < slowed / plain < 1.7
 
 
 def test_sdc_judge_majority_and_self_mismatch() -> None:

@@ -152,14 +152,12 @@ def _links(comm: Comm, s: BurninSettings, f: Findings, base: dict[str, Any]) -> 
 def _stragglers(
     comm: Comm, compute: Compute, s: BurninSettings, f: Findings, base: dict[str, Any]
 ) -> dict[str, Any]:
-    hosts = comm.gather_objects(socket.gethostname())
-    slots = stragglers.turn_slots(hosts, comm.device.type == "cuda")
     bar = Progress("stragglers", 2, comm.rank == 0 and s.progress)
     size = s.gemm_size_gpu if comm.device.type == "cuda" else s.gemm_size
 
     def screen() -> tuple[list[stragglers.RankTiming], list[int], dict[int, str]]:
         timings = stragglers.measure(
-            comm, compute, slots, size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
+            comm, compute, size, s.gemm_rounds, s.gemm_reps, s.membw_bytes, s.seed
         )
         return timings, *stragglers.judge(timings, s.thresholds, base.get("gemm_s"))
 
@@ -167,16 +165,12 @@ def _stragglers(
     bar.step("screen")
     slow = [r for r in flagged if timings[r].error is None]  # failed GPUs are not slow ones
     if slow:
-        # A slow GPU is slow every time; a busy moment is not. Every rank takes the same
-        # decision here (the timings were gathered everywhere), so all measure again.
-        _, again, why = screen()
-        for r in slow:
-            if r in again:
-                reasons[r] += f"; confirmed on a second pass ({why[r]})"
-            else:
-                del reasons[r]
-        flagged = sorted(reasons)
-        slow = [r for r in slow if r in again]
+        # Every rank takes the same decision here (the timings were gathered everywhere), so
+        # all measure again; the slow ranks are judged on both passes' rounds.
+        timings = stragglers.pooled(timings, screen()[0])
+        kept = stragglers.confirm(slow, timings, s.thresholds, base.get("gemm_s"))
+        reasons = {r: why for r, why in reasons.items() if r not in slow} | kept
+        flagged, slow = sorted(reasons), sorted(kept)
     bar.step("confirmation" if slow else "")
     for r in flagged:
         f.blame_rank(r, reasons[r])

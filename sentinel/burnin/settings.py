@@ -54,7 +54,7 @@ class BurninSettings:
     link_search: str = "auto"
     gemm_size: int = 384  # CPU ranks (simulated fleets)
     gemm_size_gpu: int = 8192
-    gemm_rounds: int = 64
+    gemm_rounds: int = 192  # a 1.05x CPU rank's score has ~0.5% noise on a loaded 2-core VM
     gemm_reps: int = 3
     membw_bytes: int = 1 << 24
     sdc_size: int = 128

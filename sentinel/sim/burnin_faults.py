@@ -4,8 +4,9 @@ A scenario's pre-job faults become per-rank behaviour behind the `Comm` and `Com
 - `link_degraded` (node, factor): the node's ranks stretch every transfer that leaves the node
   by sleeping `elapsed * (1/factor - 1)`, so measured bandwidth is `factor` times what the
   transport gave. On a real network the same signal comes from `tc` (see the namespace tests).
-- `straggler` (rank, slowdown): the rank's matrix products and copies take `slowdown` times as
-  long.
+- `straggler` (rank, slowdown): the rank's matrix products and copies cost `slowdown` times as
+  much of its device clock: after each one it stays busy for the extra share (a simulated GPU's
+  clock is the rank's CPU time, so it burns CPU in proportion to the product; it never sleeps).
 - `sdc` (rank): half of the rank's matrix products, at random, come back with one bit flipped
   in a random element.
 - node faults on a GPU: `thermal` throttles it (slower arithmetic above 85 C); `ecc_dbe` and
@@ -110,10 +111,12 @@ class FaultyCompute(Compute):
         self._bookkeeping = 0.0
 
     def _slow(self, t0: float) -> None:
-        """A throttled GPU stays busy longer (it does not sleep): spin on the device clock."""
+        """A throttled GPU stays busy longer (it does not sleep): spin on the device clock for
+        (slowdown - 1) times what the operation since `t0` cost on that clock."""
         if self._faults.slowdown > 1.0:
             self.sync()
-            end = self.clock() + (self.clock() - t0) * (self._faults.slowdown - 1.0)
+            now = self.clock()
+            end = now + (now - t0) * (self._faults.slowdown - 1.0)
             while self.clock() < end:
                 pass
 
