@@ -171,7 +171,11 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(
             live = "SELECT COUNT(*) FROM runs WHERE status IN ('pending', 'running')"
             # a drain recorded but not yet answered leaves its run waiting and the node draining
             draining = "SELECT COUNT(*) FROM effects WHERE state = 'intended'"
-            return db.execute(live).fetchone()[0] == 0 == db.execute(draining).fetchone()[0]
+            # ...and a drain just answered finishes its step on the engine's next pass
+            evicting = (
+                "SELECT COUNT(*) FROM actions WHERE action = 'evict_node' AND state = 'started'"
+            )
+            return all(db.execute(q).fetchone()[0] == 0 for q in (live, draining, evicting))
 
         wait_for(settled, 20, "runs to continue after the restart")
         stored = {r[0] for r in db.execute("SELECT id FROM events")}
