@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +49,13 @@ def test_slurm_drill_repairs_three_faults_bit_identically(tmp_path: Path) -> Non
         assert st["state"] in {"drained", "draining"} and "[incident " in st["reason"]
     assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
 
-    # the hang's dumps: written on each node, carried to the coordinator, never a shared dir
-    carried = [p for p in (out / "coordinator" / "fr").glob("*/*") if p.is_dir()]
-    assert len({p.name for p in carried}) >= 2, carried
+    # the hang's dumps: written on each node, carried into the coordinator's store, never a
+    # shared directory
+    with sqlite3.connect(out / "coordinator" / "coordinator.db") as db:
+        carried = {r[0] for r in db.execute("SELECT DISTINCT node FROM fr_dumps")}
+    assert len(carried) >= 2, carried
     assert not any((out / "fr").glob("*")) if (out / "fr").exists() else True
-    assert all(any((out / "nodes" / n / "fr").glob("*")) for n in {p.name for p in carried})
+    assert all(any((out / "nodes" / n / "fr").glob("*")) for n in carried)
 
     # checkpoints: each node wrote its ranks' part to its own fast tier, and the shared durable
     # tier, which the restarts resumed from, holds whole checkpoints
