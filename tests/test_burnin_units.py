@@ -144,6 +144,18 @@ def test_a_second_pass_confirms_a_slow_gpu_and_clears_a_busy_moment() -> None:
     assert stragglers.pooled(failed, _timings({}))[7].error == "Xid 79"
 
 
+def test_a_rank_just_under_the_line_is_measured_again_not_passed() -> None:
+    """A pass that puts a rank 3% over its peers (threshold 4%) does not flag it, but does not
+    clear it either: it is near the line and judged again on both passes. A clean pass names
+    nobody near it."""
+    first = _timings({6: 1.03})
+    assert stragglers.judge(first, TH)[0] == []
+    assert stragglers.near_the_line(first, TH) == [6]
+    assert stragglers.near_the_line(_timings({}), TH) == []
+    pooled = stragglers.pooled(first, _timings({6: 1.07}, seed=4))
+    assert list(stragglers.confirm([6], pooled, TH)) == [6]
+
+
 def test_round_scores_are_medians_of_ratios_to_the_rounds_median() -> None:
     assert stragglers.round_scores({0: [1.0, 2.0], 1: [1.1, 2.2], 2: [0.9, 1.8]}) == {
         0: 1.0,

@@ -36,10 +36,11 @@ def _wait(cond, timeout: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_faults_are_found_from_their_signals(tmp_path: Path) -> None:
-    # 50 ms of compute a step: on a loaded 2-core CI machine rank 0 (the process that also
-    # hosts the rendezvous store) ran ~1 ms a step slower than its peers, which outranked a 5%
-    # slowdown of a 20 ms step; 5% of 50 ms stands clear of it.
-    args = ["--steps", "100", "--compute-s", "0.05", "--slow-rank", "2", "--slowdown", "1.05"]
+    # Rank 2 does 10% more products from the first step. On these 2-core VMs a clean rank's
+    # CPU time per step varies ~12% step to step and drifts up to ~4% from its peers' for a
+    # while (the host's load on each vCPU): 10% stands clear of that inside 100 steps, where
+    # 5% does not (test_stragglers and benchmarks/stragglers.py measure the sensitivity).
+    args = ["--steps", "100", "--compute-s", "0.05", "--slow-rank", "2", "--slowdown", "1.10"]
     args += ["--spike-step", "50", "--nan-step", "70", "--sdc-rank", "3", "--sdc-every", "40"]
     with fake_agent(tmp_path) as agent:
         outs = wait_all(launch(4, args, _env(agent.path, tmp_path / "fr")))

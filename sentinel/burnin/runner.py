@@ -164,11 +164,14 @@ def _stragglers(
     timings, flagged, reasons = screen()
     bar.step("screen")
     slow = [r for r in flagged if timings[r].error is None]  # failed GPUs are not slow ones
-    if slow:
+    near = stragglers.near_the_line(timings, s.thresholds)
+    if slow or near:
         # Every rank takes the same decision here (the timings were gathered everywhere), so
-        # all measure again; the slow ranks are judged on both passes' rounds.
+        # all measure again; the slow ranks, and those one pass left near the line, are judged
+        # on both passes' rounds.
         timings = stragglers.pooled(timings, screen()[0])
-        kept = stragglers.confirm(slow, timings, s.thresholds, base.get("gemm_s"))
+        suspects = sorted(set(slow) | set(near))
+        kept = stragglers.confirm(suspects, timings, s.thresholds, base.get("gemm_s"))
         reasons = {r: why for r, why in reasons.items() if r not in slow} | kept
         flagged, slow = sorted(reasons), sorted(kept)
     bar.step("confirmation" if slow else "")

@@ -167,6 +167,26 @@ def judge(
     return sorted(reasons), reasons
 
 
+def near_the_line(timings: Sequence[RankTiming], th: Thresholds) -> list[int]:
+    """Ranks one pass put past half the slowdown threshold without flagging them.
+
+    One pass's score has noise of its own (a loaded shared host moves a 40-round score by a few
+    percent), so a GPU slow by about the threshold can land just under it. Such a rank is
+    measured again and judged on both passes pooled, like a flagged one: a sequential test,
+    which halves the noise where the decision is close instead of taking the first pass's word.
+    """
+    ok = {r: t.gemm_rounds for r, t in enumerate(timings) if t.error is None and t.gemm_rounds}
+    if len(ok) < 2:
+        return []
+    gemm = round_scores(ok)
+    out = []
+    for r, score in gemm.items():
+        ref = median([v for q, v in gemm.items() if q != r])
+        if score > ref * (1 + th.straggler_slowdown / 2):
+            out.append(r)
+    return out
+
+
 def pooled(first: Sequence[RankTiming], second: Sequence[RankTiming]) -> list[RankTiming]:
     """Two passes' rounds as one measurement; a rank that failed in either stays failed."""
     return [
@@ -185,7 +205,8 @@ def confirm(
     th: Thresholds,
     baseline_gemm_s: float | None = None,
 ) -> dict[int, str]:
-    """Which of the first pass's slow ranks stay flagged over both passes' rounds pooled.
+    """Which suspects (the first pass's slow ranks, and those near the line) are flagged
+    over both passes' rounds pooled.
 
     A slow GPU is slow every time; a busy moment is not. Judged on the pooled rounds, a rank
     stays flagged only if it was slow by the threshold in most of the rounds of both passes
