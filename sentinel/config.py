@@ -117,9 +117,12 @@ class AgentConfig(StrictModel):
 
 
 class EvictionBudgetConfig(StrictModel):
-    """At most `max_per_window` nodes evicted per `window_s`, never below `min_fleet` nodes."""
+    """At most `max_per_window` nodes evicted per `window_s`, and at most `max_percent` of the
+    fleet (its nodes in service and out of it; spares do not count) when set, the smaller of
+    the two; never below `min_fleet` nodes."""
 
     max_per_window: int = Field(default=2, ge=0)
+    max_percent: float | None = Field(default=None, gt=0, le=100)
     window_s: float = Field(default=3600.0, gt=0)
     min_fleet: int = Field(default=1, ge=0)
 
@@ -148,6 +151,9 @@ class CoordinatorConfig(StrictModel):
     kubernetes_token_file: Path | None = None
     kubernetes_taint_key: str = "sentinel.dev/evicted"
     eviction: EvictionBudgetConfig = EvictionBudgetConfig()
+    # A job restarted this many times for one cause with no checkpoint committed since is
+    # stopped and its incident escalated (a playbook's `resume` step may set its own `budget`).
+    restart_budget: int = Field(default=3, ge=1)
     dry_run: bool = False
     default_cooldown_s: float = Field(default=300.0, ge=0)
     job_heartbeat_timeout_s: float = Field(default=30.0, gt=0)

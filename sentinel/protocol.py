@@ -234,13 +234,23 @@ class RankStacksPayload(_Strict):
 
 
 class RankCrashPayload(_Strict):
-    """A rank process ended abnormally (reported by the supervisor that launched it)."""
+    """A rank process ended abnormally (reported by the supervisor that launched it).
+
+    `checkpoint`: the newest committed checkpoint when it died; `resumed_from`: the checkpoint
+    its generation started from. `no_progress` is set (true) when the supervisor can tell that
+    the generation committed no checkpoint before the crash: a crash that comes back before any
+    progress looks the same on every node (a poison batch, a code bug), so it is not evidence
+    against the node it happened on.
+    """
 
     exit_code: int | None = None
     signal: int | None = None
     step: int | None = Field(default=None, ge=0)
     generation: int = Field(default=0, ge=0)
     reason: str | None = None
+    checkpoint: int | None = Field(default=None, ge=0)
+    resumed_from: int | None = Field(default=None, ge=0)
+    no_progress: bool | None = None
 
 
 class JobState(StrEnum):

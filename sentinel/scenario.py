@@ -74,6 +74,9 @@ class CrashFault(_Fault):
     kind: Literal["crash"]
     rank: int = Field(ge=0)
     at_step: int = Field(ge=0)
+    # A poison crash (a bad batch, a code bug): the rank dies at this step on every run that
+    # reaches it, whatever node it runs on, instead of once.
+    recurs: bool = False
 
 
 class LinkDegradedFault(_Fault):

@@ -47,11 +47,13 @@ def xid(node: str, gpu: int = 0, code: int = 48, **kw: object) -> Event:
     return make_event(EventKind.GPU_XID, Source(node=node), payload, **kw)  # type: ignore[arg-type]
 
 
-def crash(node: str, rank: int, job: str = "job1", generation: int = 0) -> Event:
+def crash(
+    node: str, rank: int, job: str = "job1", generation: int = 0, no_progress: bool | None = None
+) -> Event:
     return make_event(
         EventKind.RANK_CRASH,
         Source(node=node, rank=rank, job=job),
-        RankCrashPayload(exit_code=3, generation=generation),
+        RankCrashPayload(exit_code=3, generation=generation, no_progress=no_progress),
     )
 
 

@@ -243,6 +243,24 @@ def test_min_fleet_is_never_crossed(tmp_path: Path, new_store: Callable[[], SqlS
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
 
 
+def test_the_eviction_budget_as_a_share_of_the_fleet(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """10% of a 10-node fleet is one node per window, fewer than `max_per_window`'s 5: the
+    second XID's eviction is refused and escalated, saying which cap it met."""
+    from sentinel.config import EvictionBudgetConfig
+
+    budget = EvictionBudgetConfig(max_per_window=5, max_percent=10, window_s=600)
+    store, ingest, engine, clock = setup(tmp_path, new_store, eviction=budget)
+    nodes = [f"node-{i}" for i in range(10)]
+    ingest.ingest(EventBatch(events=[job_status("j", nodes, ["spare-0", "spare-1"])]), clock())
+    ingest.ingest(EventBatch(events=[xid("node-1"), xid("node-2")]), clock())
+    engine.tick()
+    assert store.count_nodes(["evicted"]) == 1
+    refused = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert "max 10% of 10 nodes = 1" in refused[0]["result"]["reason"]
+
+
 def test_repeated_crash_on_one_node_escalates_to_eviction(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
@@ -261,6 +279,61 @@ def test_repeated_crash_on_one_node_escalates_to_eviction(
     assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
     cmd = store.query("SELECT args FROM commands WHERE kind='job.restart' ORDER BY created_at")
     assert cmd[-1]["args"]["spare_map"] == {"node-1": "spare-0"}
+
+
+def _crash_loop(
+    ingest: Ingestor, engine: Engine, clock: Clock, gens: range, ckpts: list[int]
+) -> None:
+    """A job that dies at the same step after every restart, on node-1, before committing a
+    checkpoint: each crash is reported, the engine acts, the supervisor comes back one
+    generation later (its heartbeat) with the same checkpoints."""
+    nodes, spares = ["node-0", "node-1"], ["spare-0"]
+    for gen in gens:
+        ingest.ingest(
+            EventBatch(events=[job_status("job1", nodes, spares, gen, checkpoints=ckpts)]), clock()
+        )
+        ingest.ingest(
+            EventBatch(events=[crash("node-1", 3, generation=gen, no_progress=gen > 0 or None)]),
+            clock(),
+        )
+        engine.tick()
+        clock.t += 30
+        ingest.ingest(
+            EventBatch(events=[job_status("job1", nodes, spares, gen + 1, checkpoints=ckpts)]),
+            clock(),
+        )
+        engine.tick()
+        clock.t += 30
+
+
+def test_a_crash_that_comes_back_before_any_progress_stops_the_job_after_the_budget(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """A poison batch: the job crashes at the same step on every restart. Three restarts
+    (the default budget) with no checkpoint committed since, then the fourth crash stops the
+    job and escalates, with the restarts as its history; no node is evicted for it."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    _crash_loop(ingest, engine, clock, range(4), [3])
+    incidents = store.query("SELECT playbook, state FROM incidents ORDER BY id")
+    assert [i["playbook"] for i in incidents] == ["rank_crash"] * 4
+    assert [i["state"] for i in incidents] == ["mitigated"] * 3 + ["escalated"]
+    restarts = store.query("SELECT id FROM commands WHERE kind='job.restart'")
+    assert len(restarts) == 3
+    (stop,) = store.query("SELECT args FROM commands WHERE kind='job.stop'")
+    assert "restart budget spent: 3 restart(s) for rank_crash" in stop["args"]["reason"]
+    last = store.query("SELECT result FROM actions WHERE action='resume' ORDER BY id")[-1]
+    assert last["result"]["newest_checkpoint"] == 3 and len(last["result"]["restarts"]) == 3
+    assert store.count_nodes(["evicted", "draining"]) == 0
+
+
+def test_a_committed_checkpoint_renews_the_restart_budget(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store, restart_budget=2)
+    _crash_loop(ingest, engine, clock, range(2), [3])
+    _crash_loop(ingest, engine, clock, range(2, 4), [3, 6])  # progress: two more restarts
+    assert len(store.query("SELECT id FROM commands WHERE kind='job.restart'")) == 4
+    assert store.query("SELECT id FROM commands WHERE kind='job.stop'") == []
 
 
 def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
@@ -385,6 +458,19 @@ def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2 and "unknown action 'fly'" in done.stderr
+    budget = tmp_path / "budget" / "b.yaml"
+    budget.parent.mkdir()
+    budget.write_text(
+        "name: b\nincident: {fault: x, scope: job}\ntrigger:\n  - kinds: [rank.crash]\n"
+        "steps:\n  - {action: rollback}\n  - {action: resume, params: {budget: 0}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(budget.parent)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert f"{budget}:7: steps.1.budget: Input should be greater than or equal to 1" in done.stderr
     ok = subprocess.run(
         [sys.executable, "-m", "sentinel", "playbooks", "check", str(ROOT / "playbooks")],
         capture_output=True,

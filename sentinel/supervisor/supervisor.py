@@ -66,6 +66,7 @@ class JobState:
     generation: int = 0
     state: str = "starting"
     resume_from: str | None = None
+    resume_step: int | None = None  # the step of `resume_from`
     skip: list[tuple[int, int]] = field(default_factory=list)
     lr_scale: tuple[float, int] | None = None
     seen_commands: set[str] = field(default_factory=set)
@@ -93,7 +94,8 @@ class JobState:
         self.nodes = new_nodes
         before = plan.resume_before_step
         eligible = [s for s in checkpoints if before is None or s <= before]
-        self.resume_from = str(checkpoints[max(eligible)]) if eligible else None
+        self.resume_step = max(eligible, default=None)
+        self.resume_from = None if self.resume_step is None else str(checkpoints[self.resume_step])
         for lo, hi in plan.skip_batches:
             if (lo, hi) not in self.skip:
                 self.skip.append((lo, hi))
@@ -420,6 +422,7 @@ class Supervisor:
         if not failed:
             return
         log.warning("ranks %s exited abnormally", [e.rank for e in failed])
+        progress = self._progress()
         events = [
             RankCrashEvent(
                 source=Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
@@ -427,11 +430,28 @@ class Supervisor:
                     exit_code=e.returncode if e.returncode >= 0 else None,
                     signal=e.signal,
                     generation=self.job.generation,
+                    **progress,
                 ),
             )
             for e in failed
         ]
         await self._post(events)
+
+    def _progress(self) -> dict[str, Any]:
+        """What a crash report says of the generation's progress: the newest committed
+        checkpoint, the one the generation resumed from, and `no_progress` when it committed
+        none since (unknown without a checkpoint directory)."""
+        if self.cfg.checkpoint_dir is None:
+            return {}
+        found = find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+        newest = max(found, default=None)
+        resumed = self.job.resume_step
+        stuck = newest is None or (resumed is not None and newest <= resumed)
+        return {
+            "checkpoint": newest,
+            "resumed_from": resumed,
+            "no_progress": True if stuck else None,
+        }
 
     async def _watch(self) -> None:
         while not self.done.is_set():

@@ -190,7 +190,8 @@ class FaultInjector:
         ):
             self.gemm.install()  # the device stays faulty: it is never uninstalled
         for f in self.transient:
-            if f.at_step == step and not self._marker(f).exists():
+            recurs = isinstance(f, CrashFault) and f.recurs
+            if f.at_step == step and (recurs or not self._marker(f).exists()):
                 self.markers.mkdir(parents=True, exist_ok=True)
                 self._marker(f).write_text(self.node)
                 sys.stdout.flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import ssl
@@ -190,10 +191,16 @@ def incident_nodes(ctx: ActionContext, target: str) -> list[str]:
 def _budget_refusal(ctx: ActionContext) -> str | None:
     budget = ctx.cfg.eviction
     recent = ctx.store.count_nodes(OUT_OF_SERVICE, changed_since=ctx.now - budget.window_s)
-    if recent >= budget.max_per_window:
+    cap, why = budget.max_per_window, f"max {budget.max_per_window}"
+    if budget.max_percent is not None:
+        fleet = ctx.store.count_nodes([NodeState.ACTIVE, *OUT_OF_SERVICE])
+        share = math.floor(fleet * budget.max_percent / 100)
+        if share < cap:
+            cap, why = share, f"max {budget.max_percent:g}% of {fleet} nodes = {share}"
+    if recent >= cap:
         return (
             f"eviction budget spent: {recent} node(s) evicted in the last "
-            f"{budget.window_s:g} s (max {budget.max_per_window})"
+            f"{budget.window_s:g} s ({why})"
         )
     active = ctx.store.count_nodes([NodeState.ACTIVE])
     if active - 1 < budget.min_fleet:

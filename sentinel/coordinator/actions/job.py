@@ -94,10 +94,15 @@ class LrScale(BaseAction[LrScaleParams], name="lr_scale"):
 
 class ResumeParams(WaitParams):
     timeout_s: float = Field(default=300.0, gt=0)
+    # Restarts for this incident's fault with no checkpoint committed since, after which the
+    # job is stopped and the incident escalated. None: the coordinator's `restart_budget`.
+    budget: int | None = Field(default=None, ge=1)
 
 
 class Resume(BaseAction[ResumeParams], name="resume"):
-    """Restart the gang with the plan (exclusions, spares, checkpoint, skips, LR)."""
+    """Restart the gang with the plan (exclusions, spares, checkpoint, skips, LR), within the
+    restart budget: a job that keeps failing for one cause without committing a checkpoint
+    (a poison batch, a code bug) is stopped and handed to a person with its history."""
 
     def act(self, ctx: ActionContext, params: ResumeParams) -> StepResult:
         job = ctx.job()
@@ -105,12 +110,21 @@ class Resume(BaseAction[ResumeParams], name="resume"):
             return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
         ctx.plan.reason = f"incident {ctx.incident.id} ({ctx.incident.fault})"
         plan = ctx.plan.model_dump(mode="json")
+        newest = max(job.status.checkpoints, default=None)
+        key = f"generation_before:{ctx.key}"
+        if key not in ctx.context.marks and ctx.context.manual is None:  # not yet restarted
+            spent = _budget_spent(ctx, params, newest)
+            if spent is not None:
+                return spent
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would restart", "plan": plan})
-        before = ctx.context.marks.setdefault(f"generation_before:{ctx.key}", job.generation)
+        before = ctx.context.marks.setdefault(key, job.generation)
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
         if job.generation > before:  # restarted; a new failure is a new incident
-            return StepResult(StepStatus.DONE, {"command": cid, "generation": job.generation})
+            return StepResult(
+                StepStatus.DONE,
+                {"command": cid, "generation": job.generation, "newest_checkpoint": newest},
+            )
         if job.state == JobState.FAILED:  # the supervisor could not form the gang and gave up
             return StepResult(
                 StepStatus.FAILED,
@@ -121,6 +135,34 @@ class Resume(BaseAction[ResumeParams], name="resume"):
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
             )
         return StepResult(StepStatus.WAIT, {"command": cid})
+
+
+def _budget_spent(
+    ctx: ActionContext, params: ResumeParams, newest: int | None
+) -> StepResult | None:
+    """Stop the job and escalate when it was restarted `budget` times for this fault since its
+    newest checkpoint (none committed since); None while the budget lasts. A person's own
+    restart (a manual run) is not counted against it or held to it."""
+    budget = params.budget if params.budget is not None else ctx.cfg.restart_budget
+    assert ctx.job_id is not None
+    stuck = [
+        r
+        for r in ctx.store.restarts(ctx.job_id)
+        if r.fault == ctx.incident.fault and r.result.get("newest_checkpoint") == newest
+    ]
+    if len(stuck) < budget:
+        return None
+    since = "no checkpoint yet" if newest is None else f"checkpoint step {newest}"
+    why = (
+        f"restart budget spent: {len(stuck)} restart(s) for {ctx.incident.fault} since "
+        f"{since}, no checkpoint committed since (budget {budget}); the job is stopped"
+    )
+    history = [{"incident": r.incident_id, "at": r.done_at} for r in stuck]
+    detail = {"error": why, "restarts": history, "newest_checkpoint": newest}
+    if ctx.dry_run:
+        return StepResult(StepStatus.ESCALATE, {**detail, "dry_run": "would stop the job"})
+    cid = ctx.issue_command(CommandKind.JOB_STOP, {"reason": why}, suffix="-budget")
+    return StepResult(StepStatus.ESCALATE, {**detail, "command": cid})
 
 
 class WaitCheckpointParams(WaitParams):

@@ -128,6 +128,16 @@ class RunRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartRow:
+    """A restart a playbook made of a job: a `resume` step that finished (not a dry run)."""
+
+    incident_id: int
+    fault: str
+    done_at: float | None
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class StepRow:
     """One action of a run (the `actions` table)."""
 

@@ -49,6 +49,7 @@ from sentinel.coordinator.store.rows import (
     NewCommand,
     NodeRow,
     PruneResult,
+    RestartRow,
     RunContext,
     RunRow,
     StepRow,
@@ -572,6 +573,17 @@ class SqlStore(ABC):
 
     def step(self, key: str) -> StepRow | None:
         return self._row(StepRow, f"SELECT {_STEP_COLS} FROM actions WHERE key=?", (key,))
+
+    def restarts(self, job_id: str) -> list[RestartRow]:
+        """The job's restarts by playbooks, oldest first (what the restart budget counts)."""
+        return self._rows(
+            RestartRow,
+            "SELECT a.incident_id, i.fault, a.done_at, a.result FROM actions a"
+            " JOIN incidents i ON i.id = a.incident_id"
+            " WHERE i.job=? AND a.action='resume' AND a.state='done' AND a.dry_run=0"
+            " ORDER BY a.id",
+            (job_id,),
+        )
 
     def steps(self, limit: int) -> list[StepRow]:
         return self._rows(
