@@ -377,6 +377,39 @@ def test_dry_run_changes_nothing(tmp_path: Path, new_store: Callable[[], SqlStor
     assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 0
     assert not (tmp_path / "state" / "exclude.txt").exists()
     assert store.one("SELECT COUNT(*) n FROM actions WHERE dry_run=1 AND state='done'")["n"] > 0
+    assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
+
+
+def test_a_shadow_run_judges_the_rails_and_is_counted(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """Shadow mode (a dry run): the rails are judged as for real. The job has no spare, so the
+    XID's run records that its eviction would escalate; nothing is drained, the incident stays
+    open, and /metrics counts the run per playbook and mode, and the step it would have taken."""
+    from sentinel.coordinator.metrics import IncidentHistory
+
+    store, ingest, engine, clock = setup(tmp_path, new_store, dry_run=True)
+    ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], [])]), clock())
+    ingest.ingest(EventBatch(events=[xid("node-0")]), clock())
+    engine.tick()
+    assert store.count_nodes(["draining", "evicted"]) == 0
+    (run,) = store.query("SELECT status FROM runs")
+    assert run["status"] == "escalated"
+    (step,) = store.query("SELECT result FROM actions WHERE action='evict_node'")
+    assert step["result"]["dry_run"] == "would escalate"
+    assert "no hot spare left to take node-0" in step["result"]["reason"]
+    assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
+    history = IncidentHistory()
+    history.store = store
+    samples = {
+        (m.name, tuple(sorted(s.labels.items()))): s.value
+        for m in history.collect()
+        for s in m.samples
+    }
+    runs = ("mode", "shadow"), ("playbook", "gpu_hardware_fault"), ("status", "escalated")
+    assert samples[("sentinel_coordinator_playbook_runs", runs)] == 1
+    would = ("action", "evict_node"), ("playbook", "gpu_hardware_fault")
+    assert samples[("sentinel_coordinator_shadow_actions", would)] == 1
 
 
 def test_slurm_backend_against_a_stand_in_scontrol(

@@ -125,7 +125,8 @@ class Engine:
                     what="run.start",
                     who=f"playbook:{book.name}",
                 )
-                self._set_incident(run.incident_id, IncidentState.ACTING, now)
+                if not run.dry_run:  # a shadow run acts on nothing, its incident included
+                    self._set_incident(run.incident_id, IncidentState.ACTING, now)
         finished = 0
         while run.step_index < len(book.steps):
             result = self._step(run, book, now)
@@ -137,8 +138,7 @@ class Engine:
             run_state, inc_state = _STEP_END[result.status]
             self._end(run, run_state, inc_state, now, str(result.detail))
             return finished
-        final = IncidentState.OPEN if run.dry_run else IncidentState.MITIGATED
-        self._end(run, R.DONE, final, now, "every step done")
+        self._end(run, R.DONE, IncidentState.MITIGATED, now, "every step done")
         return finished
 
     def _step(self, run: RunRow, book: Playbook | _ManualBook, now: float) -> StepResult:
@@ -262,9 +262,12 @@ class Engine:
         self.store.save_run(run, now)
 
     def _end(self, run: RunRow, state: RunState, inc: IncidentState, now: float, why: str) -> None:
+        """End the run; its incident follows, unless the run was a shadow (dry) run: that one
+        recorded what it would have done and leaves the incident open for whoever acts."""
         with self.store.tx():
             self._set_run(run, state, now, why, who=f"playbook:{run.playbook}")
-            self._set_incident(run.incident_id, inc, now)
+            if not run.dry_run:
+                self._set_incident(run.incident_id, inc, now)
 
     def _set_run(
         self,

@@ -66,6 +66,29 @@ class IncidentHistory:
             "from an incident's opening to it being mitigated or resolved",
             recover,
         )
+        yield from self._playbooks(p)
+
+    def _playbooks(self, p: str) -> Iterator[Metric]:
+        """Runs per playbook, live and shadow (dry run), by status; and the steps shadow runs
+        would have taken: what an operator reads before switching a playbook on."""
+        assert self.store is not None
+        runs = CounterMetricFamily(
+            f"{p}playbook_runs",
+            "playbook runs by playbook, mode (live or shadow: a dry run that acts on nothing)"
+            " and status",
+            labels=["playbook", "mode", "status"],
+        )
+        for book, dry, status, n in self.store.run_counts():
+            runs.add_metric([book, "shadow" if dry else "live", status], n)
+        yield runs
+        would = CounterMetricFamily(
+            f"{p}shadow_actions",
+            "steps shadow runs decided and recorded but did not carry out, by playbook and action",
+            labels=["playbook", "action"],
+        )
+        for book, action, n in self.store.shadow_action_counts():
+            would.add_metric([book, action], n)
+        yield would
 
 
 GC_PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)

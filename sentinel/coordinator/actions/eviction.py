@@ -244,7 +244,19 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
         nodes = incident_nodes(ctx, params.target)
         if not nodes:
             return StepResult(StepStatus.FAILED, {"error": "no node to evict"})
-        if ctx.dry_run:
+        if ctx.dry_run:  # shadow: the rails are judged as for real, nothing is drained
+            for node in nodes:
+                row = ctx.store.node(node)
+                refusal = (
+                    None
+                    if row is not None and row.state in OUT_OF_SERVICE
+                    else (_budget_refusal(ctx) or _replacement_refusal(ctx, node))
+                )
+                if refusal:
+                    return StepResult(
+                        StepStatus.ESCALATE,
+                        {"node": node, "reason": refusal, "dry_run": "would escalate"},
+                    )
             return StepResult(
                 StepStatus.DONE,
                 {

@@ -480,6 +480,22 @@ class SqlStore(ABC):
             )
         }
 
+    def run_counts(self) -> list[tuple[str, bool, str, int]]:
+        """(playbook, dry run, status, runs) over every run the store holds."""
+        rows = self._all(
+            "SELECT playbook, dry_run, status, COUNT(*) FROM runs"
+            " GROUP BY playbook, dry_run, status ORDER BY playbook, dry_run, status"
+        )
+        return [(str(p), bool(d), str(s), int(n)) for p, d, s, n in rows]
+
+    def shadow_action_counts(self) -> list[tuple[str, str, int]]:
+        """(playbook, action, steps) of the dry-run steps: what shadow runs would have done."""
+        rows = self._all(
+            "SELECT r.playbook, a.action, COUNT(*) FROM actions a JOIN runs r ON r.id = a.run_id"
+            " WHERE a.dry_run=1 GROUP BY r.playbook, a.action ORDER BY r.playbook, a.action"
+        )
+        return [(str(p), str(a), int(n)) for p, a, n in rows]
+
     def detect_seconds(self) -> list[float]:
         return [
             float(r[0])
