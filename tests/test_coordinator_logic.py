@@ -380,14 +380,52 @@ def test_dry_run_changes_nothing(tmp_path: Path, new_store: Callable[[], SqlStor
     assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
 
 
+def _history_samples(store: SqlStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """What /metrics shows of the stored history: {(sample name, sorted labels): value}."""
+    from sentinel.coordinator.metrics import IncidentHistory
+
+    history = IncidentHistory()
+    history.store = store
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in history.collect()
+        for sample in family.samples
+    }
+
+
+def test_a_repair_s_stages_are_histograms_per_playbook(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """An XID on a job's node, repaired with a spare: the run's decision and each of its steps
+    are one observation each in `repair_stage_seconds{playbook, stage}`; the drain took the
+    30 s the scheduler was slow (the clock moves while the drain is out)."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], ["spare-0"])]), clock())
+    ingest.ingest(EventBatch(events=[xid("node-1")]), clock())
+    engine.tick()
+    samples = _history_samples(store)
+    name = "sentinel_coordinator_repair_stage_seconds_count"
+    book = ("playbook", "gpu_hardware_fault")
+    for stage in ("decide", "evict_node", "swap_spare", "rollback"):
+        assert samples[(name, (book, ("stage", stage)))] == 1, stage
+    assert (name, (book, ("stage", "resume"))) not in samples  # waits for the new generation
+    ingest.ingest(
+        EventBatch(events=[job_status("j", ["node-0", "spare-0"], [], generation=1)]), clock() + 30
+    )
+    clock.t += 30
+    engine.tick()
+    samples = _history_samples(store)
+    assert samples[(name, (book, ("stage", "resume")))] == 1
+    total = samples[("sentinel_coordinator_repair_stage_seconds_sum", (book, ("stage", "resume")))]
+    assert total == pytest.approx(30.0)
+
+
 def test_a_shadow_run_judges_the_rails_and_is_counted(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
     """Shadow mode (a dry run): the rails are judged as for real. The job has no spare, so the
     XID's run records that its eviction would escalate; nothing is drained, the incident stays
     open, and /metrics counts the run per playbook and mode, and the step it would have taken."""
-    from sentinel.coordinator.metrics import IncidentHistory
-
     store, ingest, engine, clock = setup(tmp_path, new_store, dry_run=True)
     ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], [])]), clock())
     ingest.ingest(EventBatch(events=[xid("node-0")]), clock())
@@ -399,17 +437,11 @@ def test_a_shadow_run_judges_the_rails_and_is_counted(
     assert step["result"]["dry_run"] == "would escalate"
     assert "no hot spare left to take node-0" in step["result"]["reason"]
     assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
-    history = IncidentHistory()
-    history.store = store
-    samples = {
-        (m.name, tuple(sorted(s.labels.items()))): s.value
-        for m in history.collect()
-        for s in m.samples
-    }
+    samples = _history_samples(store)
     runs = ("mode", "shadow"), ("playbook", "gpu_hardware_fault"), ("status", "escalated")
-    assert samples[("sentinel_coordinator_playbook_runs", runs)] == 1
+    assert samples[("sentinel_coordinator_playbook_runs_total", runs)] == 1
     would = ("action", "evict_node"), ("playbook", "gpu_hardware_fault")
-    assert samples[("sentinel_coordinator_shadow_actions", would)] == 1
+    assert samples[("sentinel_coordinator_shadow_actions_total", would)] == 1
 
 
 def test_slurm_backend_against_a_stand_in_scontrol(

@@ -30,12 +30,33 @@ if TYPE_CHECKING:
 INCIDENT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 
 
+# A repair's stages, from deciding to act to each step done (a drain, a relaunch).
+STAGE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
+
+
 def histogram(
-    name: str, help_: str, values: list[float], buckets: tuple[float, ...] = INCIDENT_BUCKETS
+    name: str,
+    help_: str,
+    values: list[float],
+    buckets: tuple[float, ...] = INCIDENT_BUCKETS,
 ) -> HistogramMetricFamily:
-    cumulative = [(str(b), float(sum(v <= b for v in values))) for b in buckets]
-    fam = HistogramMetricFamily(name, help_)
-    fam.add_metric([], [*cumulative, ("+Inf", float(len(values)))], sum_value=sum(values))
+    return labelled_histogram(name, help_, [], {(): values}, buckets)
+
+
+def labelled_histogram(
+    name: str,
+    help_: str,
+    labels: list[str],
+    series: dict[tuple[str, ...], list[float]],
+    buckets: tuple[float, ...],
+) -> HistogramMetricFamily:
+    """A histogram family built at scrape time: one series per label values."""
+    fam = HistogramMetricFamily(name, help_, labels=labels)
+    for key, values in sorted(series.items()):
+        cumulative = [(str(b), float(sum(v <= b for v in values))) for b in buckets]
+        fam.add_metric(
+            list(key), [*cumulative, ("+Inf", float(len(values)))], sum_value=sum(values)
+        )
     return fam
 
 
@@ -67,6 +88,17 @@ class IncidentHistory:
             recover,
         )
         yield from self._playbooks(p)
+        stages: dict[tuple[str, ...], list[float]] = {}
+        for book, stage, seconds in self.store.stage_seconds():
+            stages.setdefault((book, stage), []).append(max(0.0, seconds))
+        yield labelled_histogram(
+            f"{p}repair_stage_seconds",
+            "a repair's stages per playbook: decide (run created to its first step), then each"
+            " step by its action (evict_node: the drain; resume: until the new gang runs)",
+            ["playbook", "stage"],
+            stages,
+            STAGE_BUCKETS,
+        )
 
     def _playbooks(self, p: str) -> Iterator[Metric]:
         """Runs per playbook, live and shadow (dry run), by status; and the steps shadow runs

@@ -505,6 +505,23 @@ class SqlStore(ABC):
             )
         ]
 
+    def stage_seconds(self) -> list[tuple[str, str, float]]:
+        """(playbook, stage, seconds) of every live run's repair stages: `decide` (the run
+        created to its first step started), then each finished step by its action."""
+        decide = self._all(
+            "SELECT r.playbook, MIN(a.started_at) - r.created_at FROM runs r"
+            " JOIN actions a ON a.run_id = r.id WHERE r.dry_run=0"
+            " GROUP BY r.id, r.playbook, r.created_at"
+        )
+        steps = self._all(
+            "SELECT r.playbook, a.action, a.done_at - a.started_at FROM actions a"
+            " JOIN runs r ON r.id = a.run_id"
+            " WHERE a.dry_run=0 AND a.state='done' AND a.done_at IS NOT NULL"
+        )
+        return [(str(p), "decide", float(s)) for p, s in decide] + [
+            (str(p), str(a), float(s)) for p, a, s in steps
+        ]
+
     def recover_seconds(self, states: Iterable[str]) -> list[float]:
         states = [str(s) for s in states]
         return [
