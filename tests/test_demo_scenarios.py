@@ -58,8 +58,18 @@ def assert_repaired(res: dict[str, Any], kind: str, incident: str, evicted: list
 def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
     tmp_path: Path, cache: Path
 ) -> None:
-    code, res, stdout = demo("sdc", tmp_path, cache)
-    assert code == 0
+    """The SDC drill, run under a pseudo-terminal as a user watching it would: the training
+    steps as a live bar with an ETA, the timeline's incidents printed above it, the same lines
+    saved in the run directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_DEMO_CACHE"] = str(cache)
+    result = tmp_path / "result.json"
+    argv = [*SENTINEL, "demo", "--scenario", "sdc", "--quick", "--out", str(tmp_path / "out"),
+            "--json", str(result)]  # fmt: skip
+    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
+    text = ANSI.sub("", drawn)
+    assert code == 0, text[-3000:]
+    res = json.loads(result.read_text())
     assert_repaired(res, "sdc", "sdc", ["node-1"])
     (fault,) = res["faults"]
     assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
@@ -71,7 +81,13 @@ def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
     # No check had passed since the corruption could have begun (the first ran at step 25,
     # after it): no checkpoint can be trusted, so the run starts over from its first step.
     assert '"resume_before_step": 0' in log
-    assert "step    1  loss 4.8457 (replayed after rollback)" in stdout
+    assert "step    1  loss 4.8457 (replayed after rollback)" in text
+    steps = res["completed_steps"]
+    assert ANSI.search(drawn) and "demo training" in text and f"{steps}/{steps}" in text
+    assert "eta" in text and "?? incident #1" in text and "replaying after a rollback" in text
+    assert "verdict: PASS" in text
+    timeline = (tmp_path / "out" / "timeline.jsonl").read_text()
+    assert "incident #1" in timeline
 
 
 def test_bad_scenario_exits_2(tmp_path: Path) -> None:
@@ -153,25 +169,3 @@ def test_an_eviction_with_no_spare_fails_and_says_why(tmp_path: Path, cache: Pat
     assert lines[verdict + 1].startswith("  FAIL: ecc_dbe on node-1: not repaired")
     report = (tmp_path / "out" / "report.html").read_text()
     assert report.index('id="problems"') < report.index('id="what-happened"')
-
-
-@pytest.mark.slow
-def test_the_demo_shows_live_progress_on_a_terminal(tmp_path: Path, cache: Path) -> None:
-    """The crash drill under a pseudo-terminal: the training steps as a live bar with an ETA,
-    the timeline's incidents printed above it, the same lines saved in the run directory; the
-    crashed rank restarted in place from its checkpoint."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    env["SENTINEL_DEMO_CACHE"] = str(cache)
-    result = tmp_path / "result.json"
-    argv = [*SENTINEL, "demo", "--scenario", "crash", "--quick", "--out", str(tmp_path / "out"),
-            "--json", str(result)]  # fmt: skip
-    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
-    text = ANSI.sub("", drawn)
-    assert code == 0, text[-3000:]
-    res = json.loads(result.read_text())
-    assert_repaired(res, "crash", "rank_crash", [])
-    assert res["faults"][0]["target"] == "rank-1" and res["completed_steps"] == 35
-    assert ANSI.search(drawn) and "demo training" in text and "35/35" in text and "eta" in text
-    assert "?? incident #1" in text and "replaying after a rollback" in text
-    assert "verdict: PASS" in text
-    assert (tmp_path / "out" / "timeline.jsonl").exists()

@@ -74,7 +74,7 @@ def test_a_crash_at_the_same_step_on_every_restart_stops_the_job_after_the_budge
                "--fault", "crash:rank=1,at_step=5,recurs=true"]  # fmt: skip
     sup = subprocess.Popen(
         [*SENTINEL, "run", "--job-id", "poison", "--coordinator", coord.url,
-         "--token-file", str(tmp_path / "job.token"), "--nodes", "2", "--gpus-per-node", "2",
+         "--token-file", str(tmp_path / "job.token"), "--nodes", "1", "--gpus-per-node", "2",
          "--spares", "1", "--checkpoint-dir", str(ckpt), "--log-dir", str(tmp_path / "logs"),
          "--", *trainer],
         env=os.environ.copy(), stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
