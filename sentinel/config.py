@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from sentinel.exitcodes import InputError
 from sentinel.failover import parse_urls
+from sentinel.faults.blame import LemonPolicy
 from sentinel.faults.catalog import RULE_BY_NAME
 
 ENV_PREFIX = "SENTINEL_"
@@ -154,6 +155,9 @@ class CoordinatorConfig(StrictModel):
     # A job restarted this many times for one cause with no checkpoint committed since is
     # stopped and its incident escalated (a playbook's `resume` step may set its own `budget`).
     restart_budget: int = Field(default=3, ge=1)
+    # A node whose weighted blame (sentinel.faults.blame) reaches `threshold` within `window_s`
+    # is not returned to service until a person clears it.
+    lemon: LemonPolicy = LemonPolicy()
     dry_run: bool = False
     default_cooldown_s: float = Field(default=300.0, ge=0)
     job_heartbeat_timeout_s: float = Field(default=30.0, gt=0)

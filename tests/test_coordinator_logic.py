@@ -672,3 +672,69 @@ def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
 def test_a_trigger_window_longer_than_the_retention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PlaybookError, match=r"rank_crash_repeat: trigger window 3600 s"):
         Service(cfg(tmp_path, event_retention_s=600))
+
+
+class _Operator:
+    """What `queries.run_action` needs of the service: its store, config and a kick."""
+
+    def __init__(self, store: SqlStore, cfg: object) -> None:
+        self.store, self.cfg = store, cfg
+
+    def kick(self) -> None:
+        pass
+
+
+def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """node-1 takes three XIDs, each repaired by an eviction (hardware evidence: 1.0 each). The
+    operator's first two returns go through; at a blame of 3.0 (threshold 2.5) the third return
+    escalates with the node's history, and the node stays evicted; asked again with
+    `clear_lemon` (after a deep repair), it returns."""
+    from sentinel.coordinator import queries
+
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    operator = _Operator(store, cfg(tmp_path))
+    nodes = ["node-0", "node-1"]
+    spares = [f"spare-{i}" for i in range(3)]
+    returns = []
+    for gen in range(3):
+        ingest.ingest(EventBatch(events=[job_status("j", nodes, spares[gen:], gen)]), clock())
+        ingest.ingest(EventBatch(events=[xid("node-1", ts=clock())]), clock())
+        engine.tick()
+        assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+        incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
+        body = {"node": "node-1"}
+        queries.run_action(
+            operator, incident, "return_node", body, "reseated", "operator:o", clock()
+        )  # type: ignore[arg-type]
+        engine.tick()
+        returns.append(store.query("SELECT status FROM runs ORDER BY id")[-1]["status"])
+        clock.t += 1000  # past the playbook's cooldown: the next XID is a new episode
+    assert returns == ["done", "done", "escalated"]
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert "node-1 is a lemon: blame 3 >= 2.5 within 60 days" in held["result"]["reason"]
+    assert [h["fault"] for h in held["result"]["history"]] == ["gpu_hardware"] * 3
+    incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
+    params = {"node": "node-1", "clear_lemon": True}
+    queries.run_action(
+        operator, incident, "return_node", params, "GPU replaced", "operator:o", clock()
+    )  # type: ignore[arg-type]
+    engine.tick()
+    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "returned"
+
+
+def test_circumstantial_blame_weighs_a_quarter_and_blame_ages_out() -> None:
+    """Three evictions for hangs the node was only in the gang for weigh 0.75, far from the
+    threshold; three for XIDs weigh 3.0, a lemon, until the window has passed."""
+    from sentinel.faults import blame
+
+    assert blame.confidence("collective_hang") == blame.LOW_CONFIDENCE
+    assert blame.confidence("gpu_hardware") == blame.HIGH_CONFIDENCE
+    policy = blame.LemonPolicy()
+    hangs = [(t, blame.confidence("collective_hang")) for t in (0.0, 10.0, 20.0)]
+    assert blame.lemon_score(hangs, 30.0, policy) == 0.75
+    xids = [(t, blame.confidence("gpu_hardware")) for t in (0.0, 10.0, 20.0)]
+    assert blame.lemon_score(xids, 30.0, policy) == 3.0 >= policy.threshold
+    assert blame.lemon_score(xids, 30.0 + policy.window_s, policy) == 0.0  # all aged out

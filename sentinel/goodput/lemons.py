@@ -13,8 +13,8 @@ The ordinary repair (a reset, a reboot, reseating: `repair_s`) does not cure a l
 back as bad as it left. With lemon scoring each incident adds its confidence to the blamed
 node's score (hardware evidence 1.0, "it was in the gang when the job hung" 0.25); a node whose
 score over the window reaches the threshold is kept out of the spare pool until a person clears
-it, after a deep repair (parts replaced: `deep_repair_s`) that does cure it. The coordinator's
-policy uses the same weights and threshold.
+it, after a deep repair (parts replaced: `deep_repair_s`) that does cure it. The weights, the
+threshold and the score are the coordinator's own (`sentinel.faults.blame`).
 """
 
 from __future__ import annotations
@@ -25,16 +25,13 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-HIGH_CONFIDENCE = 1.0
-LOW_CONFIDENCE = 0.25
-DAY_S = 86400.0
-
-
-@dataclass(frozen=True)
-class LemonPolicy:
-    enabled: bool = True
-    threshold: float = 2.5
-    window_s: float = 60 * DAY_S
+from sentinel.faults.blame import (
+    DAY_S,
+    HIGH_CONFIDENCE,
+    LOW_CONFIDENCE,
+    LemonPolicy,
+    lemon_score,
+)
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ def _score(
     history.append((t, HIGH_CONFIDENCE if certain else LOW_CONFIDENCE))
     while history and history[0][0] < t - policy.window_s:
         history.popleft()
-    return sum(w for _t, w in history)
+    return lemon_score(history, t, policy)
 
 
 def _return_repaired(returns: list[tuple[float, int]], pool: deque[int], t_now: float) -> float:

@@ -147,7 +147,7 @@ def _budget_spent(
     assert ctx.job_id is not None
     stuck = [
         r
-        for r in ctx.store.restarts(ctx.job_id)
+        for r in ctx.store.done_steps("resume", ctx.job_id)
         if r.fault == ctx.incident.fault and r.result.get("newest_checkpoint") == newest
     ]
     if len(stuck) < budget:

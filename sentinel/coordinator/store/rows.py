@@ -128,8 +128,9 @@ class RunRow:
 
 
 @dataclass(frozen=True, slots=True)
-class RestartRow:
-    """A restart a playbook made of a job: a `resume` step that finished (not a dry run)."""
+class DoneStepRow:
+    """A step that finished (not a dry run), with its incident's fault: what the restart
+    budget counts (`resume`) and what a node's blame history holds (`evict_node`)."""
 
     incident_id: int
     fault: str

@@ -40,6 +40,7 @@ from sentinel.coordinator.store.interface import MAX_ID
 from sentinel.coordinator.store.rows import (
     AuditRow,
     CommandRow,
+    DoneStepRow,
     EffectRow,
     EventRow,
     IncidentDetail,
@@ -49,7 +50,6 @@ from sentinel.coordinator.store.rows import (
     NewCommand,
     NodeRow,
     PruneResult,
-    RestartRow,
     RunContext,
     RunRow,
     StepRow,
@@ -607,16 +607,16 @@ class SqlStore(ABC):
     def step(self, key: str) -> StepRow | None:
         return self._row(StepRow, f"SELECT {_STEP_COLS} FROM actions WHERE key=?", (key,))
 
-    def restarts(self, job_id: str) -> list[RestartRow]:
-        """The job's restarts by playbooks, oldest first (what the restart budget counts)."""
-        return self._rows(
-            RestartRow,
+    def done_steps(self, action: str, job_id: str | None = None) -> list[DoneStepRow]:
+        """Finished steps of `action` (of the job's incidents, when given), oldest first."""
+        sql = (
             "SELECT a.incident_id, i.fault, a.done_at, a.result FROM actions a"
             " JOIN incidents i ON i.id = a.incident_id"
-            " WHERE i.job=? AND a.action='resume' AND a.state='done' AND a.dry_run=0"
-            " ORDER BY a.id",
-            (job_id,),
+            " WHERE a.action=? AND a.state='done' AND a.dry_run=0"
         )
+        if job_id is None:
+            return self._rows(DoneStepRow, sql + " ORDER BY a.id", (action,))
+        return self._rows(DoneStepRow, sql + " AND i.job=? ORDER BY a.id", (action, job_id))
 
     def steps(self, limit: int) -> list[StepRow]:
         return self._rows(
