@@ -223,3 +223,36 @@ def test_drills_run_the_shipped_hooks_defaults_compressed_by_one_factor() -> Non
     assert drill.straggler_threshold == shipped.straggler_threshold
     assert drill.hang_k == shipped.hang_k and drill.anomaly_policy == shipped.anomaly_policy
     assert set(drill_hooks()) == set(SHIPPED_HOOKS_STEPS) | set(SHIPPED_HOOKS_SECONDS)
+
+
+def test_a_poison_crash_is_handled_when_the_budget_stops_the_job_and_no_node_is_taken() -> None:
+    """A crash that recurs at step 16: three restarts (rank_crash, mitigated), then the fourth
+    incident escalated by the restart budget. The run stopped early with no final model, and
+    that is the expected end: PASS. Had a playbook evicted the node, it would fail, saying so."""
+    sc = scenario({"kind": "crash", "rank": 1, "at_step": 15, "recurs": True})
+    restarts = [
+        incident(i, "rank_crash", 15.5 + 10 * i, [("node-0", 1)], [action("rollback"),
+                 action("resume")], rank_kind="rank.crash")
+        for i in range(1, 4)
+    ]  # fmt: skip
+    spent = {"action": "resume", "state": "escalated", "target": "job:demo",
+             "result": {"error": "restart budget spent: 3 restart(s) for rank_crash since "
+                                 "checkpoint step 10, no checkpoint committed since"}}  # fmt: skip
+    last = incident(4, "rank_crash", 45.5, [("node-0", 1)], [action("rollback"), spent],
+                    run="escalated", rank_kind="rank.crash")  # fmt: skip
+    last["state"] = "escalated"
+    strike = {0: Strike(t=15.0, step=16, node="node-0", rank=1)}
+    ev = evidence(sc, [*restarts, last], strike, digest=None, reference=None)  # type: ignore[arg-type]
+    ev.completed_steps = 15
+    res = build_result(ev)
+    (f,) = res["faults"]
+    assert res["verdict"] == "pass", res["problems"]
+    assert f["repaired"] and res["false_incidents"] == [] and not res["bit_identity_required"]
+    evict = {"action": "evict_node", "state": "done", "target": "job:demo",
+             "result": {"nodes": ["node-0"]}}  # fmt: skip
+    restarts[1]["actions"].insert(0, evict)
+    res = build_result(evidence(sc, [*restarts, last], strike, digest=None, reference=None))  # type: ignore[arg-type]
+    assert res["verdict"] == "fail"
+    assert res["faults"][0]["repair_problem"] == (
+        "evicted node-0 for a crash that follows the step, not the node"
+    )

@@ -265,13 +265,17 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
              f"{result['completed_steps']} steps"]  # fmt: skip
     lines += [f"  FAIL: {p}" for p in result.get("problems", [])]
     for f in result["faults"]:
-        state = "MISSED" if not f["detected"] else "repaired" if f["repaired"] else "UNREPAIRED"
+        done = "stopped" if f.get("expected") else "repaired"
+        state = "MISSED" if not f["detected"] else done if f["repaired"] else "UNREPAIRED"
         ttd = f"detect {f['time_to_detect_s']}s" if f["time_to_detect_s"] is not None else ""
         ttr = f"resume {f['time_to_resume_s']}s" if f["time_to_resume_s"] is not None else ""
         lines.append(f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "
                      f"{' '.join(f['actions'])}")  # fmt: skip
     for i in result["false_incidents"]:
         lines.append(f"  false incident #{i['id']} {i['kind']} on {i['target']}")
+    if result["final_digest"] is None and not result["bit_identity_required"]:
+        lines.append("  no final model: the job was stopped for a person, as the drill expects")
+        return lines
     same = "bit-identical" if result["bit_identical"] else "NOT bit-identical"
     lines.append(f"  final digest {str(result['final_digest'])[:16]}: {same} to the reference")
     return lines

@@ -7,7 +7,10 @@ fault explains are false incidents.
 
 A fault counts as repaired only when its incident's playbook finished, training resumed after
 it, and, for a fault of the hardware, the struck node trained in no generation launched after
-the detection. Each fault's time targets are checked, not only printed (`TARGETS`).
+the detection. A poison crash (`recurs: true`) cannot be repaired by a restart: it counts as
+handled when the restart budget stopped the job (its last incident escalated by `resume`) and
+no node was evicted for it; the run then ends early, with no final model to compare. Each
+fault's time targets are checked, not only printed (`TARGETS`).
 
 Every step field (`injected_step`, `detected_step`, a timeline entry's step) names the same
 thing: the training step in progress when it happened, numbered as the trainer reports it
@@ -215,6 +218,30 @@ def _failed_step_reason(inc: dict[str, Any]) -> str | None:
     return None
 
 
+def expects_stop(fault: Any) -> bool:
+    """A fault no restart cures: the drill expects the restart budget to stop the job."""
+    return fault.kind == "crash" and bool(getattr(fault, "recurs", False))
+
+
+def stop_problem(incidents: list[dict[str, Any]]) -> str | None:
+    """None when a poison crash's incidents ended as they should (the restart budget stopped
+    the job, no node evicted for it), else why not."""
+    if not incidents:
+        return "not detected"
+    taken = sorted({n for i in incidents for n in evicted(i)})
+    if taken:
+        return f"evicted {', '.join(taken)} for a crash that follows the step, not the node"
+    last = incidents[-1]
+    spent = [
+        a for a in last.get("actions", [])
+        if a["action"] == "resume" and a["state"] == "escalated"
+        and "restart budget spent" in str((a.get("result") or {}).get("error", ""))
+    ]  # fmt: skip
+    if last.get("state") != "escalated" or not spent:
+        return f"the restart budget did not stop the job (last incident: {_resolution(last)})"
+    return None
+
+
 def repair_problem(
     fault: Any, strike: Strike | None, inc: dict[str, Any] | None, ev: Evidence
 ) -> str | None:
@@ -275,16 +302,25 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         if fault.kind == "link_degraded":
             faults.append(_burnin_fault(fault, ev))
             continue
-        match = next((i for i in incidents if attributed(fault, strike, i, ev.t0)), None)
-        faults.append(_fault_entry(fault, strike, match, ev))
-        explained |= {i["id"] for i in incidents if attributed(fault, strike, i, ev.t0)}
+        mine = [i for i in incidents if attributed(fault, strike, i, ev.t0)]
+        entry = _fault_entry(fault, strike, mine[0] if mine else None, ev)
+        if expects_stop(fault):
+            entry["repair_problem"] = stop_problem(mine)
+            entry["repaired"] = entry["repair_problem"] is None
+            entry["expected"] = "stopped by the restart budget"
+        faults.append(entry)
+        explained |= {i["id"] for i in mine}
     false = [i for i in incidents if i["id"] not in explained]
     evicted_nodes = sorted({n for i in incidents for n in evicted(i)})
     bit_identical = ev.final_digest is not None and ev.final_digest == ev.reference_digest
     must_match = ev.reference_has_lr_scale or not any(
         set(_kinds(i)) & CHANGES_NUMERICS for i in incidents
     )
-    completed = ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
+    stops = any(expects_stop(f) for f in ev.scenario.faults)
+    must_match = must_match and not stops  # stopped early: no final model to compare
+    completed = stops or (
+        ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
+    )
     problems = _problems(faults, false, completed, ev, bit_identical or not must_match)
     return {
         "verdict": "fail" if problems else "pass",

@@ -278,7 +278,7 @@ class Demo:
             follower.start()
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
                       f"{fleet_spec.world_size} ranks (sentinel run, job {JOB!r})")  # fmt: skip
-            self._wait(sup, timeout_s, stall_s)
+            self._wait(sup, observer, timeout_s, stall_s)
             follower.stop()
             observer.stop()
             observer.refresh_details()
@@ -297,10 +297,15 @@ class Demo:
             fleet.stop()
             coord.stop()
 
-    def _wait(self, sup: SupervisorProcess, timeout_s: float, stall_s: float) -> None:
+    def _wait(
+        self, sup: SupervisorProcess, observer: Observer, timeout_s: float, stall_s: float
+    ) -> None:
         start = last_seen = time.monotonic()
         count = 0
         while sup.poll() is None:
+            if _stopped_for_a_person(observer):
+                self.note("info", None, "the job was stopped and handed to a person: run ends")
+                return
             now = time.monotonic()
             if len(self.rec.lines) != count:
                 count, last_seen = len(self.rec.lines), now
@@ -339,6 +344,15 @@ class Demo:
 
     def step_points(self) -> list[StepPoint]:
         return [StepPoint(ln.step, ln.loss, g, ln.t) for ln, g in self.rec.lines]
+
+
+def _stopped_for_a_person(observer: Observer) -> bool:
+    """Sentinel stopped the job (`job.stop`, the supervisor holds it with no gang) and escalated
+    an incident: nothing trains until a person acts, so the drill has seen all it will."""
+    with observer.lock:
+        job = observer.seen.job
+        escalated = any(i.get("state") == "escalated" for i in observer.seen.incidents.values())
+    return job is not None and job.get("state") == "stopped" and escalated
 
 
 def marker_name(fault: Any) -> str:

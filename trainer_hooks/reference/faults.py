@@ -190,15 +190,19 @@ class FaultInjector:
         ):
             self.gemm.install()  # the device stays faulty: it is never uninstalled
         for f in self.transient:
-            recurs = isinstance(f, CrashFault) and f.recurs
-            if f.at_step == step and (recurs or not self._marker(f).exists()):
+            if f.at_step != step:
+                continue
+            fired = self._marker(f).exists()
+            if fired and not (isinstance(f, CrashFault) and f.recurs):
+                continue
+            if not fired:  # the marker keeps the first strike (its time and node)
                 self.markers.mkdir(parents=True, exist_ok=True)
                 self._marker(f).write_text(self.node)
-                sys.stdout.flush()
-                if isinstance(f, CrashFault):
-                    os._exit(1)
-                while True:  # hang: a rank stuck before its next collective
-                    time.sleep(3600)
+            sys.stdout.flush()
+            if isinstance(f, CrashFault):
+                os._exit(1)
+            while True:  # hang: a rank stuck before its next collective
+                time.sleep(3600)
         if self.slow is None:
             struck = [f for f in self.stragglers if step >= f.at_step and self._strikes_here(f)]
             if struck:  # the device stays slow: it never recovers
