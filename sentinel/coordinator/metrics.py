@@ -66,6 +66,7 @@ class IncidentHistory:
 
     def __init__(self) -> None:
         self.store: StateStore | None = None
+        self.stages: set[tuple[str, str]] = set()  # (playbook, stage) shown even when unseen
 
     def collect(self) -> Iterator[Metric]:
         if self.store is None:
@@ -88,7 +89,7 @@ class IncidentHistory:
             recover,
         )
         yield from self._playbooks(p)
-        stages: dict[tuple[str, ...], list[float]] = {}
+        stages: dict[tuple[str, ...], list[float]] = {key: [] for key in self.stages}
         for book, stage, seconds in self.store.stage_seconds():
             stages.setdefault((book, stage), []).append(max(0.0, seconds))
         yield labelled_histogram(
@@ -232,6 +233,11 @@ class Metrics:
         self.leader.set(0 if epoch is None else 1)
         self.epoch.set(epoch or 0)
         self.history.store = store
+        # Every playbook's stages are series from the start (at 0), so an alert's increase()
+        # sees a first slow repair, and a rule reading a stage never reads a missing series.
+        self.history.stages = {
+            (b.name, stage) for b in service.playbooks for stage in ["decide", *b.stage_names()]
+        }
         for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
             gauge.clear()  # a state nothing is in any more reads 0, not its last value
         for state in IncidentState:

@@ -207,6 +207,10 @@ class Playbook(_Strict):
     steps: list[Step] = Field(min_length=1)
     guards: Guards = Guards()
 
+    def stage_names(self) -> list[str]:
+        """Its repair's stages after the decision: its steps' actions, in order, once each."""
+        return list(dict.fromkeys(step.action for step in self.steps))
+
     def clause_for(self, event: Event, doc: dict[str, Any]) -> TriggerClause | None:
         return next((c for c in self.trigger if c.matches(event, doc)), None)
 
