@@ -119,13 +119,12 @@ class Resume(BaseAction[ResumeParams], name="resume"):
         if ctx.dry_run:
             return StepResult(StepStatus.DONE, {"dry_run": "would restart", "plan": plan})
         before = ctx.context.marks.setdefault(key, job.generation)
-        # The newest checkpoint when the restart was decided (-1: none), which the budget counts
-        # by: the new gang may commit one before the restart's step is done.
-        at = ctx.context.marks.setdefault(f"newest_checkpoint:{ctx.key}", _or_minus_one(newest))
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
         if job.generation > before:  # restarted; a new failure is a new incident
-            done = {"command": cid, "generation": job.generation}
-            return StepResult(StepStatus.DONE, done | {"newest_checkpoint": None if at < 0 else at})
+            return StepResult(
+                StepStatus.DONE,
+                {"command": cid, "generation": job.generation, "newest_checkpoint": newest},
+            )
         if job.state == JobState.FAILED:  # the supervisor could not form the gang and gave up
             return StepResult(
                 StepStatus.FAILED,
@@ -136,10 +135,6 @@ class Resume(BaseAction[ResumeParams], name="resume"):
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
             )
         return StepResult(StepStatus.WAIT, {"command": cid})
-
-
-def _or_minus_one(step: int | None) -> int:
-    return -1 if step is None else step
 
 
 def _budget_spent(
