@@ -121,6 +121,9 @@ class Resume(BaseAction[ResumeParams], name="resume"):
         before = ctx.context.marks.setdefault(key, job.generation)
         cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
         if job.generation > before:  # restarted; a new failure is a new incident
+            # The newest checkpoint the coordinator knows once the new gang runs: when the
+            # restart was decided, the supervisor may not have reported the one committed just
+            # before the crash yet. A later crash with no newer one made no progress since.
             return StepResult(
                 StepStatus.DONE,
                 {"command": cid, "generation": job.generation, "newest_checkpoint": newest},
