@@ -191,6 +191,27 @@ class RankCheckpointPayload(_Strict):
     path: str | None = None
 
 
+class RankLaunchPayload(_Strict):
+    """A new gang's start-up, sent once per launch by one rank after its first step: where a
+    repair's relaunch spent its time. Wall-clock epochs and seconds as the trainer measured
+    them: its code ran from `main_at`, the rendezvous (process group) took `rendezvous_s`, the
+    checkpoint load `load_s`, the first step began at `ready_at` (after the model, data and
+    hooks were built) and ended at `first_step_at`."""
+
+    main_at: float = Field(ge=0, allow_inf_nan=False)
+    rendezvous_s: float = Field(ge=0, allow_inf_nan=False)
+    load_s: float = Field(ge=0, allow_inf_nan=False)
+    ready_at: float = Field(ge=0, allow_inf_nan=False)
+    first_step_at: float = Field(ge=0, allow_inf_nan=False)
+    resume_step: int = Field(ge=0)  # the first step the gang trained (0: a fresh start)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RankLaunchPayload:
+        if not self.main_at <= self.ready_at <= self.first_step_at:
+            raise ValueError("needs main_at <= ready_at <= first_step_at")
+        return self
+
+
 class RankFrDumpPayload(_Strict):
     """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual."""
 
@@ -307,6 +328,7 @@ class EventKind(StrEnum):
     RANK_FR_DUMP = "rank.fr_dump"
     RANK_CHECKPOINT = "rank.checkpoint"
     RANK_STACKS = "rank.stacks"
+    RANK_LAUNCH = "rank.launch"
 
 
 # --- envelopes -------------------------------------------------------------------------------
@@ -426,6 +448,11 @@ class RankCheckpointEvent(EventBase):
     payload: RankCheckpointPayload
 
 
+class RankLaunchEvent(EventBase):
+    kind: Literal[EventKind.RANK_LAUNCH] = EventKind.RANK_LAUNCH
+    payload: RankLaunchPayload
+
+
 class RankStacksEvent(EventBase):
     kind: Literal[EventKind.RANK_STACKS] = EventKind.RANK_STACKS
     payload: RankStacksPayload
@@ -447,7 +474,8 @@ Event = Annotated[
     | RankStepEvent
     | RankFrDumpEvent
     | RankCheckpointEvent
-    | RankStacksEvent,
+    | RankStacksEvent
+    | RankLaunchEvent,
     Field(discriminator="kind"),
 ]
 

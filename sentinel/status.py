@@ -129,7 +129,8 @@ def _incident(i: dict[str, Any], now: float) -> dict[str, Any]:
         for r in i.get("runs", [])
     ]
     keys = ("id", "fault", "target", "job", "state", "playbook", "acknowledged_by")
-    return {k: i.get(k) for k in keys} | {"age_s": round(now - i["opened_at"], 1), "runs": runs}
+    age = {"age_s": round(now - i["opened_at"], 1)}
+    return {k: i.get(k) for k in keys} | age | {"runs": runs, "stages": i.get("stages", [])}
 
 
 # --- for a person -----------------------------------------------------------------------------

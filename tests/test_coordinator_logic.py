@@ -32,6 +32,7 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     GpuVerdictPayload,
+    RankLaunchPayload,
     RankSdcPayload,
     Source,
     Verdict,
@@ -418,6 +419,57 @@ def test_a_repair_s_stages_are_histograms_per_playbook(
     assert samples[(name, (book, ("stage", "resume")))] == 1
     total = samples[("sentinel_coordinator_repair_stage_seconds_sum", (book, ("stage", "resume")))]
     assert total == pytest.approx(30.0)
+
+
+def _launch(job: str, node: str, main_at: float) -> Event:
+    """Rank 0's report of a new gang's start-up: rendezvous 2 s, load 3 s, ready 8 s after
+    main, the first step done 2 s later."""
+    payload = RankLaunchPayload(
+        main_at=main_at, rendezvous_s=2.0, load_s=3.0, ready_at=main_at + 8,
+        first_step_at=main_at + 10, resume_step=40,
+    )  # fmt: skip
+    return make_event(EventKind.RANK_LAUNCH, Source(node=node, rank=0, job=job), payload)
+
+
+def test_a_relaunch_s_stages_are_recorded_with_its_incident(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """The new gang's launch report completes the repair's timeline: detected (the XID),
+    decided, drained (the eviction), the restart, then the relaunch's own stages. They are
+    stored with the incident (its API document shows them) and observed in
+    `repair_stage_seconds`; a launch before any restart (the job's first) and a second report of
+    the same relaunch record nothing."""
+    from sentinel.coordinator import queries
+
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    t0 = clock()
+    ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], ["spare-0"])]), t0)
+    ingest.ingest(EventBatch(events=[_launch("j", "node-0", t0 - 100)]), t0)
+    assert store.repair_stages() == []  # the first launch: no repair relaunched it
+    ingest.ingest(EventBatch(events=[xid("node-1", ts=t0 - 5)]), t0)
+    engine.tick()
+    clock.t += 30
+    ingest.ingest(
+        EventBatch(events=[job_status("j", ["node-0", "spare-0"], [], generation=1)]), clock()
+    )
+    engine.tick()
+    for _ in range(2):  # the same relaunch reported twice (a second event id)
+        ingest.ingest(EventBatch(events=[_launch("j", "spare-0", t0 + 5)]), clock())
+    (incident,) = store.incidents(10, None)
+    (row,) = store.repair_stages(incident.id)
+    assert row.playbook == "gpu_hardware_fault" and row.resume_step == 40
+    assert row.detected_at == t0 - 5 and row.decided_at == t0 and row.restart_at == t0
+    assert row.drained_at == t0  # the exclude-file backend drains at once
+    assert (row.relaunched_at, row.rendezvoused_at) == (t0 + 5, t0 + 7)
+    assert (row.checkpoint_loaded_at, row.first_step_at) == (t0 + 10, t0 + 15)
+    doc = queries.incident(store, incident.id)
+    assert doc is not None and doc["stages"][0]["first_step_at"] == t0 + 15
+    samples = _history_samples(store)
+    book = ("playbook", "gpu_hardware_fault")
+    for stage, seconds in (("rendezvous", 2.0), ("checkpoint_load", 3.0), ("first_step", 15.0)):
+        key = (book, ("stage", stage))
+        assert samples[("sentinel_coordinator_repair_stage_seconds_count", key)] == 1, stage
+        assert samples[("sentinel_coordinator_repair_stage_seconds_sum", key)] == seconds
 
 
 def test_a_shadow_run_judges_the_rails_and_is_counted(

@@ -200,6 +200,26 @@ def test_hooks_in_a_loop_with_no_agent_keep_working(tmp_path: Path) -> None:
     assert hooks.errors == 1
 
 
+def test_a_launch_is_reported_once_with_its_first_step_s_end(tmp_path: Path) -> None:
+    """`launched` is sent as `rank.launch` when the next step ends, stamped with that end, and
+    only once; a report the payload model refuses (ready before main) is counted, not raised."""
+    cfg = HooksConfig(agent_socket=str(tmp_path / "none.sock"), report_every=100)
+    hooks = SentinelHooks(cfg)
+    now = time.time()
+    hooks.launched(main_at=now - 9, rendezvous_s=1.0, load_s=2.0, ready_at=now, resume_step=20)
+    for step in (20, 21):
+        with hooks.step(step):
+            pass
+    hooks.launched(main_at=now, rendezvous_s=1.0, load_s=2.0, ready_at=now - 1, resume_step=22)
+    with hooks.step(22):
+        pass
+    hooks.close()
+    launches = [e for e in hooks.transport.pending_events() if e.kind == "rank.launch"]
+    assert len(launches) == 1 and launches[0].payload.resume_step == 20
+    assert now <= launches[0].payload.first_step_at <= time.time()
+    assert hooks.errors == 1
+
+
 def test_config_from_env_and_errors() -> None:
     env = {"SENTINEL_HOOKS_REPORT_EVERY": "7", "SENTINEL_NODE": "n3", "SENTINEL_HOOKS_FR_DIR": "/d"}
     cfg = HooksConfig.from_env(env)

@@ -40,6 +40,7 @@ from sentinel.protocol import (
     RankCheckpointPayload,
     RankFrDumpPayload,
     RankHangPayload,
+    RankLaunchPayload,
     RankRegistration,
     RankSdcPayload,
     RankStepPayload,
@@ -146,6 +147,7 @@ class SentinelHooks:
         self._first_step: int | None = None  # the first step this process ran
         self._sdc_clean_step: int | None = None  # the last step whose SDC check all agreed
         self._checkpoint_due = False
+        self._launch: RankLaunchPayload | None = None  # reported after the next step ends
         self._steps_done = 0
         self._step: int | None = None
         self._tokens: int | None = None
@@ -219,6 +221,8 @@ class SentinelHooks:
         self.scalars.end_step(step)
         self.watchdog.progress(step, self._clock() - self._step_wall0)
         self._steps_done += 1
+        if self._launch is not None:
+            self._report_launch()
         for t in self.timer.poll():
             self.steplog.add(t.step, t.compute_s)
             if t.step % self.config.report_every == 0:
@@ -246,6 +250,21 @@ class SentinelHooks:
             return
         payload = RankCheckpointPayload(step=step, blocked_s=blocked_s, path=path)
         self._send(EventKind.RANK_CHECKPOINT, payload)
+
+    @_guarded
+    def launched(
+        self, *, main_at: float, rendezvous_s: float, load_s: float, ready_at: float,
+        resume_step: int,
+    ) -> None:  # fmt: skip
+        """Report this launch's start-up (wall-clock epochs, seconds) with the end of the
+        next step, the first this launch trains: the coordinator places a repair's relaunch,
+        rendezvous, checkpoint load and first step with it. One rank calling it is enough."""
+        if not self.config.enabled:
+            return
+        self._launch = RankLaunchPayload(  # checked here, once, outside any step
+            main_at=main_at, rendezvous_s=rendezvous_s, load_s=load_s, ready_at=ready_at,
+            first_step_at=ready_at, resume_step=resume_step,
+        )  # fmt: skip
 
     def register_rank(
         self, *, tp: int = 0, pp: int = 0, dp: int = 0, gpu: int | None = None
@@ -328,6 +347,17 @@ class SentinelHooks:
 
     def _send(self, kind: EventKind, payload: BaseModel) -> None:
         self.transport.send(make_event(kind, self.source, payload))
+
+    def _report_launch(self) -> None:
+        """The launch's report, with the first step's end: the host's clock as the loop left
+        the step (on a GPU, the step's kernels may still run; no sync is added for it)."""
+        launch, self._launch = self._launch, None
+        if launch is None:
+            return
+        ended = max(time.time(), launch.ready_at)
+        payload = launch.model_copy(update={"first_step_at": ended})
+        source = self.source
+        self.transport.send(lambda: make_event(EventKind.RANK_LAUNCH, source, payload))
 
     def _report_step(self, t: timing.StepTiming) -> None:
         tokens = self._tokens

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator import lifecycle
+from sentinel.coordinator import lifecycle, stages
 from sentinel.coordinator.incidents import Classification, incident_key
 from sentinel.coordinator.lifecycle import (
     ACTIVE_INCIDENT,
@@ -37,6 +37,7 @@ from sentinel.protocol import (
     RankCrashEvent,
     RankFrDumpEvent,
     RankHangEvent,
+    RankLaunchEvent,
     RankSdcEvent,
     RankStepEvent,
     RankStragglerEvent,
@@ -107,6 +108,8 @@ class Ingestor:
                 if ev.source.node is not None:
                     nodes[ev.source.node] = _verdict(ev) or nodes.get(ev.source.node)
                 self._track_job(ev, now)
+                if isinstance(ev, RankLaunchEvent):
+                    stages.record_launch(self.store, ev)
                 incident_id = self._correlate(ev, now, result)
                 if incident_id is not None:
                     self.store.link_events([(ev.id, incident_id)])
@@ -124,7 +127,7 @@ class Ingestor:
         """Whether no event of the batch can do more than be stored and mark its node seen."""
         by_kind, absorbing = self._by_kind, bool(self.absorbing)
         for ev in batch.events:
-            if ev.kind is EventKind.JOB_STATUS:
+            if ev.kind is EventKind.JOB_STATUS or ev.kind is EventKind.RANK_LAUNCH:
                 return False
             triggers = by_kind.get(ev.kind)
             if triggers is not None and triggers.may_match(ev):

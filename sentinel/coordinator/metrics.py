@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 
 from sentinel.coordinator.ingest import IngestResult
 from sentinel.coordinator.lifecycle import OUT_OF_SERVICE, RECOVERED, Entity, IncidentState
+from sentinel.coordinator.stages import LAUNCH_STAGES, launch_stage_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 INCIDENT_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
 
 
-# A repair's stages, from deciding to act to each step done (a drain, a relaunch).
+# A repair's stages, from deciding to act to each step done (a drain, a relaunch), and the
+# relaunch's own (rendezvous, checkpoint load, the restart to its first step).
 STAGE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
 
@@ -92,10 +94,15 @@ class IncidentHistory:
         stages: dict[tuple[str, ...], list[float]] = {key: [] for key in self.stages}
         for book, stage, seconds in self.store.stage_seconds():
             stages.setdefault((book, stage), []).append(max(0.0, seconds))
+        for row in self.store.repair_stages():
+            for stage, seconds in launch_stage_seconds(row).items():
+                stages.setdefault((row.playbook, stage), []).append(seconds)
         yield labelled_histogram(
             f"{p}repair_stage_seconds",
             "a repair's stages per playbook: decide (run created to its first step), then each"
-            " step by its action (evict_node: the drain; resume: until the new gang runs)",
+            " step by its action (evict_node: the drain; resume: until the new gang runs), then"
+            " the new gang's rendezvous and checkpoint_load, and first_step (the restart"
+            " ordered to the new gang's first step done)",
             ["playbook", "stage"],
             stages,
             STAGE_BUCKETS,
@@ -236,7 +243,9 @@ class Metrics:
         # Every playbook's stages are series from the start (at 0), so an alert's increase()
         # sees a first slow repair, and a rule reading a stage never reads a missing series.
         self.history.stages = {
-            (b.name, stage) for b in service.playbooks for stage in ["decide", *b.stage_names()]
+            (b.name, stage)
+            for b in service.playbooks
+            for stage in ["decide", *b.stage_names(), *(LAUNCH_STAGES if b.resumes() else ())]
         }
         for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
             gauge.clear()  # a state nothing is in any more reads 0, not its last value

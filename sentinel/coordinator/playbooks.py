@@ -211,6 +211,10 @@ class Playbook(_Strict):
         """Its repair's stages after the decision: its steps' actions, in order, once each."""
         return list(dict.fromkeys(step.action for step in self.steps))
 
+    def resumes(self) -> bool:
+        """Whether its repair relaunches the job (its relaunch's stages are then measured)."""
+        return any(step.action == "resume" for step in self.steps)
+
     def clause_for(self, event: Event, doc: dict[str, Any]) -> TriggerClause | None:
         return next((c for c in self.trigger if c.matches(event, doc)), None)
 

@@ -60,6 +60,7 @@ def incident(store: StateStore, incident_id: int) -> dict[str, Any] | None:
         runs=as_json(view.runs),
         actions=as_json(view.actions),
         audit=as_json(view.audit),
+        stages=as_json(view.stages),  # each relaunching repair's timeline (`stages.py`)
     )
     return doc
 

@@ -180,6 +180,8 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
     # at `ready_at`.
     launch = {**started, "load_s": job.load_s, "ready_at": time.time(), "resume_step": job.start}
     _emit({"launch": launch}, out)
+    if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
+        hooks.launched(**launch)
     try:
         train_loop(job, out, hooks)
         job.ckpt.finish()  # commits the last save while the hooks can still report it

@@ -134,6 +134,18 @@ MIGRATIONS: list[str] = [
         stored_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (check_id, node, name)
     );
     """,
+    # A repair's stages, timed once its job's new gang reports its launch and first step.
+    """
+    CREATE TABLE repair_stages (
+        run_id BIGINT PRIMARY KEY, incident_id BIGINT NOT NULL, playbook TEXT NOT NULL,
+        detected_at DOUBLE PRECISION NOT NULL, decided_at DOUBLE PRECISION NOT NULL,
+        drained_at DOUBLE PRECISION, restart_at DOUBLE PRECISION NOT NULL,
+        relaunched_at DOUBLE PRECISION NOT NULL, rendezvoused_at DOUBLE PRECISION NOT NULL,
+        checkpoint_loaded_at DOUBLE PRECISION NOT NULL, first_step_at DOUBLE PRECISION NOT NULL,
+        resume_step BIGINT NOT NULL
+    );
+    CREATE INDEX repair_stages_incident ON repair_stages(incident_id);
+    """,
 ]
 
 

@@ -158,6 +158,26 @@ class StepRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RepairStagesRow:
+    """When each stage of one repair happened (wall-clock epochs; `repair_stages` table): a
+    live run that relaunched its job, timed from the coordinator's records up to the restart
+    and from the new gang's `rank.launch` report after it (`sentinel.coordinator.stages`)."""
+
+    run_id: int
+    incident_id: int
+    playbook: str
+    detected_at: float  # the incident's first event
+    decided_at: float  # the run's first step started
+    drained_at: float | None  # its evict_node step done (None: it evicted nothing)
+    restart_at: float  # its resume step started: the restart ordered
+    relaunched_at: float  # the new gang's processes running (the trainer's main)
+    rendezvoused_at: float
+    checkpoint_loaded_at: float
+    first_step_at: float  # the new gang's first step done
+    resume_step: int  # the step the new gang resumed at
+
+
+@dataclass(frozen=True, slots=True)
 class AuditRow:
     id: int
     ts: float
@@ -256,6 +276,7 @@ class IncidentView:
     runs: list[RunRow] = field(default_factory=list)
     actions: list[StepRow] = field(default_factory=list)
     audit: list[AuditRow] = field(default_factory=list)
+    stages: list[RepairStagesRow] = field(default_factory=list)
 
 
 _Row = TypeVar("_Row")

@@ -24,6 +24,7 @@ Typed rows (`rows.py`) are what leaves: no driver's row type crosses this line.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -50,6 +51,7 @@ from sentinel.coordinator.store.rows import (
     NewCommand,
     NodeRow,
     PruneResult,
+    RepairStagesRow,
     RunContext,
     RunRow,
     StepRow,
@@ -435,6 +437,7 @@ class SqlStore(ABC):
             [from_row(RunRow, r) for r in runs],
             [from_row(StepRow, r) for r in steps],
             [from_row(AuditRow, r) for r in audit],
+            self.repair_stages(incident_id),
         )
 
     def active_incident(self, key: str, states: Iterable[str]) -> IncidentRow | None:
@@ -521,6 +524,52 @@ class SqlStore(ABC):
         return [(str(p), "decide", float(s)) for p, s in decide] + [
             (str(p), str(a), float(s)) for p, a, s in steps
         ]
+
+    # --- repair stages -----------------------------------------------------------------------
+
+    def relaunching_run(self, job: str, launched_at: float) -> int | None:
+        """The run of the job's newest live resume step started by `launched_at` whose run
+        has no stages yet: the repair a launch then is the restart of."""
+        row = self._first(
+            "SELECT a.run_id FROM actions a"
+            " JOIN incidents i ON i.id = a.incident_id"
+            " LEFT JOIN repair_stages s ON s.run_id = a.run_id"
+            " WHERE i.job=? AND a.action='resume' AND a.dry_run=0 AND a.run_id IS NOT NULL"
+            " AND a.state IN ('started', 'done') AND a.started_at <= ? AND s.run_id IS NULL"
+            " ORDER BY a.started_at DESC LIMIT 1",
+            (job, launched_at),
+        )
+        return None if row is None else int(row[0])
+
+    def run_steps(self, run_id: int) -> list[StepRow]:
+        return self._rows(
+            StepRow, f"SELECT {_STEP_COLS} FROM actions WHERE run_id=? ORDER BY id", (run_id,)
+        )
+
+    def first_event_ts(self, incident_id: int) -> float | None:
+        row = self._first("SELECT MIN(ts) FROM events WHERE incident_id=?", (incident_id,))
+        return None if row is None or row[0] is None else float(row[0])
+
+    def insert_repair_stages(self, stages: RepairStagesRow) -> None:
+        """Once per run: a second report of the same relaunch changes nothing."""
+        values = dataclasses.astuple(stages)
+        self._run(
+            f"INSERT INTO repair_stages ({_STAGE_COLS}) VALUES ({','.join('?' * len(values))})"
+            " ON CONFLICT (run_id) DO NOTHING",
+            values,
+        )
+
+    def repair_stages(self, incident_id: int | None = None) -> list[RepairStagesRow]:
+        """One incident's repairs' stages, or every repair's (`/metrics`)."""
+        if incident_id is None:
+            return self._rows(
+                RepairStagesRow, f"SELECT {_STAGE_COLS} FROM repair_stages ORDER BY run_id"
+            )
+        return self._rows(
+            RepairStagesRow,
+            f"SELECT {_STAGE_COLS} FROM repair_stages WHERE incident_id=? ORDER BY run_id",
+            (incident_id,),
+        )
 
     def recover_seconds(self, states: Iterable[str]) -> list[float]:
         states = [str(s) for s in states]
@@ -860,6 +909,7 @@ _EFFECT_COLS = (
     "id, key, kind, target, args, state, attempts, result, incident_id, created_at, done_at"
 )
 _EVENT_COLS = "id, kind, node, rank, job, ts, payload"
+_STAGE_COLS = ", ".join(f.name for f in dataclasses.fields(RepairStagesRow))
 
 
 _JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})

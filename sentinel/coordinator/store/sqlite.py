@@ -103,6 +103,17 @@ MIGRATIONS: list[str] = [
         stored_at REAL NOT NULL, PRIMARY KEY (check_id, node, name)
     );
     """,
+    # A repair's stages, timed once its job's new gang reports its launch and first step.
+    """
+    CREATE TABLE repair_stages (
+        run_id INTEGER PRIMARY KEY, incident_id INTEGER NOT NULL, playbook TEXT NOT NULL,
+        detected_at REAL NOT NULL, decided_at REAL NOT NULL, drained_at REAL,
+        restart_at REAL NOT NULL, relaunched_at REAL NOT NULL, rendezvoused_at REAL NOT NULL,
+        checkpoint_loaded_at REAL NOT NULL, first_step_at REAL NOT NULL,
+        resume_step INTEGER NOT NULL
+    );
+    CREATE INDEX repair_stages_incident ON repair_stages(incident_id);
+    """,
 ]
 
 
