@@ -381,12 +381,15 @@ def test_dry_run_changes_nothing(tmp_path: Path, new_store: Callable[[], SqlStor
     assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
 
 
-def _history_samples(store: SqlStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _history_samples(
+    store: SqlStore, targets: dict[tuple[str, str], float] | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """What /metrics shows of the stored history: {(sample name, sorted labels): value}."""
     from sentinel.coordinator.metrics import IncidentHistory
 
     history = IncidentHistory()
     history.store = store
+    history.targets = targets or {}
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in history.collect()
@@ -464,12 +467,18 @@ def test_a_relaunch_s_stages_are_recorded_with_its_incident(
     assert (row.checkpoint_loaded_at, row.first_step_at) == (t0 + 10, t0 + 15)
     doc = queries.incident(store, incident.id)
     assert doc is not None and doc["stages"][0]["first_step_at"] == t0 + 15
-    samples = _history_samples(store)
+    targets = {("gpu_hardware_fault", "first_step"): 10.0, ("gpu_hardware_fault", "decide"): 5}
+    samples = _history_samples(store, targets)
     book = ("playbook", "gpu_hardware_fault")
     for stage, seconds in (("rendezvous", 2.0), ("checkpoint_load", 3.0), ("first_step", 15.0)):
         key = (book, ("stage", stage))
         assert samples[("sentinel_coordinator_repair_stage_seconds_count", key)] == 1, stage
         assert samples[("sentinel_coordinator_repair_stage_seconds_sum", key)] == seconds
+    over = "sentinel_coordinator_repair_stage_over_target_total"
+    assert samples[(over, (book, ("stage", "first_step")))] == 1  # 15 s against 10
+    assert samples[(over, (book, ("stage", "decide")))] == 0
+    target = "sentinel_coordinator_repair_stage_target_seconds"
+    assert samples[(target, (book, ("stage", "first_step")))] == 10.0
 
 
 def test_a_shadow_run_judges_the_rails_and_is_counted(
@@ -566,7 +575,7 @@ def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
         load_playbook(bad)
     text = "\n".join(e.value.errors)
     assert f"{bad}:4: trigger.0.kinds.0:" in text
-    assert f"{bad}:7: steps.0.target" in text or f"{bad}:6: steps.0" in text
+    assert f"{bad}:7: steps.0.params.target: Input should be 'incident' or 'culprits'" in text
     assert f"{bad}:8: steps.1.action: Value error, unknown action 'fly'" in text
     assert f"{bad}:9: guards.surprise: Extra inputs are not permitted" in text
     done = subprocess.run(
@@ -587,13 +596,53 @@ def test_playbook_check_reports_file_line_and_field(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2
-    assert f"{budget}:7: steps.1.budget: Input should be greater than or equal to 1" in done.stderr
+    assert (
+        f"{budget}:7: steps.1.params.budget: Input should be greater than or equal to 1"
+        in done.stderr
+    )
     ok = subprocess.run(
         [sys.executable, "-m", "sentinel", "playbooks", "check", str(ROOT / "playbooks")],
         capture_output=True,
         text=True,
     )
     assert ok.returncode == 0 and "gpu_hardware_fault: ok" in ok.stdout
+
+
+def test_playbook_check_refuses_unknown_stages_and_targets_never_met(tmp_path: Path) -> None:
+    """`stage_targets_s` names the playbook's own stages only (`decide`, its steps' actions,
+    and the relaunch's when it resumes), with positive seconds, and a restart target no
+    shorter than the parts it spans; each refusal names its file and line, exit 2."""
+    head = (
+        "incident: {fault: x, scope: job}\ntrigger:\n  - kinds: [rank.crash]\n"
+        "steps:\n  - {action: rollback}\n  - {action: resume}\nstage_targets_s:\n"
+    )
+    books = {
+        "unknown": "  decide: 5\n  evict_node: 10\n",  # it evicts nothing
+        "zero": "  first_step: 0\n",
+        "never": "  rendezvous: 20\n  checkpoint_load: 15\n  first_step: 30\n",
+    }
+    for name, targets in books.items():
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\n{head}{targets}")
+    (tmp_path / "good.yaml").write_text(
+        "name: good\nincident: {fault: y, scope: job}\ntrigger:\n  - kinds: [rank.crash]\n"
+        "steps:\n  - {action: resume}\nstage_targets_s: {first_step: 60, rendezvous: 10}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel", "playbooks", "check", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    err = done.stderr
+    assert f"{tmp_path}/unknown.yaml:10: stage_targets_s.evict_node: unknown stage" in err
+    assert "stages: decide, rollback, resume, rendezvous, checkpoint_load, first_step" in err
+    assert f"{tmp_path}/zero.yaml:9: stage_targets_s.first_step: Input should be greater" in err
+    assert f"{tmp_path}/never.yaml:11: stage_targets_s.first_step: can never be met" in err
+    assert "whose targets add up to 35 s" in err
+    assert "good.yaml" not in err and "3 error(s)" in err
+    good = load_playbook(tmp_path / "good.yaml")
+    assert good.stage_targets_s == {"first_step": 60, "rendezvous": 10}
+    assert good.all_stages() == ["decide", "resume", "rendezvous", "checkpoint_load", "first_step"]
 
 
 def test_coordinator_and_supervisor_never_import_torch() -> None:

@@ -15,11 +15,16 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from sentinel.coordinator.ingest import IngestResult
 from sentinel.coordinator.lifecycle import OUT_OF_SERVICE, RECOVERED, Entity, IncidentState
-from sentinel.coordinator.stages import LAUNCH_STAGES, launch_stage_seconds
+from sentinel.coordinator.stages import launch_stage_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -69,6 +74,7 @@ class IncidentHistory:
     def __init__(self) -> None:
         self.store: StateStore | None = None
         self.stages: set[tuple[str, str]] = set()  # (playbook, stage) shown even when unseen
+        self.targets: dict[tuple[str, str], float] = {}  # playbooks' `stage_targets_s`
 
     def collect(self) -> Iterator[Metric]:
         if self.store is None:
@@ -107,6 +113,26 @@ class IncidentHistory:
             stages,
             STAGE_BUCKETS,
         )
+        yield from self._targets(p, stages)
+
+    def _targets(self, p: str, stages: dict[tuple[str, ...], list[float]]) -> Iterator[Metric]:
+        """The playbooks' stage targets, and the repairs whose stage took longer: an alert
+        reads the count, whatever target each playbook set."""
+        target = GaugeMetricFamily(
+            f"{p}repair_stage_target_seconds",
+            "a playbook's target for one of its repair's stages (stage_targets_s)",
+            labels=["playbook", "stage"],
+        )
+        over = CounterMetricFamily(
+            f"{p}repair_stage_over_target",
+            "repairs whose stage took longer than its playbook's target",
+            labels=["playbook", "stage"],
+        )
+        for key, seconds in sorted(self.targets.items()):
+            target.add_metric(list(key), seconds)
+            over.add_metric(list(key), sum(v > seconds for v in stages.get(key, [])))
+        yield target
+        yield over
 
     def _playbooks(self, p: str) -> Iterator[Metric]:
         """Runs per playbook, live and shadow (dry run), by status; and the steps shadow runs
@@ -243,9 +269,12 @@ class Metrics:
         # Every playbook's stages are series from the start (at 0), so an alert's increase()
         # sees a first slow repair, and a rule reading a stage never reads a missing series.
         self.history.stages = {
-            (b.name, stage)
+            (b.name, stage) for b in service.playbooks for stage in b.all_stages()
+        }
+        self.history.targets = {
+            (b.name, stage): seconds
             for b in service.playbooks
-            for stage in ["decide", *b.stage_names(), *(LAUNCH_STAGES if b.resumes() else ())]
+            for stage, seconds in b.stage_targets_s.items()
         }
         for gauge in (self.incidents, self.actions, self.nodes, self.jobs):
             gauge.clear()  # a state nothing is in any more reads 0, not its last value

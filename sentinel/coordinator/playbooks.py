@@ -15,6 +15,7 @@ steps:                         # run in order; each step's state is persisted
   - {action: evict_node, params: {reason: "GPU hardware fault"}}
   - {action: resume}
 guards: {cooldown_s: 600, require_approval: false, dry_run: false}
+stage_targets_s: {evict_node: 120, first_step: 60}   # optional: seconds each stage should take
 ```
 Condition fields are dotted paths into the event (`payload.xid`, `source.node`); `*` walks a list
 (`payload.findings.*.rule`) and the condition holds when any element satisfies it. The `asks`
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -36,11 +37,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sentinel.coordinator.actions import ACTIONS
+from sentinel.coordinator.stages import LAUNCH_STAGES
 from sentinel.faults.catalog import asks
 from sentinel.protocol import Action, Event, EventKind
 
@@ -185,11 +189,14 @@ class Step(_Strict):
             raise ValueError(f"unknown action {name!r}; known: {', '.join(sorted(ACTIONS))}")
         return name
 
-    @model_validator(mode="after")
-    def _params_fit(self) -> Step:
-        if self.action in ACTIONS:
-            ACTIONS[self.action].Params.model_validate(self.params)
-        return self
+    @field_validator("params")
+    @classmethod
+    def _params_fit(cls, params: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Checked by the action's own model: its errors point into `params` (and the line)."""
+        action = info.data.get("action")
+        if action in ACTIONS:
+            ACTIONS[action].Params.model_validate(params)
+        return params
 
 
 class Guards(_Strict):
@@ -206,17 +213,71 @@ class Playbook(_Strict):
     trigger: list[TriggerClause] = Field(min_length=1)
     steps: list[Step] = Field(min_length=1)
     guards: Guards = Guards()
+    # Seconds each of its repair's stages should take at most (`/metrics` exports them and
+    # counts the repairs past them): a stage it does not have is an error, not a silent no-op.
+    stage_targets_s: dict[str, PositiveSeconds] = Field(default_factory=dict)
+
+    @field_validator("stage_targets_s")
+    @classmethod
+    def _known_stages(cls, targets: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        steps: list[Step] | None = info.data.get("steps")
+        if steps is None:
+            return targets  # the steps' own errors are reported
+        known = _stages_of(steps)
+        errors = [
+            _error(
+                name,
+                value,
+                "unknown stage '{stage}'; this playbook's stages: {known}",
+                stage=name,
+                known=", ".join(known),
+            )
+            for name, value in targets.items()
+            if name not in known
+        ]
+        parts = sum(targets.get(s, 0.0) for s in ("rendezvous", "checkpoint_load"))
+        whole = targets.get("first_step")
+        if whole is not None and parts > whole:
+            errors.append(
+                _error(
+                    "first_step",
+                    whole,
+                    "can never be met: the restart to its first step"
+                    " spans rendezvous and checkpoint_load, whose targets add up to {parts} s",
+                    parts=f"{parts:g}",
+                )
+            )
+        if errors:
+            raise ValidationError.from_exception_data("stage_targets_s", errors)
+        return targets
 
     def stage_names(self) -> list[str]:
         """Its repair's stages after the decision: its steps' actions, in order, once each."""
         return list(dict.fromkeys(step.action for step in self.steps))
 
-    def resumes(self) -> bool:
-        """Whether its repair relaunches the job (its relaunch's stages are then measured)."""
-        return any(step.action == "resume" for step in self.steps)
+    def all_stages(self) -> list[str]:
+        """Every stage `/metrics` observes for it: `decide`, its steps' actions, and when it
+        resumes the job, the relaunch's (`rendezvous`, `checkpoint_load`, `first_step`)."""
+        return _stages_of(self.steps)
 
     def clause_for(self, event: Event, doc: dict[str, Any]) -> TriggerClause | None:
         return next((c for c in self.trigger if c.matches(event, doc)), None)
+
+
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _error(name: str, value: Any, message: str, **ctx: str) -> InitErrorDetails:
+    """An error at `stage_targets_s.<name>`, so that its line is the stage's own."""
+    return InitErrorDetails(
+        type=PydanticCustomError("stage_target", message, ctx), loc=(name,), input=value
+    )
+
+
+def _stages_of(steps: list[Step]) -> list[str]:
+    actions = list(dict.fromkeys(step.action for step in steps))
+    relaunch = list(LAUNCH_STAGES) if "resume" in actions else []
+    return ["decide", *actions, *relaunch]
 
 
 class PlaybookError(ValueError):
