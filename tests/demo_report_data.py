@@ -119,6 +119,16 @@ RESULT: dict[str, Any] = {
             "detected_step": 47,
             "actions": ["cordon node-2", "swap in spare-0", "rollback to step 40"],
             "resolution": "resolved",
+            "stages": {
+                "detected": 40.0,
+                "decided": 40.5,
+                "drained": 41.0,
+                "restart": 41.25,
+                "relaunched": 44.0,
+                "rendezvoused": 45.0,
+                "checkpoint_loaded": 47.0,
+                "first_step": 50.0,
+            },
         },
         {
             "id": "inc-2",

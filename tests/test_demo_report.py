@@ -150,6 +150,11 @@ def test_header_and_what_happened(full: str) -> None:
     assert "1.2 s" in table and "21.5 s" in table and '<span class="bad">missed</span>' in table
     assert "cordon node-2 → swap in spare-0 → rollback to step 40" in table
     assert "evict node-2" in table
+    stages = table.split('id="repair-stages"')[1]
+    rows = stages.split("<tbody>")[1].split("</tbody>")[0]
+    assert rows.count("<tr>") == 1  # inc-2 relaunched nothing
+    assert "<td>inc-1</td>" in rows and ">41.2<" in rows and ">47.0<" in rows
+    assert ">10.0 s<" in rows  # detection to the first step
 
 
 def test_text_is_escaped(full: str) -> None:

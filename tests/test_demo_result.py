@@ -60,8 +60,17 @@ def test_a_hang_blamed_on_the_struck_node_passes_with_measured_times() -> None:
     sc = scenario({"kind": "hang", "rank": 3, "at_step": 15})
     inc = incident(1, "collective_hang", 19.0, [("node-0", 0), ("node-1", 3)],
                    [action("fr_dump"), action("evict_node", nodes=["node-1"]), action("resume")])  # fmt: skip
+    # The coordinator's recorded stages (epochs): the report and the goodput samples read them.
+    at = {"detected": 18.5, "decided": 19.25, "drained": 20.0, "restart": 21.0, "relaunched": 30.0,
+          "rendezvoused": 31.0, "checkpoint_loaded": 33.0, "first_step": 41.0}  # fmt: skip
+    inc["stages"] = [{f"{k}_at": T0 + v for k, v in at.items()}]
     res = build_result(evidence(sc, [inc], {0: Strike(t=15.5, step=15, node="node-1", rank=3)}))
     assert res["verdict"] == "pass"
+    assert res["incidents"][0]["stages"] == at
+    assert res["faults"][0]["repair_stages_s"] == {
+        "decide": 0.75, "drain": 0.75, "prepare": 1.0, "relaunch": 9.0, "rendezvous": 1.0,
+        "checkpoint_load": 2.0, "build_first_step": 8.0,
+    }  # fmt: skip
     (f,) = res["faults"]
     assert (f["detected"], f["incident"], f["target"]) == (True, 1, "rank-3")
     assert (f["time_to_detect_s"], f["time_to_resume_s"]) == (3.5, 22.0)

@@ -15,9 +15,14 @@ restarted by hand) records nothing.
 
 from __future__ import annotations
 
-from sentinel.coordinator.store import StateStore
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 from sentinel.coordinator.store.rows import RepairStagesRow, RunRow, StepRow
 from sentinel.protocol import RankLaunchEvent, RankLaunchPayload
+
+if TYPE_CHECKING:
+    from sentinel.coordinator.store import StateStore
 
 MILESTONES = (
     "detected",
@@ -63,9 +68,38 @@ def timeline(
     )
 
 
+# The timeline cut into consecutive segments, each named for what fills it and ending at its
+# milestone; they add up to the time from detection to the first step (the demo report and the
+# goodput simulator's breakdown of a repair).
+SEGMENTS = {
+    "decide": "decided",
+    "drain": "drained",
+    "prepare": "restart",  # the steps between: swap a spare, choose the checkpoint, ...
+    "relaunch": "relaunched",
+    "rendezvous": "rendezvoused",
+    "checkpoint_load": "checkpoint_loaded",
+    "build_first_step": "first_step",  # the model, data and hooks built, the first step run
+}
+
+
 def milestones(row: RepairStagesRow) -> dict[str, float | None]:
     """Stage name -> when it happened (None: the repair had no such stage)."""
     return {name: getattr(row, f"{name}_at") for name in MILESTONES}
+
+
+def segments(at: Mapping[str, float | None]) -> dict[str, float]:
+    """Seconds in each segment of a timeline given as milestone -> time (`milestones`, or a
+    stored row's `<milestone>_at` as the API serves it); a milestone the repair did not have
+    (no drain) leaves its segment out, the next one starting where the last one ended."""
+    out: dict[str, float] = {}
+    prev = at.get("detected")
+    for segment, milestone in SEGMENTS.items():
+        t = at.get(milestone)
+        if t is None or prev is None:
+            continue
+        out[segment] = round(max(0.0, t - prev), 3)
+        prev = max(prev, t)
+    return out
 
 
 def launch_stage_seconds(row: RepairStagesRow) -> dict[str, float]:

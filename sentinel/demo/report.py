@@ -322,6 +322,7 @@ def _what_happened(r: dict[str, Any]) -> str:
         if incidents
         else not_available("no incidents were opened.")
     )
+    parts.append(_stages(incidents))
     false = r.get("false_incidents") or []
     parts.append("<h3>False incidents</h3>")
     if false:
@@ -456,6 +457,47 @@ def _burnin(report: dict[str, Any] | None) -> str:
         )
     lead = "Pairwise link bandwidth between nodes measured before launch. Dark cells are slow links; a red outline marks a link the burn-in failed."
     return _section("burnin", title, lead, *parts)
+
+
+STAGE_HEADERS = {
+    "detected": "Detected",
+    "decided": "Decided",
+    "drained": "Drained",
+    "restart": "Restart ordered",
+    "relaunched": "Relaunched",
+    "rendezvoused": "Rendezvoused",
+    "checkpoint_loaded": "Checkpoint loaded",
+    "first_step": "First step",
+}
+
+
+def _stages(incidents: list[dict[str, Any]]) -> str:
+    """Each relaunching repair's stages as the coordinator recorded them (seconds since the
+    demo started), and its time from detection to the first step."""
+    timed = [i for i in incidents if i.get("stages")]
+    head = '<h3 id="repair-stages">Repair stages</h3>'
+    if not incidents:
+        return ""
+    if not timed:
+        return head + not_available("no repair relaunched the job, or none reported its launch.")
+    rows = []
+    for i in timed:
+        at = i["stages"]
+        total = (
+            at["first_step"] - at["detected"] if {"first_step", "detected"} <= at.keys() else None
+        )
+        rows.append([_val(i.get("id")), *(_at(at.get(k)) for k in STAGE_HEADERS), _secs(total)])
+    headers = ["Incident", *STAGE_HEADERS.values(), "Detection to first step"]
+    lead = (
+        "<p>When each stage of a repair that relaunched the job ended, as the coordinator "
+        "recorded it (seconds since the demo started): its own steps, then the new gang's "
+        "launch report.</p>"
+    )
+    return head + lead + _table(headers, rows, numeric=tuple(range(1, len(headers))))
+
+
+def _at(value: Any) -> str:
+    return f"{float(value):.1f}" if isinstance(value, int | float) else "—"
 
 
 def _num(value: Any) -> str:

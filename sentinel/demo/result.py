@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.coordinator.stages import MILESTONES, segments
 from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
 
 NODE_PREFIXES = ("node-", "spare-")
@@ -374,7 +375,15 @@ def _kinds(inc: dict[str, Any]) -> list[str]:
     return [a["action"] for a in inc.get("actions", [])]
 
 
+def recorded_stages(inc: dict[str, Any]) -> dict[str, float | None]:
+    """The coordinator's recorded timeline of the incident's last relaunching repair (epochs by
+    milestone; empty when no repair of it relaunched the job, or its report never came)."""
+    rows = inc.get("stages") or []
+    return {m: rows[-1].get(f"{m}_at") for m in MILESTONES} if rows else {}
+
+
 def _incident_entry(inc: dict[str, Any], ev: Evidence) -> dict[str, Any]:
+    at = recorded_stages(inc)
     return {
         "id": inc["id"],
         "kind": inc["fault"],
@@ -382,6 +391,8 @@ def _incident_entry(inc: dict[str, Any], ev: Evidence) -> dict[str, Any]:
         "detected_step": detected_step(inc, ev),
         "actions": _actions(inc),
         "resolution": _resolution(inc),
+        # when each stage of its repair ended, in demo seconds (`coordinator/stages.py`)
+        "stages": {m: round(t - ev.t0, 2) for m, t in at.items() if t is not None},
     }
 
 
@@ -408,6 +419,8 @@ def _fault_entry(
         else None,
         "repaired": problem is None,
         "repair_problem": problem,
+        # the coordinator's recorded repair, segment by segment (`coordinator/stages.py`)
+        "repair_stages_s": segments(recorded_stages(inc)) if inc else {},
     }
     entry["targets"] = time_checks(fault, entry, ev.timing)
     return entry
@@ -428,6 +441,7 @@ def _burnin_fault(fault: Any, ev: Evidence) -> dict[str, Any]:
         "time_to_resume_s": None,
         "repaired": caught,  # kept out of the job before it started
         "repair_problem": None if caught else "burn-in did not exclude the node",
+        "repair_stages_s": {},
         "targets": [],
     }
 
