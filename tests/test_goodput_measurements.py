@@ -186,6 +186,31 @@ def test_assumptions_are_listed_with_their_sources(
     assert not {r["key"] for r in rep["assumptions"]} & {"sentinel.detect_s.node"}
 
 
+def test_the_coordinator_s_recorded_stages_are_inputs_named_with_their_source(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A class whose samples carry the coordinator's recorded stages lists each stage's mean
+    beside its repair, measured, with the file and drills it came from; they are parts of the
+    repair (the model reads the repair), so the sensitivity table does not vary them."""
+    staged = [
+        SAMPLES[0].model_copy(update={"stages_s": {"decide": 0.5, "checkpoint_load": 2.0}}),
+        SAMPLES[1].model_copy(update={"stages_s": {"decide": 1.5}}),
+        *SAMPLES[2:],
+    ]
+    f = tmp_path / "m.json"
+    f.write_text(dump(measurements(staged)))
+    rep = project(capsys, "--measurements", str(f))
+    stages = {r["key"]: r for r in rep["inputs"] if r.get("part_of")}
+    assert set(stages) == {"sentinel.repair_stage_s.node.decide",
+                           "sentinel.repair_stage_s.node.checkpoint_load"}  # fmt: skip
+    decide = stages["sentinel.repair_stage_s.node.decide"]
+    assert decide["value"] == 1.0 and decide["origin"] == "measured"
+    assert decide["part_of"] == "sentinel.resume_s.node"
+    assert str(f) in decide["source"] and "coordinator-recorded stage decide" in decide["source"]
+    assert not set(stages) & {r["key"] for r in rep["sensitivity"]}
+    assert rep["sentinel"]["resume_s"]["node"] == 31.0  # the model still reads the repair
+
+
 def _fault(kind: str, detect: float | None, resume: float | None, **extra: Any) -> dict[str, Any]:
     return {"kind": kind, "detected": detect is not None, "time_to_detect_s": detect,
             "time_to_resume_s": resume, "repaired": resume is not None, "injected_step": 15,
@@ -198,8 +223,8 @@ def test_a_drill_result_becomes_samples_and_a_class_without_one_says_why() -> No
         "scenario": "default", "verdict": "pass", "drill_settings": {"compression": 4},
         "faults": [
             _fault("link_degraded", None, None, actions=["burnin.exclude"]),
-            _fault("ecc_dbe", 0.4, 32.0),
-            _fault("thermal", 0.1, None),  # detected, not repaired: no repair time
+            _fault("ecc_dbe", 0.4, 32.0, repair_stages_s={"decide": 0.5, "relaunch": 9.0}),
+            _fault("thermal", 0.1, None, repair_stages_s={"decide": 7.0}),  # not repaired
             _fault("hang", 20.0, 35.0, targets=[hang_target]),
             _fault("straggler", 9.0, 20.0),  # does not interrupt the job: not a sample
         ],
@@ -212,6 +237,7 @@ def test_a_drill_result_becomes_samples_and_a_class_without_one_says_why() -> No
     classes = summarise([drill], samples)
     assert classes[FaultClass.NODE].detect_s == 0.25 and classes[FaultClass.NODE].repair_s == 32.0
     assert classes[FaultClass.NODE].samples == 2
+    assert classes[FaultClass.NODE].stages_s == {"decide": 0.5, "relaunch": 9.0}
     assert classes[FaultClass.HANG].past_watchdog_s == 3.0  # 20 s against a 17 s timeout
     assert classes[FaultClass.LINK].detect_s is None and classes[FaultClass.LINK].samples == 0
     assert "burn-in keeps a degraded link out" in (classes[FaultClass.LINK].note or "")

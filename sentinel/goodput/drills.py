@@ -1,7 +1,8 @@
 """From drill run directories (`sentinel demo --out DIR`) to goodput measurement samples.
 
 A drill's `result.json` times each fault it injected (`time_to_detect_s` from the strike to
-the incident, `time_to_resume_s` from the incident to the first step trained after the repair)
+the incident, `time_to_resume_s` from the incident to the first step trained after the repair,
+`repair_stages_s` the coordinator's recorded repair by segment)
 and its `scenario.yaml` is the scenario as run (shortened by `--quick`). Only what the drill
 measured is taken: a fault it did not detect gives no detection time, one it did not repair
 no repair time.
@@ -75,6 +76,7 @@ def samples_of(result: dict[str, Any], drill_index: int) -> list[Sample]:
                 repair_s=f["time_to_resume_s"] if f.get("repaired") else None,
                 detect_steps=steps,
                 watchdog_timeout_s=_watchdog_timeout(f) if f["kind"] == "hang" else None,
+                stages_s=f.get("repair_stages_s") or {} if f.get("repaired") else {},
             )
         )
     return out

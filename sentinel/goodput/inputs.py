@@ -48,6 +48,9 @@ class Input:
     unit: str
     origin: Origin
     source: str
+    # A part of another input, shown with it (a repair's stages): not a model input itself, so
+    # not varied in the sensitivity table.
+    part_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,22 @@ def sentinel_rows(m: Measurements, where: str) -> list[Input]:
             src = _measured(m, where, cls, "repair")
             rows.append(Input(f"sentinel.resume_s.{cls}", f"repair: {cls}", repair, "s",
                               "measured", src))  # fmt: skip
+            rows += _stage_rows(cls, m, where)
         else:
             rows.append(_repair_assumption(cls, m))
     return rows
+
+
+def _stage_rows(cls: FaultClass, m: Measurements, where: str) -> list[Input]:
+    """Where a class's measured repair went, stage by stage, as the coordinator recorded it in
+    the drills (from the detection to the new gang's first step: the stages start a little
+    before the repair, at the fault's first signal, so they need not add up to it)."""
+    whole = f"sentinel.resume_s.{cls}"
+    return [
+        Input(f"sentinel.repair_stage_s.{cls}.{name}", f"  {cls} repair: {name}", seconds, "s",
+              "measured", _measured(m, where, cls, f"coordinator-recorded stage {name}"), whole)
+        for name, seconds in m.classes[cls].stages_s.items()
+    ]  # fmt: skip
 
 
 def _repair_assumption(cls: FaultClass, m: Measurements) -> Input:

@@ -17,7 +17,7 @@ import json
 import statistics
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -33,6 +33,9 @@ LINK_NOTE = (
     "drill has a detection or resume during training to time"
 )
 NO_SAMPLE_NOTE = "not measured: no drill in this file timed a fault of this class"
+
+
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -64,6 +67,9 @@ class Sample(_Strict):
     repair_s: float | None = Field(default=None, ge=0)  # incident opened -> training resumed
     detect_steps: int | None = None  # steps from the strike to the detection, in drill steps
     watchdog_timeout_s: float | None = Field(default=None, gt=0)  # hang: the timeout reached
+    # The coordinator's recorded repair by segment (decide, drain, prepare, relaunch, rendezvous,
+    # checkpoint_load, build_first_step: `sentinel.coordinator.stages.SEGMENTS`), in seconds.
+    stages_s: dict[str, Seconds] = {}
 
 
 class ClassFigures(_Strict):
@@ -79,6 +85,7 @@ class ClassFigures(_Strict):
     detect_steps_shipped: float | None = None
     scenarios: list[str] = []
     note: str | None = None
+    stages_s: dict[str, float] = {}  # each repair segment's mean over the samples that have it
 
 
 class Measurements(_Strict):
@@ -133,8 +140,17 @@ def summarise(drills: list[Drill], samples: list[Sample]) -> dict[FaultClass, Cl
             detect_steps_shipped=_mean(steps) if cls == FaultClass.SDC else None,
             scenarios=scen,
             note=None if mine else _no_sample_note(cls, drills),
+            stages_s=_stage_means(mine),
         )
     return out
+
+
+def _stage_means(samples: list[Sample]) -> dict[str, float]:
+    names = list(dict.fromkeys(name for s in samples for name in s.stages_s))
+    return {
+        name: _mean([s.stages_s[name] for s in samples if name in s.stages_s]) or 0.0
+        for name in names
+    }
 
 
 def _no_sample_note(cls: FaultClass, drills: list[Drill]) -> str:
