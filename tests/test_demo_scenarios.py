@@ -4,6 +4,7 @@ report graded against a clean reference run (shared by the tests through one cac
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -52,6 +53,25 @@ def assert_repaired(res: dict[str, Any], kind: str, incident: str, evicted: list
     assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
     assert fault["time_to_detect_s"] is not None and 0 < fault["time_to_resume_s"] <= 60
     assert fault["repaired"] and all(t["met"] for t in fault["targets"]), fault["targets"]
+    assert_stages_recorded(res["incidents"][0], fault, drained=bool(evicted))
+
+
+RELAUNCH = ["restart", "relaunched", "rendezvoused", "checkpoint_loaded", "first_step"]
+
+
+def assert_stages_recorded(inc: dict[str, Any], fault: dict[str, Any], drained: bool) -> None:
+    """The coordinator recorded the repair's stages from the new gang's `rank.launch` (real
+    agents relaying the reference trainer's hooks), in order, ending at the first step."""
+    at = inc["stages"]
+    order = ["detected", "decided", *(["drained"] if drained else []), *RELAUNCH]
+    assert list(at) == order, at
+    assert all(at[a] <= at[b] for a, b in itertools.pairwise(order)), at
+    assert 0 < at["first_step"] - at["restart"] <= 60
+    segments = fault["repair_stages_s"]
+    assert {"decide", "relaunch", "rendezvous", "checkpoint_load", "build_first_step"} <= set(
+        segments
+    ), segments
+    assert sum(segments.values()) == pytest.approx(at["first_step"] - at["detected"], abs=0.05)
 
 
 @pytest.mark.slow
