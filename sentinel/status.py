@@ -167,14 +167,27 @@ def _jobs(doc: dict[str, Any]) -> Table:
 
 def _incidents(doc: dict[str, Any]) -> Table:
     t = Table(title="open incidents and their playbook runs", title_justify="left")
-    for col in ("id", "fault", "target", "state", "age", "playbook run"):
+    for col in ("id", "fault", "target", "state", "age", "playbook run", "to first step"):
         t.add_column(col)
     for i in doc["incidents"]:
         run = i["runs"][-1] if i["runs"] else None
         steps = " > ".join(f"{s['action']}:{s['state']}" for s in run["steps"]) if run else ""
         how = f"{run['playbook']} {run['status']} {steps}".strip() if run else i["playbook"] or "-"
-        t.add_row(str(i["id"]), i["fault"], i["target"], i["state"], f"{i['age_s']:.0f}s", how)
+        age = f"{i['age_s']:.0f}s"
+        t.add_row(str(i["id"]), i["fault"], i["target"], i["state"], age, how, _to_first_step(i))
     return t
+
+
+def _to_first_step(i: dict[str, Any]) -> str:
+    """Its last relaunch's time from detection to the new gang's first step, with the
+    rendezvous and checkpoint load in it (the recorded stages), or "-"."""
+    if not i.get("stages"):
+        return "-"
+    s = i["stages"][-1]
+    total = s["first_step_at"] - s["detected_at"]
+    rdzv = s["rendezvoused_at"] - s["relaunched_at"]
+    load = s["checkpoint_loaded_at"] - s["rendezvoused_at"]
+    return f"{total:.1f}s (rendezvous {rdzv:.1f}s, load {load:.1f}s)"
 
 
 def _attention(doc: dict[str, Any]) -> Table:

@@ -481,6 +481,31 @@ def test_a_relaunch_s_stages_are_recorded_with_its_incident(
     assert samples[(target, (book, ("stage", "first_step")))] == 10.0
 
 
+def test_a_timeline_without_a_drain_and_its_segments() -> None:
+    """A restart that evicted nothing (rank_crash): no `drained`, and its segments go from the
+    decision straight to the restart; a shadow step is no stage; a run without a live resume
+    relaunched nothing."""
+    from sentinel.coordinator.lifecycle import StepState
+    from sentinel.coordinator.stages import milestones, segments, timeline
+    from sentinel.coordinator.store.rows import RunContext, RunRow, StepRow
+
+    def step(action: str, started: float, done: float, dry: bool = False) -> StepRow:
+        return StepRow(0, action, 1, 7, action, None, {}, StepState.DONE, {}, dry, "c",
+                       started, done)  # fmt: skip
+
+    run = RunRow(7, 1, "rank_crash", RunState.DONE, 2, RunContext(), False, 99.0, 99.0, None)
+    launch = RankLaunchPayload(main_at=110.0, rendezvous_s=1.0, load_s=2.0, ready_at=115.0,
+                               first_step_at=116.0, resume_step=30)  # fmt: skip
+    steps = [step("evict_node", 99.0, 99.5, dry=True), step("rollback", 100.0, 100.0),
+             step("resume", 101.0, 112.0)]  # fmt: skip
+    row = timeline(run, 98.0, steps, launch)
+    assert row is not None and row.drained_at is None and row.decided_at == 100.0
+    at = milestones(row)
+    assert segments(at) == {"decide": 2.0, "prepare": 1.0, "relaunch": 9.0, "rendezvous": 1.0,
+                            "checkpoint_load": 2.0, "build_first_step": 3.0}  # fmt: skip
+    assert timeline(run, 98.0, steps[:2], launch) is None
+
+
 def test_a_shadow_run_judges_the_rails_and_is_counted(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
