@@ -98,7 +98,9 @@ class CommandRelay:
             return {"error": "this agent runs no validations"}
         return {"validation_started": self.validator.start(cmd)}
 
-    async def _ack(self, session: aiohttp.ClientSession, cmd: Command, detail: dict[str, object]) -> None:
+    async def _ack(
+        self, session: aiohttp.ClientSession, cmd: Command, detail: dict[str, object]
+    ) -> None:
         ack = {"ok": True, "detail": detail}
         path = f"/v1/commands/{cmd.id}/ack"
         reply = await request(session, self.coordinators, "POST", path, json=ack)
