@@ -48,7 +48,8 @@ AGENT_INTERVAL_S: float = AgentConfig.model_fields["interval_s"].default
 # Drills compress time. A drill's steps take ~0.3 s on two shared CPU cores and it runs 40 to
 # 100 of them where a real run takes thousands of multi-second steps, so every trainer-hooks
 # setting counted in steps or in seconds is divided by this one factor, the same for every
-# drill; every other setting (thresholds, the playbooks, the agents) is the shipped default.
+# drill, and so are the coordinator's validation hold-down and timeout (demo/returns.py); every
+# other setting (thresholds, the playbooks, the agents) is the shipped default.
 DRILL_COMPRESSION = 4
 # The hooks' shipped defaults the compression divides (trainer_hooks.config.HooksConfig;
 # `sentinel` does not import `trainer_hooks`: a test checks these match).
