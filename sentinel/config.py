@@ -128,6 +128,21 @@ class EvictionBudgetConfig(StrictModel):
     min_fleet: int = Field(default=1, ge=0)
 
 
+class ValidationConfig(StrictModel):
+    """The gate before an evicted node returns (coordinator/validation.py): its agent healthy
+    for `hold_down_s`, then the validation burn-in on the node against `baseline` (a file of
+    `sentinel burnin --validate --save-baseline`). No baseline: no node returns."""
+
+    baseline: Path | None = None
+    hold_down_s: float = Field(default=300.0, ge=0)
+    # The agent heard from no longer than this ago (its heartbeat is every 15 s): silent past
+    # it, the node is not healthy, and the hold-down starts again when it speaks.
+    stale_s: float = Field(default=45.0, gt=0)
+    # The agent's answer, from the command's queueing; and the hold-down, from the return's
+    # start, may take this long past `hold_down_s`. Then the return escalates.
+    timeout_s: float = Field(default=900.0, gt=0)
+
+
 class CoordinatorConfig(StrictModel):
     listen: str = "127.0.0.1:9400"
     # A second port that serves only `POST /v1/events`, past aiohttp (coordinator/front.py):
@@ -158,6 +173,7 @@ class CoordinatorConfig(StrictModel):
     # A node whose weighted blame (sentinel.faults.blame) reaches `threshold` within `window_s`
     # is not returned to service until a person clears it.
     lemon: LemonPolicy = LemonPolicy()
+    validation: ValidationConfig = ValidationConfig()
     dry_run: bool = False
     default_cooldown_s: float = Field(default=300.0, ge=0)
     job_heartbeat_timeout_s: float = Field(default=30.0, gt=0)

@@ -303,6 +303,27 @@ class JobStatusPayload(_Strict):
     checkpoints: list[int] = Field(default_factory=list)
 
 
+class ValidationCheck(_Strict):
+    """One check of a node's validation burn-in: its figure, the baseline's and the limit."""
+
+    name: str = Field(min_length=1, max_length=64)  # "gemm", "sdc", "loopback"
+    passed: bool
+    value: float | None = None  # seconds (gemm), GB/s (loopback); None: no figure (sdc)
+    baseline: float | None = None
+    limit: float | None = None
+    detail: str = Field(default="", max_length=2000)
+
+
+class NodeValidationPayload(_Strict):
+    """A node's answer to `node.validate` (its agent ran the validation burn-in on it)."""
+
+    request_id: Identifier
+    passed: bool
+    checks: list[ValidationCheck] = Field(default_factory=list, max_length=64)
+    reason: str = Field(default="", max_length=4000)  # why it failed, for the incident
+    seconds: float = Field(default=0.0, ge=0)
+
+
 class FrAnalysisPayload(_Strict):
     """Result of a flight-recorder dump analysis (`sentinel fr analyze`) for a job."""
 
@@ -329,6 +350,7 @@ class EventKind(StrEnum):
     RANK_CHECKPOINT = "rank.checkpoint"
     RANK_STACKS = "rank.stacks"
     RANK_LAUNCH = "rank.launch"
+    NODE_VALIDATION = "node.validation"
 
 
 # --- envelopes -------------------------------------------------------------------------------
@@ -458,6 +480,11 @@ class RankStacksEvent(EventBase):
     payload: RankStacksPayload
 
 
+class NodeValidationEvent(EventBase):
+    kind: Literal[EventKind.NODE_VALIDATION] = EventKind.NODE_VALIDATION
+    payload: NodeValidationPayload
+
+
 # Any event: the class its `kind` names. The one decoder of events (see `decode_event`).
 Event = Annotated[
     GpuVerdictEvent
@@ -475,7 +502,8 @@ Event = Annotated[
     | RankFrDumpEvent
     | RankCheckpointEvent
     | RankStacksEvent
-    | RankLaunchEvent,
+    | RankLaunchEvent
+    | NodeValidationEvent,
     Field(discriminator="kind"),
 ]
 
@@ -500,6 +528,8 @@ class CommandKind(StrEnum):
     JOB_STOP = "job.stop"
     JOB_RESTART = "job.restart"
     STACKS_DUMP = "stacks.dump"  # to a node's agent: its ranks answer with `rank.stacks`
+    # To a node's agent: run the validation burn-in, answer with `node.validation`.
+    NODE_VALIDATE = "node.validate"
 
 
 class LrScale(_Strict):

@@ -131,12 +131,25 @@ class TrainerSpec(_Fault):
     seed: int = 7
 
 
+class ReturnDrill(_Fault):
+    """An operator returns the node a fault's repair evicted (validation before return): first
+    while its GPU is still damaged (`damage`, written into that simulated GPU when the fault
+    strikes: silent in every NVML reading, only the validation burn-in sees it), which
+    validation must refuse; then, once repaired (`clear`), again, which must pass."""
+
+    node: NodeName
+    gpu: int = Field(default=0, ge=0)
+    damage: list[Literal["sdc", "slow"]] = Field(default=["sdc"], min_length=1)
+    slowdown: float = Field(default=4.0, gt=1, le=100)  # for `slow`
+
+
 class Scenario(_Fault):
     name: str = "custom"
     description: str = ""
     fleet: FleetSpec = FleetSpec()
     trainer: TrainerSpec = TrainerSpec()
     faults: list[Fault] = Field(default_factory=list)
+    returns: ReturnDrill | None = None
 
     @model_validator(mode="after")
     def _faults_fit_the_fleet(self) -> Scenario:
@@ -163,6 +176,13 @@ class Scenario(_Fault):
                 out.append(f"faults.{i}.gpu: {gpu} >= gpus_per_node ({self.fleet.gpus_per_node})")
             if rank is not None and rank >= world:
                 out.append(f"faults.{i}.rank: {rank} >= world size {world}")
+        if self.returns is not None:
+            if self.returns.node not in names:
+                out.append(f"returns.node: {self.returns.node} is not in the fleet")
+            if self.returns.gpu >= self.fleet.gpus_per_node:
+                out.append(
+                    f"returns.gpu: {self.returns.gpu} >= gpus_per_node ({self.fleet.gpus_per_node})"
+                )
         return out
 
     def faults_of(self, *kinds: type[_Fault]) -> list[_Fault]:

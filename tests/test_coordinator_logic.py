@@ -32,6 +32,7 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     GpuVerdictPayload,
+    NodeValidationPayload,
     RankLaunchPayload,
     RankSdcPayload,
     Source,
@@ -817,10 +818,28 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
     operator's first two returns go through; at a blame of 3.0 (threshold 2.5) the third return
     escalates with the node's history, and the node stays evicted; asked again with
     `clear_lemon` (after a deep repair), it returns."""
+    from sentinel.burnin.baseline import ValidationBaseline, save_validation_baseline
+    from sentinel.config import ValidationConfig
     from sentinel.coordinator import queries
 
-    store, ingest, engine, clock = setup(tmp_path, new_store)
-    operator = _Operator(store, cfg(tmp_path))
+    base = tmp_path / "base.json"
+    save_validation_baseline(base, ValidationBaseline(
+        gemm_s=0.002, gemm_size=384, loopback_gbps=1.0, loopback_bytes=1 << 24,
+        sdc_digest="abc", device="cpu"))  # fmt: skip
+    gate = ValidationConfig(baseline=base, hold_down_s=0)
+    store, ingest, engine, clock = setup(tmp_path, new_store, validation=gate)
+    operator = _Operator(store, cfg(tmp_path, validation=gate))
+
+    def validated(node: str) -> None:
+        """Its agent is healthy now and answers the return's validation with a pass."""
+        ingest.ingest(EventBatch(events=[heartbeat(node)]), clock())
+        engine.tick()
+        rid = store.query("SELECT id FROM commands WHERE kind='node.validate'")[-1]["id"]
+        answer = NodeValidationPayload(request_id=rid, passed=True)
+        ev = make_event(EventKind.NODE_VALIDATION, Source(node=node), answer)
+        ingest.ingest(EventBatch(events=[ev]), clock())
+        engine.tick()
+
     nodes = ["node-0", "node-1"]
     spares = [f"spare-{i}" for i in range(3)]
     returns = []
@@ -835,6 +854,8 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
             operator, incident, "return_node", body, "reseated", "operator:o", clock()
         )  # type: ignore[arg-type]
         engine.tick()
+        if gen < 2:  # a lemon (the third) is held before any validation
+            validated("node-1")
         returns.append(store.query("SELECT status FROM runs ORDER BY id")[-1]["status"])
         clock.t += 1000  # past the playbook's cooldown: the next XID is a new episode
     assert returns == ["done", "done", "escalated"]
@@ -848,6 +869,7 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         operator, incident, "return_node", params, "GPU replaced", "operator:o", clock()
     )  # type: ignore[arg-type]
     engine.tick()
+    validated("node-1")
     assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "returned"
 
 

@@ -265,3 +265,61 @@ def test_a_poison_crash_is_handled_when_the_budget_stops_the_job_and_no_node_is_
     assert res["faults"][0]["repair_problem"] == (
         "evicted node-0 for a crash that follows the step, not the node"
     )
+
+
+def _returns_evidence(attempts: list[dict[str, Any]]) -> Evidence:
+    """An SDC evicting node-1, then the operator's returns with what each came to."""
+    sc = Scenario.model_validate(
+        scenario({"kind": "sdc", "rank": 2, "at_step": 12}).model_dump()
+        | {"returns": {"node": "node-1", "gpu": 0}}
+    )
+    inc = incident(1, "sdc", 16.0, [("node-1", 2)], [action("evict_node", nodes=["node-1"])],
+                   rank_kind="rank.sdc")  # fmt: skip
+    # The operator's return_node steps run as manual runs on the same incident: they are not
+    # the playbook's run, which is what the fault's repair is graded on.
+    inc["runs"] = [{"id": 1, "playbook": "sdc", "status": "done"},
+                   {"id": 2, "playbook": "manual", "status": "escalated"}]  # fmt: skip
+    inc["actions"] += [{"action": "return_node", "state": "escalated", "run_id": 2,
+                        "target": "node-1", "result": {}}]  # fmt: skip
+    ev = evidence(sc, [inc], {0: Strike(13.0, 13, "node-1", 2)})
+    ev.returns = {"node": "node-1", "damage": ["sdc"], "incident": 1, "attempts": attempts}
+    return ev
+
+
+def _attempt(damaged: bool, outcome: str | None, reason: str = "") -> dict[str, Any]:
+    return {"asked_t": 20.0, "still_damaged": damaged, "outcome": outcome, "reason": reason,
+            "answered_t": None if outcome is None else 30.0, "checks": []}  # fmt: skip
+
+
+FAILED = "node-1 stays out of service: it failed validation: sdc: GPU 0: recompute differs"
+
+
+def test_validation_before_return_passes_only_when_refused_then_returned() -> None:
+    res = build_result(
+        _returns_evidence([_attempt(True, "refused", FAILED), _attempt(False, "returned")])
+    )
+    assert res["verdict"] == "pass", res["problems"]
+    r = res["returns"]
+    assert r["refused_while_damaged"] and r["returned_after_repair"] and not r["false_return"]
+    assert r["refused_reason"] == FAILED
+    assert res["faults"][0]["repaired"] and "return_node" not in res["faults"][0]["actions"]
+
+    # a damaged node returned: a false return, whatever follows
+    res = build_result(_returns_evidence([_attempt(True, "returned")]))
+    assert res["verdict"] == "fail" and res["returns"]["false_return"]
+    assert "FALSE RETURN" in res["problems"][-1]
+    # refused, but not by validation (its agent never held the hold-down): a miss, with why
+    why = "node-1 stays out of service: its agent was not healthy for 75 s in a row"
+    res = build_result(_returns_evidence([_attempt(True, "refused", why)]))
+    assert res["verdict"] == "fail" and not res["returns"]["refused_while_damaged"]
+    assert "not refused by validation (refused: " + why in res["problems"][-1]
+    # refused by validation, but the repaired node did not come back
+    res = build_result(
+        _returns_evidence([_attempt(True, "refused", FAILED), _attempt(False, None)])
+    )
+    assert res["problems"] == [
+        "validation before return of node-1: the repaired node was not returned (no answer)"
+    ]
+    # the operator never asked
+    res = build_result(_returns_evidence([]))
+    assert "never asked" in res["problems"][-1]

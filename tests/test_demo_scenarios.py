@@ -189,3 +189,23 @@ def test_an_eviction_with_no_spare_fails_and_says_why(tmp_path: Path, cache: Pat
     assert lines[verdict + 1].startswith("  FAIL: ecc_dbe on node-1: not repaired")
     report = (tmp_path / "out" / "report.html").read_text()
     assert report.index('id="problems"') < report.index('id="what-happened"')
+
+
+@pytest.mark.slow
+def test_validation_keeps_a_damaged_node_out_and_returns_it_once_repaired(
+    tmp_path: Path, cache: Path
+) -> None:
+    """The validation drill as a demo scenario: the SDC's repair evicts node-1, whose GPU stays
+    damaged; the operator's first return (POST /v1/actions, operator token) is refused by the
+    validation burn-in with the reason, the second, after the repair, returns it."""
+    code, res, stdout = demo("validation", tmp_path, cache)
+    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert_repaired(res, "sdc", "sdc", ["node-1"])
+    r = res["returns"]
+    first, second = r["attempts"]
+    assert first["still_damaged"] and first["outcome"] == "refused"
+    assert "failed validation: sdc: GPU 0" in first["reason"] and first["reason"] in stdout
+    assert not second["still_damaged"] and second["outcome"] == "returned"
+    assert r["refused_while_damaged"] and r["returned_after_repair"] and not r["false_return"]
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert "Validation before return of node-1" in report and "no false return" in report

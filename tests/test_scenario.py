@@ -97,7 +97,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
     assert steps == {
         "default": 86, "corrupt_batch": 40, "crash": 35, "ecc_dbe": 35, "hang": 35,
         "link_degraded": 20, "poison_crash": 35, "sdc": 32, "straggler": 55, "thermal": 32,
-        "xid": 35,
+        "validation": 32, "xid": 35,
     }  # fmt: skip
     # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
     assert timed(quick(load_scenario("crash"))) == [15]
@@ -113,3 +113,18 @@ def test_quick_mirrors_the_hooks_shipped_warmups() -> None:
     assert make_policy(HooksConfig().anomaly_policy, "loss").warmup == LOSS_SPIKE_WARMUP  # type: ignore[attr-defined]
     assert HooksConfig().straggler_persist == STRAGGLER_PERSIST
     assert CORRUPT_BATCH_EARLIEST >= LOSS_SPIKE_WARMUP
+
+
+def test_the_validation_scenario_returns_a_node_of_its_fleet() -> None:
+    from pydantic import ValidationError
+
+    from sentinel.demo.quick import quick
+
+    sc = load_scenario("validation")
+    assert sc.returns is not None and sc.returns.node == "node-1" and sc.returns.damage == ["sdc"]
+    assert quick(sc).returns == sc.returns  # --quick keeps the returns drill
+    doc = sc.model_dump() | {"returns": {"node": "node-7", "gpu": 2}}
+    with pytest.raises(ValidationError) as e:
+        Scenario.model_validate(doc)
+    assert "returns.node: node-7 is not in the fleet" in str(e.value)
+    assert "returns.gpu: 2 >= gpus_per_node (2)" in str(e.value)

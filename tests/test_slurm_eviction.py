@@ -12,7 +12,17 @@ import pytest
 from coord_util import Coordinator, job_status, wait_for, xid
 from slurm_support import require_cluster
 
-from sentinel.protocol import EventBatch, encode
+from sentinel.burnin.baseline import ValidationBaseline, save_validation_baseline
+from sentinel.protocol import (
+    AgentHeartbeatPayload,
+    EventBatch,
+    EventKind,
+    NodeValidationPayload,
+    Source,
+    Verdict,
+    encode,
+    make_event,
+)
 from sentinel.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -29,6 +39,12 @@ def slurm_coord(
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         monkeypatch.setenv("SENTINEL_COORDINATOR__EVICTION_BACKEND", "slurm")
         monkeypatch.setenv("SENTINEL_COORDINATOR__SCONTROL_TIMEOUT_S", "20")
+        baseline = tmp_path / "baseline.json"  # node-1's validation is answered by the test
+        save_validation_baseline(baseline, ValidationBaseline(
+            gemm_s=0.002, gemm_size=384, loopback_gbps=1.0, loopback_bytes=1 << 24,
+            sdc_digest="abc", device="cpu"))  # fmt: skip
+        monkeypatch.setenv("SENTINEL_COORDINATOR__VALIDATION__BASELINE", str(baseline))
+        monkeypatch.setenv("SENTINEL_COORDINATOR__VALIDATION__HOLD_DOWN_S", "0")
         coord = Coordinator(tmp_path / "state")
         coord.start()
         try:
@@ -41,6 +57,22 @@ def slurm_coord(
 
 def _post(coord: Coordinator, token: str, *events: object) -> None:
     coord.call("POST", "/v1/events", token, encode(EventBatch(events=list(events))).encode())
+
+
+def _validated(coord: Coordinator, token: str, node: str) -> None:
+    """Stand in for node-1's agent (no agent runs here): healthy, and a passed validation."""
+    beat = make_event(EventKind.AGENT_HEARTBEAT, Source(node=node),
+                      AgentHeartbeatPayload(gpus=1, verdict=Verdict.HEALTHY, agent_version="t"))  # fmt: skip
+    _post(coord, token, beat)
+
+    def asked() -> str | None:
+        with coord.db() as db:
+            row = db.execute("SELECT id FROM commands WHERE kind='node.validate'").fetchone()
+        return str(row[0]) if row else None
+
+    wait_for(lambda: asked() is not None, what="node-1 asked to validate")
+    answer = NodeValidationPayload(request_id=str(asked()), passed=True)
+    _post(coord, token, make_event(EventKind.NODE_VALIDATION, Source(node=node), answer))
 
 
 def _incident(coord: Coordinator, token: str, node: str) -> dict:
@@ -72,6 +104,7 @@ def test_drain_in_sinfo_and_an_audited_return(
         coord.call("POST", "/v1/actions", job, json.dumps(body).encode())
     assert cluster.node_states()["node-1"].state in {"drained", "draining"}
     coord.call("POST", "/v1/actions", operator, json.dumps(body).encode())
+    _validated(coord, admin, "node-1")
     wait_for(lambda: cluster.node_states()["node-1"].state == "idle", what="node-1 resumed")
 
     def fleet_state() -> str:

@@ -1,5 +1,6 @@
 """Relay the coordinator's rank commands (dump the flight recorder, run an SDC check, checkpoint
-now) to the training ranks connected to this node's socket.
+now) to the training ranks connected to this node's socket, and carry out the node's own
+(`node.validate`: the validation burn-in, `agent/validation.py`).
 
 Long-polls `GET /v1/commands?node=ID` with the node's token; a command is acknowledged only
 after it was written to the ranks, so one lost with the agent is delivered again (at least once;
@@ -18,8 +19,9 @@ import aiohttp
 from sentinel.agent.delivery import Backoff
 from sentinel.agent.fr_carry import FrCarrier
 from sentinel.agent.rank_socket import RankSocketServer
+from sentinel.agent.validation import NodeValidator
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Refused, Unreachable, request
-from sentinel.protocol import CommandKind, ProtocolError, decode_command, encode
+from sentinel.protocol import Command, CommandKind, ProtocolError, decode_command, encode
 
 log = logging.getLogger("sentinel.agent.commands")
 
@@ -30,10 +32,12 @@ class CommandRelay:
         coordinators: Coordinators,
         token: str | None,
         node_id: str,
-        ranks: RankSocketServer,
+        ranks: RankSocketServer | None,
         wait_s: float = 20,
         fr: FrCarrier | None = None,
+        validator: NodeValidator | None = None,
     ) -> None:
+        self.validator = validator
         self.fr = fr  # carries the ranks' flight-recorder dumps after an fr.dump
         self._carrying: set[asyncio.Task[int]] = set()
         self.coordinators = coordinators  # shared with the agent's other clients
@@ -71,7 +75,11 @@ class CommandRelay:
                 log.error("coordinator sent a malformed command", extra={"reason": str(e)})
                 continue
             since = time.time() - 1.0  # mtime granularity: a dump this second still counts
-            reached = self.ranks.broadcast(encode(cmd))
+            if cmd.kind == CommandKind.NODE_VALIDATE:  # the node's own: not for its ranks
+                await self._ack(session, cmd, self._validate(cmd))
+                handled += 1
+                continue
+            reached = self.ranks.broadcast(encode(cmd)) if self.ranks is not None else 0
             check_id = cmd.args.get("check_id")
             if cmd.kind == CommandKind.FR_DUMP and self.fr is not None and reached and check_id:
                 task = asyncio.create_task(
@@ -80,11 +88,21 @@ class CommandRelay:
                 self._carrying.add(task)
                 task.add_done_callback(self._carrying.discard)
             log.info("relayed %s to %d rank(s)", cmd.kind.value, reached, extra={"id": cmd.id})
-            ack = {"ok": True, "detail": {"relayed_to_ranks": reached}}
-            path = f"/v1/commands/{cmd.id}/ack"
-            reply = await request(session, self.coordinators, "POST", path, json=ack)
-            if not reply.ok:  # not acknowledged: delivered again, relayed again (safe)
-                raise Refused(f"ack of {cmd.id}", reply)
+            await self._ack(session, cmd, {"relayed_to_ranks": reached})
             self.relayed += 1
             handled += 1
         return handled
+
+    def _validate(self, cmd: Command) -> dict[str, object]:
+        if self.validator is None:
+            return {"error": "this agent runs no validations"}
+        return {"validation_started": self.validator.start(cmd)}
+
+    async def _ack(
+        self, session: aiohttp.ClientSession, cmd: Command, detail: dict[str, object]
+    ) -> None:
+        ack = {"ok": True, "detail": detail}
+        path = f"/v1/commands/{cmd.id}/ack"
+        reply = await request(session, self.coordinators, "POST", path, json=ack)
+        if not reply.ok:  # not acknowledged: delivered again, relayed again (safe)
+            raise Refused(f"ack of {cmd.id}", reply)

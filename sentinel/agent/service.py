@@ -45,6 +45,7 @@ from sentinel.agent.rank_socket import RankSocketServer
 from sentinel.agent.readings import GpuBackend
 from sentinel.agent.spool import Spool
 from sentinel.agent.systemd import Notifier
+from sentinel.agent.validation import NodeValidator
 from sentinel.config import AgentConfig, ConfigError, load_config
 from sentinel.failover import Coordinators
 from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict
@@ -100,6 +101,7 @@ class Agent:
         config_path: Path | None = None,
         notifier: Notifier | None = None,
         registry: CollectorRegistry | None = None,
+        sim_faults: Path | None = None,  # a simulated node's faults (its validation reads them)
     ) -> None:
         self.cfg = cfg
         self.config_path = config_path
@@ -135,9 +137,12 @@ class Agent:
             # One rotation for delivery and commands: a replica one finds dead, both leave.
             coordinators = Coordinators(cfg.coordinator_url)
             self.deliverer = Deliverer(self.spool, coordinators, token, cfg.batch_max_events)
-            if self.rank_server is not None:
-                fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
-                self.relay = CommandRelay(coordinators, token, cfg.node_id, self.rank_server, fr=fr)
+            fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
+            gpus = cfg.sim.gpus if cfg.sim is not None else max(1, backend.gpu_count())
+            validator = NodeValidator(cfg.node_id, gpus, self.emit, sim_faults)
+            self.relay = CommandRelay(
+                coordinators, token, cfg.node_id, self.rank_server, fr=fr, validator=validator
+            )
         self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()

@@ -11,7 +11,15 @@ way a real one would. Each fault changes exactly the readings the real fault cha
                                              48 also counts a double-bit error as above
     {"kind": "thermal", "gpu": 1, "temp_c": 96}  GPU temperature, hardware + software thermal
                                              slowdown reasons, SM clock halved
-    {"kind": "clear", "gpu": 1}              the thermal fault is over
+    {"kind": "sdc", "gpu": 0}                silent data corruption: no reading changes (what
+                                             the validation burn-in's recompute finds)
+    {"kind": "slow", "gpu": 0, "slowdown": 1.5}  arithmetic that slowly: no reading changes
+                                             (what the validation burn-in's GEMM finds)
+    {"kind": "clear", "gpu": 1}              the GPU is repaired: its thermal, SDC and slow
+                                             faults are over
+
+The validation burn-in of a simulated node (`sentinel burnin --validate --sim-faults FILE`)
+reads the same file to make its arithmetic really slow or corrupt (`sentinel.sim.burnin_faults`).
 
 A malformed line is logged and skipped; it never stops the simulator.
 """
@@ -88,11 +96,20 @@ class Thermal(_Fault):
     temp_c: float = Field(gt=0, le=150)
 
 
+class Sdc(_Fault):
+    kind: Literal["sdc"]
+
+
+class Slow(_Fault):
+    kind: Literal["slow"]
+    slowdown: float = Field(gt=1, le=100)
+
+
 class Clear(_Fault):
     kind: Literal["clear"]
 
 
-SimFault = Annotated[EccDbe | Xid | Thermal | Clear, Field(discriminator="kind")]
+SimFault = Annotated[EccDbe | Xid | Thermal | Sdc | Slow | Clear, Field(discriminator="kind")]
 _FAULT: TypeAdapter[SimFault] = TypeAdapter(SimFault)
 
 
@@ -341,6 +358,8 @@ class SimulatedGpus(GpuBackend):
                 g.thermal_c = temp
             case Clear():
                 g.thermal_c = None
+            case Sdc() | Slow():
+                pass  # silent in every reading: only the arithmetic shows it
 
     def _double_bit_error(self, g: _Gpu) -> None:
         g.dbe_volatile += 1

@@ -99,6 +99,12 @@ def publish(report: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.validate:
+        from sentinel.burnin.validate import run_validate
+
+        return run_validate(args)
+    if args.gpus is not None or args.sim_faults is not None:
+        raise InputError("--gpus and --sim-faults go with --validate")
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.sim_nodes is None and not args.scenario and not launched:
         raise InputError(

@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
     backend = _backend(agent_cfg, args.sim_faults)
     if backend is None:
         return ExitCode.PROBLEM_FOUND
-    agent = Agent(agent_cfg, backend, PsutilHost(), config_path=args.config)
+    agent = Agent(
+        agent_cfg, backend, PsutilHost(), config_path=args.config, sim_faults=args.sim_faults
+    )
     asyncio.run(agent.run_until_signalled())
     return ExitCode.OK
 

@@ -32,6 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="auto",
         help="collective backend (auto: nccl with GPUs, else gloo)",
     )
+    node = p.add_argument_group("validation of one node (before it returns to service)")
+    node.add_argument(
+        "--validate",
+        action="store_true",
+        help="test this node alone against --baseline: GEMM timing, SDC recompute, loopback"
+        " bandwidth (exit 1: it failed); with --save-baseline alone, record a healthy node",
+    )
+    node.add_argument("--gpus", type=int, metavar="N", help="GPUs to test (default: all)")
+    node.add_argument(
+        "--sim-faults", type=Path, metavar="FILE", help="a simulated node's agent faults file"
+    )
     run = p.add_argument_group("what to run")
     run.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {PHASES}")
     run.add_argument("--quick", action="store_true", help="small sweep: about a minute")

@@ -15,15 +15,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     psub = p.add_subparsers(dest="playbooks_command", metavar="ACTION", required=True)
     check = psub.add_parser("check", help="validate every playbook in DIR; exit 2 on errors")
     check.add_argument("dir", type=Path, help="directory of playbook YAML files")
+    check.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="the coordinator's config (its validation baseline, for steps that validate)",
+    )
     add_json_option(check, "the parsed playbooks")
     check.set_defaults(handler=run_check)
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from sentinel.config import load_config
     from sentinel.coordinator.playbooks import PlaybookError, load_playbooks
 
+    baseline = load_config(args.config).coordinator.validation.baseline
     try:
-        books = load_playbooks(args.dir)
+        books = load_playbooks(args.dir, baseline)
     except PlaybookError as e:
         print(f"{args.dir}: {len(e.errors)} error(s)", file=sys.stderr)
         for line in e.errors:

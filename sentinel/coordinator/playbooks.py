@@ -306,7 +306,8 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
     return line
 
 
-def load_playbook(path: Path) -> Playbook:
+def load_playbook(path: Path, baseline: Path | None = None) -> Playbook:
+    """One playbook, validated; `baseline`: the coordinator's validation baseline, if any."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -321,7 +322,7 @@ def load_playbook(path: Path) -> Playbook:
     if not isinstance(doc, dict):
         raise PlaybookError([f"{path}:1: a playbook is a mapping (name, incident, trigger, ...)"])
     try:
-        return Playbook.model_validate(doc)
+        book = Playbook.model_validate(doc)
     except ValidationError as e:
         errors = []
         for err in e.errors():
@@ -330,10 +331,45 @@ def load_playbook(path: Path) -> Playbook:
             line = _line_of(tree, loc)
             errors.append(f"{path}:{line}: {field}: {err['msg']}")
         raise PlaybookError(errors) from None
+    errors = [
+        f"{path}:{_line_of(tree, loc)}: {msg}" for loc, msg in _baseline_errors(book, baseline)
+    ]
+    if errors:
+        raise PlaybookError(errors)
+    return book
 
 
-def load_playbooks(directory: Path) -> list[Playbook]:
-    """Every `*.yaml`/`*.yml` in DIR, all validated; PlaybookError lists every problem."""
+def _baseline_errors(
+    book: Playbook, baseline: Path | None
+) -> list[tuple[tuple[int | str, ...], str]]:
+    """A step that validates a node (`return_node`) needs a baseline to judge it by: its own
+    `baseline` or the coordinator's; a named one must be readable."""
+    from sentinel.burnin.baseline import load_validation_baseline
+    from sentinel.exitcodes import InputError
+
+    out: list[tuple[tuple[int | str, ...], str]] = []
+    for i, step in enumerate(book.steps):
+        if step.action != "return_node":
+            continue
+        own = step.params.get("baseline")
+        if own is None and baseline is None:
+            loc: tuple[int | str, ...] = ("steps", i, "action")
+            out.append((loc, f"steps.{i}: return_node validates the node before its return,"
+                             " against no baseline: set its params.baseline or"
+                             " coordinator.validation.baseline (`sentinel burnin --validate"
+                             " --save-baseline FILE` records one)"))  # fmt: skip
+            continue
+        try:
+            load_validation_baseline(Path(own) if own is not None else baseline)  # type: ignore[arg-type]
+        except InputError as e:
+            where = ("steps", i, "params", "baseline") if own is not None else ("steps", i)
+            out.append((where, f"steps.{i}: {e}"))
+    return out
+
+
+def load_playbooks(directory: Path, baseline: Path | None = None) -> list[Playbook]:
+    """Every `*.yaml`/`*.yml` in DIR, all validated; PlaybookError lists every problem.
+    `baseline`: the coordinator's validation baseline (`coordinator.validation.baseline`)."""
     if not directory.is_dir():
         raise PlaybookError([f"{directory}: not a directory"])
     books: list[Playbook] = []
@@ -344,7 +380,7 @@ def load_playbooks(directory: Path) -> list[Playbook]:
     seen: dict[str, Path] = {}
     for path in files:
         try:
-            book = load_playbook(path)
+            book = load_playbook(path, baseline)
         except PlaybookError as e:
             errors.extend(e.errors)
             continue

@@ -63,7 +63,7 @@ class Service:
         self.cfg = cfg
         self.clock = clock
         self.playbooks: list[Playbook] = load_playbooks(
-            cfg.playbooks_dir or default_playbooks_dir()
+            cfg.playbooks_dir or default_playbooks_dir(), cfg.validation.baseline
         )
         too_long = windows_past_retention(self.playbooks, cfg.event_retention_s)
         if too_long:

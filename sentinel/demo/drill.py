@@ -29,6 +29,7 @@ from sentinel.demo.run import (
     write_scenario,
 )
 from sentinel.demo.slurm import SlurmDemo, add_slurm_facts
+from sentinel.exitcodes import InputError
 from sentinel.scenario import Scenario
 from sentinel.sim.inject import CheckpointSave, MetricsTail
 
@@ -97,6 +98,8 @@ def run_drill(
     fleet: str = "local",
 ) -> dict[str, Any]:
     full = scenario
+    if scenario.returns is not None and fleet != "local":
+        raise InputError("a scenario with returns (validation before return) runs on --fleet local")
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,6 +146,7 @@ def run_drill(
         burnin_exclude=demo.rec.burnin_exclude,
         reference_has_lr_scale=lr is not None,
         generations=generations(out / "supervisor.log", demo.rec.t0),
+        returns=demo.rec.returns,
         timing=dataclasses.replace(
             demo.timing,
             hang_timeout_s=hang_timeout_s(out / "coordinator" / "coordinator.db", HANG_FLOOR_S),
@@ -273,9 +277,25 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                      f"{' '.join(f['actions'])}")  # fmt: skip
     for i in result["false_incidents"]:
         lines.append(f"  false incident #{i['id']} {i['kind']} on {i['target']}")
+    lines += return_lines(result.get("returns"))
     if result["final_digest"] is None and not result["bit_identity_required"]:
         lines.append("  no final model: the job was stopped for a person, as the drill expects")
         return lines
     same = "bit-identical" if result["bit_identical"] else "NOT bit-identical"
     lines.append(f"  final digest {str(result['final_digest'])[:16]}: {same} to the reference")
     return lines
+
+
+def return_lines(returns: dict[str, Any] | None) -> list[str]:
+    """One line per return the operator asked for (a scenario's `returns` drill)."""
+    if returns is None:
+        return []
+    out = []
+    for a in returns["attempts"]:
+        how = "still damaged" if a["still_damaged"] else "repaired"
+        got = (a["outcome"] or "no answer").upper()
+        why = f": {a['reason']}" if a["outcome"] == "refused" and a["reason"] else ""
+        out.append(f"  return {returns['node']:<9} ({how}) {got}{why}")
+    if returns["false_return"]:
+        out.append(f"  FALSE RETURN of {returns['node']}")
+    return out

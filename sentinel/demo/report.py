@@ -336,12 +336,42 @@ def _what_happened(r: dict[str, Any]) -> str:
     parts.append(
         f"<p>Evicted nodes: {esc(', '.join(map(str, evicted))) if evicted else 'none'}.</p>"
     )
+    parts += _returns(r.get("returns"))
     lead = (
         "One row per injected fault: where and when it struck, when Sentinel noticed, and how it "
         "was repaired. Every step is the training step in progress when the thing happened "
         "(the trainer's metrics line `step N` closes step N)."
     )
     return _section("what-happened", "What happened", lead, *parts)
+
+
+def _returns(returns: dict[str, Any] | None) -> list[str]:
+    """Validation before return (a scenario's `returns`): each return the operator asked for,
+    whether the node's GPU was still damaged, and what the coordinator did, with the reason."""
+    if returns is None:
+        return []
+    rows = [
+        [
+            _secs(a.get("asked_t")),
+            "still damaged" if a.get("still_damaged") else "repaired",
+            esc(a.get("outcome") or "no answer"),
+            esc(a.get("reason") or ""),
+            _secs(a.get("answered_t")),
+        ]
+        for a in returns.get("attempts", [])
+    ]
+    verdict = (
+        '<p class="ok">Refused by validation while damaged, returned once repaired; no false'
+        " return.</p>"
+        if returns.get("passed")
+        else f'<p class="bad">{esc(returns.get("problem"))}</p>'
+    )
+    head = ["asked at", "node's GPU", "outcome", "reason", "answered at"]
+    return [
+        f"<h3>Validation before return of {esc(returns.get('node'))}</h3>",
+        _table(head, rows, numeric=(0, 4)) if rows else not_available("no return was asked."),
+        verdict,
+    ]
 
 
 def _describe(item: Any) -> str:

@@ -100,6 +100,8 @@ class Evidence:
     reference_has_lr_scale: bool = False
     generations: list[Generation] = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
+    # The operator's returns of the scenario's `returns` drill (demo/returns.py).
+    returns: dict[str, Any] | None = None
 
 
 def incident_nodes(inc: dict[str, Any]) -> set[str]:
@@ -195,24 +197,35 @@ def attributed(fault: Any, strike: Strike | None, inc: dict[str, Any], t0: float
     return strike.node is not None and strike.node in incident_nodes(inc)
 
 
+def playbook_runs(inc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The incident's playbook runs, without the steps a person asked for on it (`manual`: an
+    operator's return of the node, which is graded on its own)."""
+    return [r for r in inc.get("runs", []) if r.get("playbook") != "manual"]
+
+
+def playbook_actions(inc: dict[str, Any]) -> list[dict[str, Any]]:
+    manual = {r.get("id") for r in inc.get("runs", []) if r.get("playbook") == "manual"}
+    return [a for a in inc.get("actions", []) if a.get("run_id") not in manual]
+
+
 def _actions(inc: dict[str, Any]) -> list[str]:
     """Action names, with the nodes an eviction took out."""
     names = []
-    for a in inc.get("actions", []):
+    for a in playbook_actions(inc):
         nodes = (a.get("result") or {}).get("nodes") if a["action"] == "evict_node" else None
         names.append(a["action"] + (":" + ",".join(map(str, nodes)) if nodes else ""))
     return names
 
 
 def _resolution(inc: dict[str, Any]) -> str:
-    runs = inc.get("runs", [])
+    runs = playbook_runs(inc)
     status = runs[-1]["status"] if runs else "no playbook"
     return f"{inc.get('state')} (playbook {inc.get('playbook') or 'none'}: {status})"
 
 
 def _failed_step_reason(inc: dict[str, Any]) -> str | None:
     """Why a playbook stopped short: the reason its escalated or failed action gave."""
-    for a in inc.get("actions", []):
+    for a in playbook_actions(inc):
         if a.get("state") in ("escalated", "failed"):
             why = (a.get("result") or {}).get("reason") or (a.get("result") or {}).get("error")
             return f"{a['action']} {a['state']}" + (f": {why}" if why else "")
@@ -249,7 +262,7 @@ def repair_problem(
     """None when the fault was repaired, else why not (one line a person can act on)."""
     if inc is None:
         return "not detected"
-    runs = inc.get("runs") or []
+    runs = playbook_runs(inc)
     status = runs[-1]["status"] if runs else None
     if status != "done":
         why = _failed_step_reason(inc)
@@ -323,6 +336,9 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         ev.completed_steps >= ev.scenario.trainer.steps and ev.final_digest is not None
     )
     problems = _problems(faults, false, completed, ev, bit_identical or not must_match)
+    returns = grade_returns(ev.returns) if ev.scenario.returns is not None else None
+    if returns is not None and returns["problem"]:
+        problems.append(f"validation before return of {returns['node']}: {returns['problem']}")
     return {
         "verdict": "fail" if problems else "pass",
         "problems": problems,
@@ -337,7 +353,55 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         "reference_digest": ev.reference_digest,
         "bit_identical": bit_identical,
         "bit_identity_required": must_match,
+        **({"returns": returns} if returns is not None else {}),
     }
+
+
+def grade_returns(record: dict[str, Any] | None) -> dict[str, Any]:
+    """The returns drill (a scenario's `returns`): the operator's first return, asked while the
+    node's GPU was still damaged, must have been refused by its validation, with the reason; the
+    second, after the repair, must have returned it; no return of a damaged node (a false
+    return). `problem` says what happened otherwise."""
+    record = record or {}
+    attempts = list(record.get("attempts") or [])
+    damaged = [a for a in attempts if a.get("still_damaged")]
+    repaired = [a for a in attempts if not a.get("still_damaged")]
+    false_return = any(a.get("outcome") == "returned" for a in damaged)
+    refused = (
+        bool(damaged)
+        and damaged[0].get("outcome") == "refused"
+        and ("failed validation" in str(damaged[0].get("reason")))
+    )
+    returned = bool(repaired) and repaired[0].get("outcome") == "returned"
+    problem = None
+    if not attempts:
+        problem = "the operator never asked (the node was not seen evicted)"
+    elif false_return:
+        problem = "FALSE RETURN: the node was returned while its GPU was still damaged"
+    elif not refused:
+        problem = "the return of the damaged node was not refused by validation" + _what(damaged)
+    elif not returned:
+        problem = "the repaired node was not returned" + _what(repaired)
+    return {
+        "node": record.get("node"),
+        "damage": record.get("damage", []),
+        "incident": record.get("incident"),
+        "attempts": attempts,
+        "refused_while_damaged": refused,
+        "refused_reason": damaged[0].get("reason") if damaged else None,
+        "returned_after_repair": returned,
+        "false_return": false_return,
+        "passed": problem is None,
+        "problem": problem,
+    }
+
+
+def _what(attempts: list[dict[str, Any]]) -> str:
+    """What the first of `attempts` came to, for a problem line."""
+    if not attempts:
+        return " (never asked)"
+    got, why = attempts[0].get("outcome") or "no answer", attempts[0].get("reason")
+    return f" ({got}: {why})" if why else f" ({got})"
 
 
 def _problems(

@@ -24,6 +24,7 @@ from sentinel.demo.data import StepPoint, TimelineEntry
 from sentinel.demo.observe import CoordinatorClient, Observer
 from sentinel.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
 from sentinel.demo.result import Strike, Timing
+from sentinel.demo.returns import Operator, damage_lines, record_baseline, validation_env
 from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
 from sentinel.sim.fleet import SimFleet
 from sentinel.sim.inject import (
@@ -47,7 +48,8 @@ AGENT_INTERVAL_S: float = AgentConfig.model_fields["interval_s"].default
 # Drills compress time. A drill's steps take ~0.3 s on two shared CPU cores and it runs 40 to
 # 100 of them where a real run takes thousands of multi-second steps, so every trainer-hooks
 # setting counted in steps or in seconds is divided by this one factor, the same for every
-# drill; every other setting (thresholds, the playbooks, the agents) is the shipped default.
+# drill, and so are the coordinator's validation hold-down and timeout (demo/returns.py); every
+# other setting (thresholds, the playbooks, the agents) is the shipped default.
 DRILL_COMPRESSION = 4
 # The hooks' shipped defaults the compression divides (trainer_hooks.config.HooksConfig;
 # `sentinel` does not import `trainer_hooks`: a test checks these match).
@@ -95,6 +97,7 @@ class Recording:
     burnin: dict[str, Any] | None = None
     burnin_exclude: list[str] = field(default_factory=list)
     burnin_span: tuple[float, float] | None = None  # (start, end)
+    returns: dict[str, Any] | None = None  # the operator's returns (returns.py)
 
 
 class Demo:
@@ -113,6 +116,7 @@ class Demo:
         self._noted: set[str] = set()  # `fault:INDEX` refs already on the timeline
         # What the time targets are judged against (result.py).
         self.timing = Timing(agent_interval_s=AGENT_INTERVAL_S, hang_timeout_s=HANG_FLOOR_S)
+        self.damage: Callable[[str], None] | None = None  # the returns drill's (train())
 
     # --- the live timeline -------------------------------------------------------------------
 
@@ -160,6 +164,8 @@ class Demo:
         fault = self.scenario.faults[inj.index]
         self.note("fault", inj.node, f"injected {fault.kind} on {inj.node}", step=inj.step + 1,
                   ref=f"fault:{inj.index}")  # fmt: skip
+        if self.damage is not None:
+            self.damage(inj.node)
 
     def on_tick(self) -> None:
         """Rank faults as they strike, from the markers the trainer writes."""
@@ -169,6 +175,8 @@ class Demo:
                     self._noted.add(f"fault:{index}")
                     self.note("fault", node, f"injected {f.kind} on rank-{f.rank} ({node})",
                               step=f.at_step + 1, ref=f"fault:{index}")  # fmt: skip
+                    if self.damage is not None:
+                        self.damage(node)
 
     # --- phases --------------------------------------------------------------------------------
 
@@ -214,7 +222,15 @@ class Demo:
                 "links", *outputs], None  # fmt: skip
 
     def coordinator(self) -> CoordinatorProcess:
-        return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")
+        coord = CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")
+        if self.scenario.returns is not None:  # validation before return needs a baseline
+            self.note("info", None, "recording the validation baseline on this machine "
+                      "(sentinel burnin --validate --save-baseline)")  # fmt: skip
+            baseline = record_baseline(SENTINEL, self.out / "validation-baseline.json",
+                                       self.scenario.fleet.gpus_per_node,
+                                       self.out / "baseline.log")  # fmt: skip
+            coord.env |= validation_env(baseline, DRILL_COMPRESSION)
+        return coord
 
     def fleet(self, names: list[str]) -> SimFleet:
         return SimFleet(
@@ -254,6 +270,7 @@ class Demo:
         sup: SupervisorProcess | None = None
         follower: Follower | None = None
         observer: Observer | None = None
+        operator: Operator | None = None
         try:
             coord.start()
             tokens = {n: coord.token(o / "tokens" / f"{n}.token", "--role", "node", "--node", n)
@@ -271,6 +288,9 @@ class Demo:
                 tail, injector, lambda ln: self.on_line(ln, obs), self.on_inject, self.on_tick
             )
             observer.start()
+            if self.scenario.returns is not None:
+                operator = self.operator(coord, fleet, client)
+                operator.start()
             sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
                                     o / "supervisor.log",
                                     hooks_env(o) | self.fleet_env())  # fmt: skip
@@ -279,6 +299,12 @@ class Demo:
             self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
                       f"{fleet_spec.world_size} ranks (sentinel run, job {JOB!r})")  # fmt: skip
             self._wait(sup, observer, timeout_s, stall_s)
+            if operator is not None:
+                self._wait_for_returns(operator, start=time.monotonic(), timeout_s=timeout_s)
+                operator.stop()
+                if operator.error is not None:
+                    raise operator.error
+                self.rec.returns = operator.record()
             follower.stop()
             observer.stop()
             observer.refresh_details()
@@ -288,6 +314,8 @@ class Demo:
             self.rec.injections = list(injector.injected)
             return observer, tail
         finally:
+            if operator is not None:
+                operator.stop()
             if follower is not None:
                 follower.stop()
             if sup is not None:
@@ -296,6 +324,39 @@ class Demo:
                 observer.stop()
             fleet.stop()
             coord.stop()
+
+    def operator(
+        self, coord: CoordinatorProcess, fleet: SimFleet, admin: CoordinatorClient
+    ) -> Operator:
+        """The person of the returns drill, with an operator token; the struck node's GPU is
+        damaged when its fault strikes (returns.py)."""
+        spec = self.scenario.returns
+        assert spec is not None
+        token = coord.token(self.out / "tokens" / "operator.token", "--role", "operator")
+
+        def damage(node: str) -> None:
+            if node == spec.node and self.damage is not None:
+                self.damage = None  # once
+                for line in damage_lines(spec):
+                    fleet.inject(node, line)
+                kinds = " + ".join(spec.damage)
+                self.note("info", node, f"{node}'s GPU {spec.gpu} stays damaged ({kinds} in its "
+                          "simulated GPU, silent in NVML) until repaired")  # fmt: skip
+
+        self.damage = damage
+        return Operator(spec, admin, token.read_text().strip(),
+                        lambda line: fleet.inject(spec.node, line), self.rec.t0,
+                        self.note)  # fmt: skip
+
+    def _wait_for_returns(self, operator: Operator, start: float, timeout_s: float) -> None:
+        """After training, until the operator's returns are answered (or the budget is spent)."""
+        if not operator.done:
+            self.note("info", None, "training over; waiting for the operator's returns")
+        while not operator.done and operator.error is None and operator.is_alive():
+            if time.monotonic() - start > timeout_s:
+                self.note("info", None, f"giving up on the returns after {timeout_s:.0f}s")
+                return
+            time.sleep(0.2)
 
     def _wait(
         self, sup: SupervisorProcess, observer: Observer, timeout_s: float, stall_s: float

@@ -15,14 +15,17 @@ A scenario's pre-job faults become per-rank behaviour behind the `Comm` and `Com
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from sentinel.burnin.comm import Comm, Compute
+from sentinel.exitcodes import InputError
 from sentinel.scenario import (
     EccDbeFault,
     LinkDegradedFault,
@@ -67,6 +70,39 @@ def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankF
         elif isinstance(f, XidFault) and (f.node, f.gpu) == (node, gpu):
             err = f"device reported Xid {f.xid}"
     return RankFaults(link_factor=link, slowdown=slow, sdc=sdc, device_error=err)
+
+
+def faults_for_sim_gpu(faults_file: Path, gpu: int) -> RankFaults:
+    """The faults striking `gpu` of a simulated node now: its agent's faults file replayed
+    (`sentinel.agent.sim`; a `clear` repairs the GPU). For the validation burn-in."""
+    from sentinel.agent.sim import Clear, EccDbe, Sdc, Slow, Thermal, Xid, parse_fault
+
+    slow, sdc, err = 1.0, False, None
+    try:
+        lines = faults_file.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []  # nothing injected yet
+    for raw in lines:
+        try:
+            fault = parse_fault(json.loads(raw))
+        except (ValueError, InputError):
+            continue  # the agent logs a bad line; it strikes nothing
+        if fault.gpu != gpu:
+            continue
+        match fault:
+            case Clear():
+                slow, sdc, err = 1.0, False, None
+            case Sdc():
+                sdc = True
+            case Slow(slowdown=factor):
+                slow = max(slow, factor)
+            case Thermal(temp_c=temp):
+                slow = max(slow, 1.0 + max(0.0, temp - THROTTLE_START_C) / 50.0)
+            case EccDbe():
+                err = "uncorrectable ECC error encountered (double-bit)"
+            case Xid(xid=code):
+                err = f"device reported Xid {code}"
+    return RankFaults(slowdown=slow, sdc=sdc, device_error=err)
 
 
 class ThrottledComm(Comm):

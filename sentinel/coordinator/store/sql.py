@@ -275,6 +275,27 @@ class SqlStore(ABC):
             (job, check_id),
         )
 
+    def node_verdicts(self, node: str, since: float) -> list[tuple[float, str]]:
+        """(arrival time, verdict) of the node's own verdicts and heartbeats since `since`,
+        oldest first: the coordinator's record of how healthy its agent said it was."""
+        verdict = self._json_text("payload", "verdict")
+        rows = self._all(
+            f"SELECT received_at, {verdict} FROM events WHERE kind IN"
+            " ('node.verdict','agent.heartbeat') AND node=? AND received_at>=?"
+            " ORDER BY received_at",
+            (node, since),
+        )
+        return [(float(r[0]), str(r[1])) for r in rows]
+
+    def node_validation(self, node: str, request_id: str) -> StoredEvent | None:
+        """The node's answer to the `node.validate` named `request_id`, if it came."""
+        return self._row(
+            StoredEvent,
+            f"SELECT {_EVENT_COLS} FROM events WHERE kind='node.validation' AND node=?"
+            f" AND {self._json_text('payload', 'request_id')}=? ORDER BY received_at LIMIT 1",
+            (node, request_id),
+        )
+
     def rank_stacks(self, job: str, request_id: str) -> list[StoredEvent]:
         """The ranks' `rank.stacks` answers to one stacks request, oldest first."""
         return [

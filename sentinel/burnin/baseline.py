@@ -1,0 +1,144 @@
+"""The validation baseline and its judgement: what a node must measure before it returns.
+
+A healthy node's figures, written by `sentinel burnin --validate --save-baseline FILE` (into the
+fleet burn-in's baseline file when it is one: its `validation` section), read by the coordinator
+(`coordinator.validation.baseline`) and sent with every `node.validate` command, so the node
+under test needs no file of its own. Torch-free: the coordinator imports it.
+
+The judgement compares a node's measurement with the baseline: its GEMM may be at most
+`gemm_tolerance` slower than the baseline's median (the burn-in's own `baseline_tolerance`,
+20%: a figure measured at another time on another node is noisier than the straggler screen's
+same-round comparison, 4%), its loopback bandwidth at most `loopback_tolerance` lower, and its
+SDC recompute must give the same digest twice and, on the baseline's device model, the
+baseline's digest.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sentinel.exitcodes import InputError
+from sentinel.protocol import ValidationCheck, format_validation_error
+
+SECTION = "validation"  # the key of a baseline file that holds these figures
+
+
+class ValidationBaseline(BaseModel):
+    """A healthy node's validation figures (the `validation` section of a baseline file)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_s: float = Field(gt=0)  # median seconds of one GEMM of gemm_size, per GPU
+    gemm_size: int = Field(ge=16, le=65536)
+    loopback_gbps: float = Field(gt=0)  # 2-process gloo all_reduce over 127.0.0.1
+    loopback_bytes: int = Field(ge=1024, le=1 << 30)
+    sdc_digest: str = Field(min_length=1, max_length=64)  # the recompute's digest ...
+    device: str = Field(min_length=1, max_length=200)  # ... on this device model
+    gemm_tolerance: float = Field(default=0.20, gt=0, lt=10)
+    loopback_tolerance: float = Field(default=0.50, gt=0, lt=1)
+
+
+def load_validation_baseline(path: Path) -> ValidationBaseline:
+    """Read the `validation` section of a baseline file; InputError says what is wrong and how
+    to make one."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise InputError(f"validation baseline {path}: cannot read: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"validation baseline {path}: not JSON: {e}") from None
+    section = doc.get(SECTION) if isinstance(doc, dict) else None
+    if not isinstance(section, dict):
+        raise InputError(
+            f"validation baseline {path}: no {SECTION!r} section; record one on a healthy node"
+            f" with `sentinel burnin --validate --save-baseline {path}`"
+        )
+    try:
+        return ValidationBaseline.model_validate(section)
+    except ValidationError as e:
+        raise InputError(f"validation baseline {path}: {format_validation_error(e)}") from None
+
+
+def save_validation_baseline(path: Path, baseline: ValidationBaseline) -> None:
+    """Write the section, keeping what else the file holds (a fleet burn-in's figures)."""
+    doc: dict[str, Any] = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"--save-baseline {path}: exists and is not JSON: {e}") from None
+        doc = old if isinstance(old, dict) else {}
+    doc[SECTION] = baseline.model_dump(mode="json")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a validation run measured on the node, one entry per GPU where it is per GPU."""
+
+    device: str
+    gemm_s: list[float] = field(default_factory=list)
+    digests: list[tuple[str, str]] = field(default_factory=list)  # (first, repeat) per GPU
+    loopback_gbps: float | None = None
+    errors: list[str] = field(default_factory=list)  # a GPU whose arithmetic raised
+
+
+def judge(m: Measured, b: ValidationBaseline) -> list[ValidationCheck]:
+    """The three checks, each with its figure, the baseline's and the limit."""
+    return [_gemm(m, b), _sdc(m, b), _loopback(m, b)]
+
+
+def _gemm(m: Measured, b: ValidationBaseline) -> ValidationCheck:
+    limit = b.gemm_s * (1 + b.gemm_tolerance)
+    if m.errors or not m.gemm_s:
+        why = "; ".join(m.errors) or "no GEMM was timed"
+        return ValidationCheck(name="gemm", passed=False, baseline=b.gemm_s, limit=limit,
+                               detail=why)  # fmt: skip
+    worst = max(range(len(m.gemm_s)), key=lambda i: m.gemm_s[i])
+    value = m.gemm_s[worst]
+    ok = value <= limit
+    detail = (
+        f"GPU {worst}: {value * 1e3:.2f} ms per {b.gemm_size}^3 GEMM vs the baseline's median"
+        f" {b.gemm_s * 1e3:.2f} ms (limit {limit * 1e3:.2f} ms, +{b.gemm_tolerance:.0%})"
+    )
+    return ValidationCheck(name="gemm", passed=ok, value=value, baseline=b.gemm_s, limit=limit,
+                           detail=detail)  # fmt: skip
+
+
+def _sdc(m: Measured, b: ValidationBaseline) -> ValidationCheck:
+    bad = []
+    for gpu, (first, second) in enumerate(m.digests):
+        if first != second:
+            bad.append(f"GPU {gpu}: recompute differs from itself ({first} vs {second})")
+        elif m.device == b.device and first != b.sdc_digest:
+            bad.append(f"GPU {gpu}: digest {first} differs from the baseline's {b.sdc_digest}")
+    if not m.digests:
+        bad.append("; ".join(m.errors) or "no recompute ran")
+    detail = "; ".join(bad) or f"{len(m.digests)} GPU(s) agree with themselves and the baseline"
+    return ValidationCheck(name="sdc", passed=not bad, detail=detail)
+
+
+def _loopback(m: Measured, b: ValidationBaseline) -> ValidationCheck:
+    limit = b.loopback_gbps * (1 - b.loopback_tolerance)
+    if m.loopback_gbps is None:
+        return ValidationCheck(name="loopback", passed=False, baseline=b.loopback_gbps,
+                               limit=limit, detail="the loopback test did not run")  # fmt: skip
+    ok = m.loopback_gbps >= limit
+    detail = (
+        f"{m.loopback_gbps:.3f} GB/s vs the baseline's {b.loopback_gbps:.3f} GB/s"
+        f" (limit {limit:.3f} GB/s, -{b.loopback_tolerance:.0%})"
+    )
+    return ValidationCheck(name="loopback", passed=ok, value=m.loopback_gbps,
+                           baseline=b.loopback_gbps, limit=limit, detail=detail)  # fmt: skip
+
+
+def reason(checks: list[ValidationCheck]) -> str:
+    """Why the node failed, one failed check after another ("" when it passed)."""
+    return "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.passed)

@@ -1,0 +1,182 @@
+"""`sentinel burnin --validate`: the single-node validation burn-in a node passes before return.
+
+Three checks on this node only, each against the fleet baseline (`baseline.py`):
+- GEMM: every GPU times the same product as the straggler screen (`stragglers._rounds`: the
+  fastest of a few per round, the median of the rounds, on the device's own clock);
+- SDC: every GPU runs the SDC phase's seeded chain of products twice (`sdc.chain_digest`);
+- loopback: two local gloo processes all-reduce over 127.0.0.1, as algorithm bandwidth.
+
+`--save-baseline FILE` (without `--baseline`) records a healthy node's figures instead of
+judging. A simulated node's faults come from its agent's faults file (`--sim-faults`), through
+the same `Compute` seam the fleet burn-in's faults use; the checks cannot tell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sentinel.burnin import stragglers
+from sentinel.burnin.baseline import (
+    Measured,
+    ValidationBaseline,
+    judge,
+    load_validation_baseline,
+    reason,
+    save_validation_baseline,
+)
+from sentinel.burnin.comm import Compute
+from sentinel.burnin.sdc import chain_digest, device_name
+from sentinel.burnin.stats import median
+from sentinel.commands.jsonout import check_json_target, emit_json, json_to_stdout
+from sentinel.exitcodes import ExitCode, InputError
+from sentinel.processes import free_port
+
+GEMM_SIZE = 384  # CPU (simulated GPUs); a real GPU takes the fleet burn-in's 8192
+GEMM_SIZE_GPU = 8192
+GEMM_ROUNDS, GEMM_REPS = 15, 2
+SDC_SIZE, SDC_CHAIN, SEED = 128, 6, 1234
+LOOPBACK_BYTES = 1 << 24
+LOOPBACK_ITERS = 5
+
+
+class _Solo:
+    """The straggler screen's rounds on one rank: no peers, so a barrier is nothing."""
+
+    def barrier(self) -> None:
+        pass
+
+
+def _compute(gpu: int, sim_faults: Path | None) -> Compute:
+    device = torch.device(f"cuda:{gpu}") if torch.cuda.is_available() else torch.device("cpu")
+    if sim_faults is None:
+        return Compute(device)
+    from sentinel.sim.burnin_faults import FaultyCompute, faults_for_sim_gpu
+
+    return FaultyCompute(device, faults_for_sim_gpu(sim_faults, gpu))
+
+
+def _gemm_s(compute: Compute, size: int) -> float:
+    g = torch.Generator().manual_seed(SEED)
+    a = torch.randn(size, size, generator=g).to(compute.device)
+    b = torch.randn(size, size, generator=g).to(compute.device)
+    rounds, error = stragglers._rounds(
+        _Solo(),  # type: ignore[arg-type]
+        compute,
+        GEMM_ROUNDS,
+        GEMM_REPS,
+        lambda: compute.matmul(a, b),
+    )
+    if error:
+        raise RuntimeError(error)
+    return median(rounds)
+
+
+def _peer(port: int, nbytes: int, iters: int) -> None:
+    _loopback_rank(1, port, nbytes, iters)
+
+
+def _loopback_rank(rank: int, port: int, nbytes: int, iters: int) -> float:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        t = torch.ones(nbytes // 4)
+        dist.all_reduce(t)  # warm-up: connections, buffers
+        best = math.inf
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best / 1e9
+    finally:
+        dist.destroy_process_group()
+
+
+def loopback_gbps(nbytes: int, iters: int = LOOPBACK_ITERS) -> float:
+    """Algorithm bandwidth of a 2-process gloo all_reduce over 127.0.0.1 (the fastest run)."""
+    port = free_port()
+    peer = multiprocessing.get_context("spawn").Process(target=_peer, args=(port, nbytes, iters))
+    peer.start()
+    try:
+        return _loopback_rank(0, port, nbytes, iters)
+    finally:
+        peer.join(30)
+        if peer.is_alive():
+            peer.kill()
+
+
+def measure(gpus: int, gemm_size: int, nbytes: int, sim_faults: Path | None) -> Measured:
+    torch.set_num_threads(1)  # one thread: the same work on the baseline node and this one
+    gemm, digests, errors = [], [], []
+    device = "cpu"
+    for gpu in range(gpus):
+        compute = _compute(gpu, sim_faults)
+        device = device_name(compute.device)
+        try:
+            gemm.append(_gemm_s(compute, gemm_size))
+            digests.append(tuple(chain_digest(compute, SDC_SIZE, SDC_CHAIN, SEED) for _ in "ab"))
+        except RuntimeError as e:
+            errors.append(f"GPU {gpu}: {e}")
+    bw = loopback_gbps(nbytes)
+    return Measured(device, gemm, digests, bw, errors)  # type: ignore[arg-type]
+
+
+def _gpus(args: argparse.Namespace) -> int:
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise InputError("--gpus must be 1 or more")
+        return int(args.gpus)
+    return max(1, torch.cuda.device_count())
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    if args.sim_nodes is not None or args.scenario:
+        raise InputError("--validate tests this node alone: drop --sim-nodes and --scenario")
+    if args.baseline is None and args.save_baseline is None:
+        raise InputError("--validate needs --baseline FILE (or --save-baseline FILE to make one)")
+    if args.sim_faults is not None and not args.sim_faults.parent.is_dir():
+        raise InputError(f"--sim-faults {args.sim_faults}: directory does not exist")
+    check_json_target(args)
+    gpus = _gpus(args)
+    if args.baseline is None:  # a healthy node records the figures
+        size = GEMM_SIZE_GPU if torch.cuda.is_available() else GEMM_SIZE
+        m = measure(gpus, size, LOOPBACK_BYTES, args.sim_faults)
+        if m.errors or m.loopback_gbps is None:
+            raise InputError(f"cannot record a baseline on a failing node: {m.errors}")
+        first, _ = m.digests[0]
+        b = ValidationBaseline(gemm_s=median(m.gemm_s), gemm_size=size,
+                               loopback_gbps=m.loopback_gbps, loopback_bytes=LOOPBACK_BYTES,
+                               sdc_digest=first, device=m.device)  # fmt: skip
+        save_validation_baseline(args.save_baseline, b)
+        emit_json(args, b.model_dump(mode="json"))
+        print(f"validation baseline written to {args.save_baseline}: {b.model_dump()}",
+              file=sys.stderr if json_to_stdout(args) else sys.stdout)  # fmt: skip
+        return ExitCode.OK
+    b = load_validation_baseline(args.baseline)
+    t0 = time.monotonic()
+    checks = judge(measure(gpus, b.gemm_size, b.loopback_bytes, args.sim_faults), b)
+    doc: dict[str, Any] = {
+        "passed": all(c.passed for c in checks),
+        "checks": [c.model_dump(mode="json") for c in checks],
+        "reason": reason(checks),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    emit_json(args, doc)
+    out = sys.stderr if json_to_stdout(args) else sys.stdout
+    print(f"validation: {'PASS' if doc['passed'] else 'FAIL'}", file=out)
+    for c in checks:
+        print(f"  {c.name:<9} {'ok' if c.passed else 'FAIL':<5} {c.detail}", file=out)
+    return ExitCode.OK if doc["passed"] else ExitCode.PROBLEM_FOUND

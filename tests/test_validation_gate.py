@@ -1,0 +1,211 @@
+"""Validation before return, without processes: the hold-down read from the coordinator's own
+record, the judgement of a node's figures against the baseline, the gate's moves through the
+engine on a fake clock (fail -> evicted with the reason; pass -> returned; silence -> out), and
+`playbooks check` refusing a return with no baseline, with its file and line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from coord_util import ROOT, cfg, job_status, xid
+
+from sentinel.burnin.baseline import Measured, ValidationBaseline, judge, save_validation_baseline
+from sentinel.config import ValidationConfig
+from sentinel.coordinator import queries
+from sentinel.coordinator.actions import make_backend
+from sentinel.coordinator.engine import Engine
+from sentinel.coordinator.ingest import Ingestor
+from sentinel.coordinator.playbooks import PlaybookError, load_playbooks
+from sentinel.coordinator.store import SqlStore
+from sentinel.coordinator.validation import healthy_since
+from sentinel.protocol import (
+    AgentHeartbeatPayload,
+    EventBatch,
+    EventKind,
+    NodeValidationPayload,
+    Source,
+    ValidationCheck,
+    Verdict,
+    make_event,
+)
+
+PLAYBOOKS = load_playbooks(ROOT / "playbooks")
+BASE = ValidationBaseline(gemm_s=0.002, gemm_size=384, loopback_gbps=1.0,
+                          loopback_bytes=1 << 24, sdc_digest="abc", device="cpu")  # fmt: skip
+H, U = Verdict.HEALTHY.value, Verdict.UNHEALTHY.value
+
+
+def test_healthy_since_needs_an_unbroken_healthy_record_up_to_now() -> None:
+    beats = [(t, H) for t in range(0, 100, 10)]  # every 10 s, last at 90
+    assert healthy_since(beats, 95, stale_s=30) == 0
+    assert healthy_since(beats, 130, stale_s=30) is None  # silent for 40 s: not healthy now
+    assert healthy_since([*beats[:3], (25, U), *beats[3:]], 95, 30) == 30  # restarts after it
+    assert healthy_since([(0, H), (50, H), (60, H)], 65, 30) == 50  # a 50 s silence breaks it
+    assert healthy_since([], 10, 30) is None  # never heard from: never healthy
+    assert healthy_since([(0, H), (5, U)], 6, 30) is None
+
+
+def test_judge_names_each_failed_check_with_its_figures() -> None:
+    good = Measured("cpu", [0.0021, 0.0019], [("abc", "abc")] * 2, 0.9)
+    assert all(c.passed for c in judge(good, BASE))
+    slow = Measured("cpu", [0.0021, 0.0031], [("abc", "abc")] * 2, 0.9)
+    gemm = judge(slow, BASE)[0]
+    assert not gemm.passed and gemm.value == 0.0031 and gemm.detail.startswith("GPU 1: 3.10 ms")
+    flipped = Measured("cpu", [0.002], [("abc", "abd")], 0.9)
+    assert "recompute differs from itself" in judge(flipped, BASE)[1].detail
+    other = Measured("cpu", [0.002], [("abd", "abd")], 0.9)  # agrees with itself, not the fleet
+    assert not judge(other, BASE)[1].passed
+    assert judge(Measured("H100", [0.002], [("zzz", "zzz")], 0.9), BASE)[1].passed  # other model
+    assert not judge(Measured("cpu", [0.002], [("abc", "abc")], 0.4), BASE)[2].passed
+    broken = Measured("cpu", errors=["GPU 0: CUDA error: device reported Xid 79"])
+    assert [c.passed for c in judge(broken, BASE)] == [False, False, False]
+
+
+def test_playbooks_check_refuses_a_return_with_no_baseline_at_its_line(tmp_path: Path) -> None:
+    (tmp_path / "ret.yaml").write_text(
+        "name: back\nincident: {fault: repaired, scope: node}\ntrigger:\n"
+        "  - kinds: [node.verdict]\nsteps:\n  - {action: notify}\n"
+        "  - action: return_node\n    params: {node: node-1}\n"
+    )
+    with pytest.raises(PlaybookError) as e:
+        load_playbooks(tmp_path)
+    assert e.value.errors[0].startswith(f"{tmp_path / 'ret.yaml'}:7: steps.1: return_node")
+    assert "no baseline" in e.value.errors[0]
+    good = tmp_path / "base.json"
+    save_validation_baseline(good, BASE)
+    assert load_playbooks(tmp_path, good)[0].name == "back"
+    with pytest.raises(PlaybookError, match=r"ret.yaml:7: steps.1: validation baseline .*nope"):
+        load_playbooks(tmp_path, tmp_path / "nope.json")
+
+
+class _Clock:
+    t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _Operator:
+    def __init__(self, store: SqlStore, config: object) -> None:
+        self.store, self.cfg = store, config
+
+    def kick(self) -> None:
+        pass
+
+
+def _beat(node: str, verdict: Verdict = Verdict.HEALTHY) -> object:
+    payload = AgentHeartbeatPayload(gpus=2, verdict=verdict, agent_version="t")
+    return make_event(EventKind.AGENT_HEARTBEAT, Source(node=node), payload)
+
+
+def _answer(node: str, rid: str, passed: bool, why: str = "") -> object:
+    check = ValidationCheck(name="sdc", passed=passed, detail=why or "agrees")
+    payload = NodeValidationPayload(request_id=rid, passed=passed, checks=[check], reason=why)
+    return make_event(EventKind.NODE_VALIDATION, Source(node=node), payload)
+
+
+def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """node-1 is evicted (an XID). Asked to return: validating, waiting out a 60 s hold-down of
+    heartbeats (an unhealthy one restarts it), then a node.validate command; a failed answer
+    sends it back to evicted with the reason. Asked again with a passing answer: returned."""
+    base = tmp_path / "base.json"
+    save_validation_baseline(base, BASE)
+    c = cfg(tmp_path, validation=ValidationConfig(baseline=base, hold_down_s=60, stale_s=20))
+    store, clock = new_store(), _Clock()
+    ingest, engine = (
+        Ingestor(store, PLAYBOOKS, c),
+        Engine(store, PLAYBOOKS, c, make_backend(c), clock),
+    )
+
+    def feed(*events: object) -> None:
+        ingest.ingest(EventBatch(events=list(events)), clock())  # type: ignore[arg-type]
+
+    def state() -> str:
+        return str(store.one("SELECT state FROM nodes WHERE name='node-1'")["state"])  # type: ignore[index]
+
+    feed(job_status("j", ["node-0", "node-1"], ["spare-0"]), xid("node-1", ts=clock()))
+    engine.tick()
+    assert state() == "evicted"
+    incident = store.query("SELECT id FROM incidents")[-1]["id"]
+
+    def ask(why: str) -> None:
+        queries.run_action(_Operator(store, c), incident, "return_node", {"node": "node-1"},  # type: ignore[arg-type]
+                           why, "operator:o", clock())  # fmt: skip
+        engine.tick()
+
+    def commands() -> list[str]:
+        rows = store.query("SELECT id FROM commands WHERE kind='node.validate' ORDER BY id")
+        return [r["id"] for r in rows]
+
+    ask("reseated")
+    assert state() == "validating" and commands() == []  # never heard from: no hold-down yet
+    for step in range(8):  # 10 s apart; the third is unhealthy: the hold-down starts over
+        clock.t += 10
+        feed(_beat("node-1", Verdict.UNHEALTHY if step == 2 else Verdict.HEALTHY))
+        engine.tick()
+        assert commands() == []
+    for _ in range(2):
+        clock.t += 10
+        feed(_beat("node-1"))
+        engine.tick()
+    (rid,) = commands()  # healthy for 60 s since the unhealthy beat: validate now
+    feed(_answer("node-1", rid, False, "sdc: GPU 0: recompute differs from itself"))
+    engine.tick()
+    assert state() == "evicted"
+    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert held["result"]["reason"] == (
+        "node-1 stays out of service: it failed validation:"
+        " sdc: GPU 0: recompute differs from itself"
+    )
+    node = store.node("node-1")
+    assert node is not None and "failed validation" in (node.reason or "")
+
+    clock.t += 1
+    ask("GPU replaced")
+    clock.t += 10
+    feed(_beat("node-1"))
+    engine.tick()
+    rid2 = commands()[-1]
+    assert rid2 != rid  # a new entry into validating asks afresh
+    feed(_answer("node-1", rid2, True))
+    engine.tick()
+    engine.tick()
+    assert state() == "returned"
+
+
+def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    base = tmp_path / "base.json"
+    save_validation_baseline(base, BASE)
+    c = cfg(tmp_path, validation=ValidationConfig(hold_down_s=0, stale_s=20, timeout_s=30))
+    store, clock = new_store(), _Clock()
+    ingest, engine = (
+        Ingestor(store, PLAYBOOKS, c),
+        Engine(store, PLAYBOOKS, c, make_backend(c), clock),
+    )
+    ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], ["spare-0"]),
+                                     xid("node-1", ts=clock())]), clock())  # fmt: skip
+    engine.tick()
+    incident = store.query("SELECT id FROM incidents")[-1]["id"]
+    queries.run_action(_Operator(store, c), incident, "return_node", {"node": "node-1"},  # type: ignore[arg-type]
+                       "x", "operator:o", clock())  # fmt: skip
+    engine.tick()
+    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert held["result"]["reason"].startswith("no validation baseline")
+    assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
+    # with a baseline (the step's own) but an agent that never speaks: out after the timeout
+    params = {"node": "node-1", "baseline": str(base)}
+    queries.run_action(_Operator(store, c), incident, "return_node", params,  # type: ignore[arg-type]
+                       "x", "operator:o", clock())  # fmt: skip
+    engine.tick()
+    assert store.node("node-1").state == "validating"  # type: ignore[union-attr]
+    clock.t += 31
+    engine.tick()
+    assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
+    held = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert any("was not healthy for 0 s in a row" in h["result"]["reason"] for h in held)
