@@ -1,6 +1,6 @@
 """Runtime stragglers in the reference trainer, at the hooks' shipped defaults, on real gloo
-ranks: a rank whose device does 10% more work per step is named within 100 steps,
-and before its slowdown starts (200 clean steps) no rank is named.
+ranks: a rank whose device does more work per step (10% in TP2 x PP2 x DP2, 5% in DP4) is named
+within 100 steps, and before its slowdown starts (200 clean steps) no rank is named.
 
 The slowdown is real work (`trainer_hooks.reference.slowdown`), and the hooks find it from
 their own timings, with the ranks it holds up waiting for it in every kind of collective the
@@ -34,9 +34,6 @@ def test_tp_pp_dp_rank_slowed_ten_percent_is_named() -> None:
     _named("2x2x2", 5, 1.10)
 
 
-def test_data_parallel_rank_slowed_ten_percent_is_named() -> None:
-    # DP4: rank 2 holds up the others in the gradient all-reduce only. The issue's DP target is
-    # a 1.05x rank; on these 2-core VMs a clean CPU rank's compute drifts up to ~4% from its
-    # peers for minutes at a time (the host's load on each vCPU), as much as that slowdown, so
-    # 1.05x is measured over repeated runs by benchmarks/stragglers.py and reported there.
-    _named("1x1x4", 2, 1.10)
+def test_data_parallel_rank_slowed_five_percent_is_named() -> None:
+    # DP4: rank 2 holds up the others in the gradient all-reduce only.
+    _named("1x1x4", 2, 1.05)

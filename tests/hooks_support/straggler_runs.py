@@ -3,10 +3,20 @@ recording agent socket: what the straggler tests and `benchmarks/stragglers.py` 
 
 Every run uses the hooks' shipped defaults (nothing but the agent socket is set) and the
 demo's tiny model; a `straggler` fault makes its rank's device do `slowdown` times the work
-from `at_step` on (`trainer_hooks.reference.slowdown`)."""
+from `at_step` on (`trainer_hooks.reference.slowdown`).
+
+Ranks that the scoring compares (a pipeline stage's ranks, `trainer_hooks.straggler`) share a
+core; the stages spread over the cores. They are simulated devices that must be alike but for
+the fault, and these VMs' vCPUs are not: each changes speed on its own, by up to 1.75x in spells
+of 0.2-1 s (the host's load on the cores beneath it), and a rank's CPU time takes the speed of
+the vCPU it ran on. Spread over two vCPUs, clean DP4 peers measured 3-4% apart for minutes and a
+20-step window's median ratio varied twice as much as on one core. On one core the peers see
+the same spells, which the per-step comparison cancels, as it cancels a node's load on real
+GPUs, whose clocks do not follow a neighbour's load."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -57,6 +67,7 @@ def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 9
         with fake_agent(tmp) as agent:
             env = {**os.environ, "SENTINEL_AGENT_SOCKET": str(agent.path)}
             gang = launch(layout.world, args, log_dir=tmp / "logs", env=env, fork=True)
+            _peers_share_a_core(layout, [p.pid for p in gang.procs])
             try:
                 codes = gang.wait(timeout)
             finally:
@@ -69,3 +80,15 @@ def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 9
                 for rank, p in agent.payloads("rank.straggler")
                 if rank is not None
             ]
+
+
+def _peers_share_a_core(layout: Layout, pids: list[int]) -> None:
+    """Pin every thread of each rank to its pipeline stage's core (ranks are (pp, dp, tp) major
+    to minor, as the reference trainer's mesh lays them out)."""
+    cores = sorted(os.sched_getaffinity(0))
+    for rank, pid in enumerate(pids):
+        core = cores[(rank // (layout.dp * layout.tp)) % len(cores)]
+        with contextlib.suppress(FileNotFoundError):  # a rank that died: its exit code says
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                    os.sched_setaffinity(int(tid), {core})
