@@ -86,8 +86,10 @@ class Deliverer:
                     await asyncio.sleep(max(self._backoff.next_delay(), self._retry_in_s))
                 elif outcome is Outcome.EMPTY:
                     self._wake.clear()
+                    # asyncio.timeout: 3.11's wait_for can swallow a cancel racing the wake.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.idle_s)
+                        async with asyncio.timeout(self.idle_s):
+                            await self._wake.wait()
 
     async def deliver_once(self, session: aiohttp.ClientSession) -> Outcome:
         """Send the oldest spooled batch once."""

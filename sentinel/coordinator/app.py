@@ -171,8 +171,9 @@ async def get_commands(request: web.Request) -> web.Response:
         if commands or left <= 0:
             return web.json_response({"commands": commands})
         async with service.commands_changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(service.commands_changed.wait(), left)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout keeps a cancel (see Service)
+                async with asyncio.timeout(left):
+                    await service.commands_changed.wait()
 
 
 class AckBody(BaseModel):

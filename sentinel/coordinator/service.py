@@ -188,8 +188,11 @@ class Service:
                 away = True
             except Exception:
                 log.exception("engine tick failed")
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that lands as
+            # the kick is set (stop does both), and the engine then never ends.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.cfg.engine_tick_s)
+                async with asyncio.timeout(self.cfg.engine_tick_s):
+                    await self._kick.wait()
             self._kick.clear()
 
     async def _start_effects(self) -> None:

@@ -224,8 +224,9 @@ class Supervisor:
     async def _heartbeat(self) -> None:
         while not self.done.is_set():
             await self.report_status()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.done.wait(), self.cfg.heartbeat_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's can swallow a cancel
+                async with asyncio.timeout(self.cfg.heartbeat_s):
+                    await self.done.wait()
 
     async def _commands(self) -> None:
         params = {"job": self.cfg.job_id, "wait": str(self.cfg.poll_wait_s)}
