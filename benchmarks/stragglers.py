@@ -1,6 +1,7 @@
 """Runtime straggler detection in the reference trainer, at the hooks' shipped defaults.
 
-Per layout, on real gloo ranks of the demo's tiny model (`tests/hooks_support/straggler_runs`):
+Per layout, on real gloo ranks of the demo's tiny model (`tests/hooks_support/straggler_runs`,
+where each pipeline stage's ranks share a core, and why):
 - sensitivity: `--runs` runs in which one rank's device does `slowdown` times the work from
   step `--onset` on (real extra matrix products, never a sleep); a run counts as detected when
   that rank, and no other, is named within 100 steps of the onset. Reported: detected runs,
