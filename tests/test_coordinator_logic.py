@@ -441,8 +441,8 @@ def test_a_relaunch_s_stages_are_recorded_with_its_incident(
     """The new gang's launch report completes the repair's timeline: detected (the XID),
     decided, drained (the eviction), the restart, then the relaunch's own stages. They are
     stored with the incident (its API document shows them) and observed in
-    `repair_stage_seconds`; a launch before any restart (the job's first) and a second report of
-    the same relaunch record nothing."""
+    `repair_stage_seconds`; a launch before any restart (the job's first), one from a node the
+    job no longer runs on and a second report of the same relaunch record nothing."""
     from sentinel.coordinator import queries
 
     store, ingest, engine, clock = setup(tmp_path, new_store)
@@ -457,6 +457,9 @@ def test_a_relaunch_s_stages_are_recorded_with_its_incident(
         EventBatch(events=[job_status("j", ["node-0", "spare-0"], [], generation=1)]), clock()
     )
     engine.tick()
+    # node-1 left the gang: it cannot speak for the job's relaunch.
+    ingest.ingest(EventBatch(events=[_launch("j", "node-1", t0 + 5)]), clock())
+    assert store.repair_stages() == []
     for _ in range(2):  # the same relaunch reported twice (a second event id)
         ingest.ingest(EventBatch(events=[_launch("j", "spare-0", t0 + 5)]), clock())
     (incident,) = store.incidents(10, None)

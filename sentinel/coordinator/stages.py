@@ -117,6 +117,11 @@ def record_launch(store: StateStore, ev: RankLaunchEvent) -> RepairStagesRow | N
     job = ev.source.job
     if job is None:
         return None
+    # A node speaks only for itself: for the jobs it runs (their gang or spares, the supervisor
+    # says), never another job's repair.
+    row = store.job(job)
+    if row is None or ev.source.node not in (*row.status.nodes, *row.status.spares):
+        return None
     found = store.relaunching_run(job, ev.payload.main_at)
     if found is None:
         return None
@@ -125,7 +130,7 @@ def record_launch(store: StateStore, ev: RankLaunchEvent) -> RepairStagesRow | N
         return None
     detected = store.first_event_ts(run.incident_id)
     detected_at = detected if detected is not None else run.created_at
-    row = timeline(run, detected_at, store.run_steps(run.id), ev.payload)
-    if row is not None:
-        store.insert_repair_stages(row)
-    return row
+    stages = timeline(run, detected_at, store.run_steps(run.id), ev.payload)
+    if stages is not None:
+        store.insert_repair_stages(stages)
+    return stages
