@@ -22,9 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(
-    world: int, args: list[str], env: dict[str, str] | None = None
+    world: int, args: list[str], env: dict[str, str] | None = None, one_core: bool = False
 ) -> list[subprocess.Popen]:
+    """`one_core`: every rank on the last core, for tests that compare the ranks' speed. The
+    ranks are simulated devices that must be alike but for a fault, and each of these VMs' vCPUs
+    changes speed on its own (see tests/hooks_support/straggler_runs.py)."""
     port = free_port()
+    core = max(os.sched_getaffinity(0))
     procs = []
     for rank in range(world):
         e = {
@@ -46,6 +50,7 @@ def launch(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, {core})) if one_core else None,
             )
         )
     return procs
