@@ -106,6 +106,9 @@ class AgentConfig(StrictModel):
     # temperatures; one that moved triggers a sweep at once (a hardware fault is judged within
     # a fraction of the interval).
     urgent_poll_s: float = Field(default=0.25, gt=0)
+    # Host statistics (CPU, memory, disk, network) are exported, never judged, and change
+    # slowly: read this often rather than every sweep, where they cost a third of the sweep.
+    host_interval_s: float = Field(default=5.0, gt=0)
     # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
     expected_gpus: int | None = Field(default=None, ge=0)
     pci_devices_dir: Path = Path("/sys/bus/pci/devices")

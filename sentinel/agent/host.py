@@ -34,6 +34,7 @@ class PsutilHost:
 
     def __init__(self) -> None:
         psutil.cpu_percent(None)  # prime: the first call has no previous interval to compare to
+        self._cpus = psutil.cpu_count() or 1  # fixed while the agent runs; ~80 us a call
         self._mounts = [
             p.mountpoint for p in psutil.disk_partitions(all=False) if p.fstype not in _SKIP_FSTYPES
         ] or ["/"]
@@ -55,7 +56,7 @@ class PsutilHost:
         }
         return HostStats(
             cpu_utilization=psutil.cpu_percent(None) / 100.0,
-            cpu_count=psutil.cpu_count() or 1,
+            cpu_count=self._cpus,
             memory_used_bytes=mem.total - mem.available,
             memory_total_bytes=mem.total,
             load1=load1,

@@ -9,6 +9,7 @@ finish). A lock orders their judgements; NVML itself is called outside it.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -66,10 +67,14 @@ class NodeMonitor:
         *,
         expected_gpus: int | None = None,
         kernel_log: KernelLog | None = None,
+        host_interval_s: float = 0.0,
     ) -> None:
         self.source = Source(node=node_id)
         self.backend = backend
         self.host = host
+        self.host_interval_s = host_interval_s
+        self._host_stats: HostStats | None = None
+        self._host_read_at = -math.inf  # self.clock() at the last host read
         self.evaluator = evaluator
         self.clock = clock
         self.expected_gpus = expected_gpus
@@ -91,7 +96,7 @@ class NodeMonitor:
         start = time.perf_counter()
         readings = tuple(self.backend.sweep())
         nvml_xids = self.backend.drain_xids()
-        host = self.host.read() if self.host is not None else None
+        host = self._read_host()
         with self._lock:
             self._stall = None  # every call of a full sweep returned: NVML answers
             now = self.clock()
@@ -110,6 +115,15 @@ class NodeMonitor:
             snapshot = Snapshot(now, readings, health, host, time.perf_counter() - start)
             self.last_sweep_ts = now
             return snapshot, self._publish(snapshot)
+
+    def _read_host(self) -> HostStats | None:
+        """The host's statistics, read again once `host_interval_s` has passed since the last
+        read; between reads, sweeps carry the last ones."""
+        now = self.clock()
+        due = not 0 <= now - self._host_read_at < self.host_interval_s  # or the clock stepped back
+        if self.host is not None and due:
+            self._host_stats, self._host_read_at = self.host.read(), now
+        return self._host_stats
 
     # ---- between sweeps (event loop) ----------------------------------------------------------
 

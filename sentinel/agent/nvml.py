@@ -24,7 +24,7 @@ import ctypes
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,7 +32,7 @@ import pynvml
 
 from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary
 from sentinel.agent.nvml_fields import FieldBatch
-from sentinel.agent.nvml_scalars import Scalar, scalars
+from sentinel.agent.nvml_scalars import Convert, Scalar, scalars
 from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class _Gpu:
     links: list[int] = field(default_factory=list)  # NVLink links active at start
     nvlink_by_fields: bool = True  # False: the driver lacks the DL fields, use per-link calls
     fields: FieldBatch | None = None  # per-GPU scalars + NVLink DL counters, one call
+    scalar_outputs: list[tuple[str, int, Convert]] = field(default_factory=list)  # in the batch
     scalars: list[Scalar] = field(default_factory=list)  # those in the batch, first, in order
     by_call: set[str] = field(default_factory=set)  # scalars the batch lacks: read per call
     field_keys: list[str] = field(default_factory=list)  # the NVLink key of each later request
@@ -389,7 +390,8 @@ class NvmlBackend(GpuBackend):
         gpu.scalars = [
             s for s in self._scalars if s.key not in gpu.skip and s.key not in gpu.by_call
         ]
-        requests = [(field_id, 0) for s in gpu.scalars for _, field_id, _ in s.outputs]
+        gpu.scalar_outputs = [output for s in gpu.scalars for output in s.outputs]
+        requests = [(field_id, 0) for _, field_id, _ in gpu.scalar_outputs]
         gpu.field_keys = []
         if gpu.nvlink_by_fields:
             for link in gpu.links:
@@ -401,21 +403,21 @@ class NvmlBackend(GpuBackend):
                     gpu.field_keys.append(key)
         gpu.fields = FieldBatch(requests) if requests else None
 
-    def _read_batch(self, gpu: _Gpu, batch: FieldBatch) -> list[tuple[int, int | float]]:
+    def _read_batch(self, gpu: _Gpu, batch: FieldBatch) -> tuple[Sequence[int], list[Any]]:
         self.watch.begin("nvmlDeviceGetFieldValues")  # called past pynvml: see nvml_fields
         try:
             return batch.read(gpu.handle)
         except pynvml.NVMLError as exc:  # the whole call: every field in it is missing
-            return [(exc.value, 0)] * len(batch.requests)
+            return [exc.value] * len(batch.requests), [0] * len(batch.requests)
         finally:
             self.watch.end()
 
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
         if gpu.fields is not None:
-            results = self._read_batch(gpu, gpu.fields)
-            nvlink_at = len(results) - len(gpu.field_keys)
-            rebuild = self._take_scalars(gpu, results[:nvlink_at], out)
-            self._take_nvlink(gpu, results[nvlink_at:], out)
+            codes, values = self._read_batch(gpu, gpu.fields)
+            at = len(codes) - len(gpu.field_keys)
+            rebuild = self._take_scalars(gpu, codes[:at], values[:at], out)
+            self._take_nvlink(gpu, codes[at:], values[at:], out)
             if rebuild:
                 self._build_fields(gpu)
         if gpu.by_call:
@@ -425,16 +427,20 @@ class NvmlBackend(GpuBackend):
             out["nvlink_links_down"] = self._links_down(gpu)
 
     def _take_scalars(
-        self, gpu: _Gpu, results: list[tuple[int, int | float]], out: dict[str, Any]
+        self, gpu: _Gpu, codes: Sequence[int], values: list[Any], out: dict[str, Any]
     ) -> bool:
         """The scalars' answers; True when one must leave the batch (the batch is rebuilt)."""
+        if not any(codes):  # every field answered: the common case, one pass
+            for (key, _, convert), value in zip(gpu.scalar_outputs, values, strict=True):
+                out[key] = convert(value)
+            return False
         rebuild = False
-        answers = iter(results)
+        at = 0
         for scalar in gpu.scalars:
-            got = [next(answers) for _ in scalar.outputs]
-            code = next((c for c, _ in got if c), nvml.NVML_SUCCESS)
+            end = at + len(scalar.outputs)
+            code = next((c for c in codes[at:end] if c), nvml.NVML_SUCCESS)
             if code == nvml.NVML_SUCCESS:
-                for (key, _, convert), (_, value) in zip(scalar.outputs, got, strict=True):
+                for (key, _, convert), value in zip(scalar.outputs, values[at:end], strict=True):
                     out[key] = convert(value)
             elif code in UNSUPPORTED_CODES and scalar.by_call is not None:
                 # A driver older than the field id may still have the call: ask it this sweep.
@@ -447,6 +453,7 @@ class NvmlBackend(GpuBackend):
             else:
                 self._note_failure(gpu, scalar.key, code)
                 rebuild = rebuild or scalar.key in gpu.skip
+            at = end
         return rebuild
 
     def _read_by_call(self, gpu: _Gpu, out: dict[str, Any]) -> None:
@@ -458,27 +465,22 @@ class NvmlBackend(GpuBackend):
                     out.update(zip((key for key, _, _ in scalar.outputs), values, strict=True))
 
     def _take_nvlink(
-        self, gpu: _Gpu, results: list[tuple[int, int | float]], out: dict[str, Any]
+        self, gpu: _Gpu, codes: Sequence[int], values: list[Any], out: dict[str, Any]
     ) -> None:
+        """Each link's entries are its DL counters, then its state (`_build_fields`)."""
         if not gpu.field_keys:
             return
-        totals = dict.fromkeys(_NVLINK_KEYS, 0)
-        down: list[int] = []
-        nvlink_code = nvml.NVML_SUCCESS
-        links = iter(gpu.links)
-        for key, (code, value) in zip(gpu.field_keys, results, strict=True):
-            if key == _LINK_STATE:
-                link = next(links)
-                if not code and value in _LINK_DOWN_STATES:
-                    down.append(link)
-                nvlink_code = nvlink_code or code
-            elif code:
-                nvlink_code = nvlink_code or code
-            else:
-                totals[key] += int(value)
-        self._nvlink_fields_done(gpu, nvlink_code, totals, out)
-        if nvlink_code == nvml.NVML_SUCCESS:
-            out["nvlink_links_down"] = tuple(down)
+        stride = len(_NVLINK_DL_FIELDS) + 1
+        code = next((c for c in codes if c), nvml.NVML_SUCCESS)
+        totals = {key: sum(values[i::stride]) for i, key in enumerate(_NVLINK_KEYS)}
+        self._nvlink_fields_done(gpu, code, totals, out)
+        if code == nvml.NVML_SUCCESS:
+            states = values[stride - 1 :: stride]
+            out["nvlink_links_down"] = tuple(
+                link
+                for link, state in zip(gpu.links, states, strict=True)
+                if state in _LINK_DOWN_STATES
+            )
 
     def _links_down(self, gpu: _Gpu) -> tuple[int, ...] | None:
         """Per-link state calls, for drivers without the state field (older than R530)."""

@@ -121,6 +121,7 @@ class Agent:
             if cfg.sim is not None
             else expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
             kernel_log=self.kernel_log,
+            host_interval_s=cfg.host_interval_s,
         )
         self.ranks = RankMetrics()
         self.spool: Spool | None = None
@@ -229,9 +230,11 @@ class Agent:
                     "thresholds": cfg.thresholds,
                     "interval_s": cfg.interval_s,
                     "heartbeat_s": cfg.heartbeat_s,
+                    "host_interval_s": cfg.host_interval_s,
                 }
             )
             self.evaluator.thresholds = cfg.thresholds
+            self.monitor.host_interval_s = cfg.host_interval_s
             log.info("config reloaded", extra={"interval_s": cfg.interval_s})
         self.notifier.ready()
 
