@@ -140,6 +140,21 @@ def test_values_changing_between_sweeps_are_picked_up(start: Starter, config: Pa
             assert_matches(reading, gpu)
 
 
+def test_a_gpu_with_more_processes_than_the_reader_expects_lists_them_all(
+    start: Starter, config: Path
+) -> None:
+    """The process list is read into an array kept between sweeps (32 entries): a GPU with
+    more makes the reader grow it and ask again, within the same sweep."""
+    gpus = [distinct_gpu(0)]
+    write_config(config, gpus)
+    backend = start()
+    assert_matches(backend.sweep()[0], gpus[0], tensor_active=None)
+    for many in (50, 3, 64):
+        gpus[0].processes = [(7000 + i, i << 20) for i in range(many)]
+        write_config(config, gpus)
+        assert_matches(backend.sweep()[0], gpus[0])
+
+
 def test_the_urgent_check_sees_dbe_heat_and_xids_and_keeps_the_xids(
     start: Starter, config: Path
 ) -> None:
@@ -230,7 +245,7 @@ def test_unsupported_fields_are_none_logged_once_and_not_asked_again(
     # Remapped rows ride in the field values; GPU 0's "unsupported" there is checked once
     # against the per-call function (an older driver may have the call and not the field).
     assert calls["nvmlDeviceGetRemappedRows"] == 1
-    assert calls["nvmlDeviceGetComputeRunningProcesses"] == 1 + 4
+    assert calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1 + 4
     assert calls["nvmlDeviceGetPowerUsage"] == 4 + 4  # the transient failure is retried
 
     del gpus[0].errors["power"]  # the transient failure clears: the value flows again

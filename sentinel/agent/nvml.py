@@ -30,8 +30,9 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary
+from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary, trace
 from sentinel.agent.nvml_fields import FieldBatch
+from sentinel.agent.nvml_processes import ProcessReader
 from sentinel.agent.nvml_scalars import Convert, Scalar, scalars
 from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 
@@ -150,6 +151,7 @@ class NvmlBackend(GpuBackend):
             nvml.nvmlShutdown()
             raise _init_failure(exc) from exc
         self._reasons_fn = nvml.nvmlDeviceGetCurrentClocksEventReasons
+        self._processes = self._process_reader()
         self._scalars = scalars(nvml)
         self._gpus = [_Gpu(index=i) for i in range(count)]
         for gpu in self._gpus:
@@ -302,9 +304,7 @@ class NvmlBackend(GpuBackend):
             self._read_clocks_memory(gpu, out)
             self._read_fields(gpu, out)
             self._read_tensor_active(gpu, out)
-            procs = self._call(
-                gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, gpu.handle
-            )
+            procs = self._call(gpu, "processes", self._processes, gpu.handle)
         except _GpuLost:
             return self._lost_reading(gpu)
         finally:
@@ -314,7 +314,7 @@ class NvmlBackend(GpuBackend):
             gpu.lost = False
             log.warning("gpu %d answers again after being lost", index, extra={"uuid": gpu.uuid})
         if procs:
-            out["processes"] = tuple(GpuProcess(p.pid, p.usedGpuMemory) for p in procs)
+            out["processes"] = procs
         return GpuReading(
             index=index, uuid=gpu.uuid, name=gpu.name, pci_bus_id=gpu.pci_bus_id, **out
         )
@@ -351,6 +351,18 @@ class NvmlBackend(GpuBackend):
         limit = call(gpu, "power_limit_w", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
         out["power_limit_w"] = None if limit is None else limit / 1000.0
         out["throttle_reasons"] = call(gpu, "throttle_reasons", self._clock_reasons, h)
+
+    def _process_reader(self) -> Callable[[Any], tuple[GpuProcess, ...]]:
+        """Past pynvml where the driver has the v3 call (see nvml_processes), through it
+        where not; either way under the deadline watch."""
+        try:
+            reader = ProcessReader().read
+        except pynvml.NVMLError_FunctionNotFound:
+            return lambda handle: tuple(
+                GpuProcess(p.pid, p.usedGpuMemory)
+                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            )
+        return trace(WATCH, "nvmlDeviceGetComputeRunningProcesses_v3", reader)
 
     def _clock_reasons(self, handle: Any) -> int:
         """Clocks-event reasons; drivers older than R535 only have the throttle-reasons name."""

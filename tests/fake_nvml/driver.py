@@ -2,8 +2,9 @@
 
 Commands: `sweep` (readings), `xids` (drained XID events and how long draining took),
 `errors` (the backend's failed-read counters and unsupported fields), `calls` (how many times
-each pynvml device function was called). End of input closes the backend. Started by
-`fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing at the fake library.
+the backend called each NVML function, by the name its deadline watch gives the call). End of
+input closes the backend. Started by `fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing
+at the fake library.
 """
 
 from __future__ import annotations
@@ -13,32 +14,24 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
 
-import pynvml
-
+from sentinel.agent.deadline import CallWatch
 from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
 from sentinel.logs import setup_logging
 
 CALLS: Counter[str] = Counter()
 
 
-def count_calls(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @wraps(fn)
-    def counted(*args: Any) -> Any:
-        CALLS[fn.__name__] += 1
-        return fn(*args)
+def count_watched_calls() -> None:
+    """Count every NVML call the backend makes where its deadline watch sees it begin: the
+    pynvml calls and the ones made past pynvml (the field batch, the process list) alike."""
+    begin = CallWatch.begin
 
-    return counted
+    def counted(watch: CallWatch, name: str) -> None:
+        CALLS[name] += 1
+        begin(watch, name)
 
-
-def count_device_calls() -> None:
-    """Wrap pynvml's per-device functions, so a test can see what the backend asks for."""
-    for name in dir(pynvml):
-        if name.startswith(("nvmlDevice", "nvmlGpm")) and callable(getattr(pynvml, name)):
-            setattr(pynvml, name, count_calls(getattr(pynvml, name)))
+    CallWatch.begin = counted  # type: ignore[method-assign]
 
 
 def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
@@ -61,7 +54,7 @@ def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
 
 def main() -> int:
     setup_logging("json", "INFO")
-    count_device_calls()
+    count_watched_calls()
     try:
         backend = NvmlBackend()
     except NvmlUnavailable as exc:
