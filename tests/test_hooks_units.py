@@ -166,6 +166,31 @@ def test_transport_batches_to_a_real_socket_and_reads_commands(tmp_path: Path) -
         agent.close()
 
 
+def test_events_sent_just_after_start_reach_an_agent_slow_to_accept(tmp_path: Path) -> None:
+    """On a busy machine the transport thread may not have connected yet when the rank stops:
+    stop() waits (up to its flush timeout) for that first connection instead of leaving the
+    queue behind."""
+    from sentinel.protocol import RankFrDumpPayload, make_event
+
+    agent = FakeAgent(tmp_path / "agent.sock")
+
+    class SlowToConnect(AgentTransport):
+        def _connect(self) -> bool:
+            time.sleep(0.05)  # the thread is scheduled late
+            return super()._connect()
+
+    tr = SlowToConnect(tmp_path / "agent.sock")
+    tr.start()
+    try:
+        tr.send(make_event(EventKind.RANK_FR_DUMP, Source(job="j"),
+                           RankFrDumpPayload(path="p", reason="x")))  # fmt: skip
+        tr.stop()
+        wait_for(lambda: len(agent.events) == 1)
+        assert tr.pending() == 0 and tr.dropped == 0
+    finally:
+        agent.close()
+
+
 def test_transport_without_agent_never_blocks_and_bounds_its_queue(tmp_path: Path) -> None:
     from sentinel.protocol import RankFrDumpPayload, make_event
 

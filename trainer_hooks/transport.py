@@ -72,6 +72,7 @@ class AgentTransport:
         self._flush_now = False
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
+        self._first_connect = True  # no connection tried yet: a flush waits for the first
         self._rbuf = b""
         # The rank's registration line: sent first on every connection (the agent keeps it
         # only while the connection lasts), and at once when it is set on an open one.
@@ -152,9 +153,15 @@ class AgentTransport:
         self._wake_r = self._wake_w = -1
 
     def flush(self, timeout_s: float = 1.0) -> None:
-        """Wait up to `timeout_s` for the queue to reach a connected agent (e.g. before exit)."""
+        """Wait up to `timeout_s` for the queue to reach the agent (e.g. before exit): while
+        connected, or while the first connection is still being made (events queued right
+        after start would otherwise be lost on a busy machine); not while the agent is away."""
         deadline = time.monotonic() + timeout_s
-        while self._queue and self._sock is not None and time.monotonic() < deadline:
+        while (
+            self._queue
+            and (self._sock is not None or self._first_connect)
+            and time.monotonic() < deadline
+        ):
             self._flush_now = True
             self._wake()
             time.sleep(0.01)
@@ -215,8 +222,9 @@ class AgentTransport:
             sock.connect(self.socket_path)
         except OSError:
             sock.close()
+            self._first_connect = False
             return False
-        self._sock = sock
+        self._sock, self._first_connect = sock, False
         self._hello_due = self._hello is not None
         return True
 
