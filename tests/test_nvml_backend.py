@@ -155,21 +155,28 @@ def test_a_gpu_with_more_processes_than_the_reader_expects_lists_them_all(
         assert_matches(backend.sweep()[0], gpus[0])
 
 
+@pytest.mark.parametrize("dbe_events", [True, False], ids=["dbe-events", "dbe-polled"])
 def test_the_urgent_check_sees_dbe_heat_and_xids_and_keeps_the_xids(
-    start: Starter, config: Path
+    start: Starter, config: Path, dbe_events: bool
 ) -> None:
-    """Between sweeps the agent reads only the volatile DBE count, the temperature and the
-    XID event set; each moving is reported once, and an XID seen there is still drained."""
+    """Between sweeps the agent reads only the event set (XIDs, and double-bit ECC errors on
+    a GPU that raises events for them), the temperature, and the volatile DBE count of a GPU
+    that raises none; each moving is reported once, and an XID seen there is still drained."""
     gpus = [distinct_gpu(i) for i in range(2)]
     gpus[0].temp_gpu = gpus[1].temp_gpu = 60
+    for gpu in gpus:
+        gpu.no_dbe_events = int(not dbe_events)
     write_config(config, gpus)
     backend = start()
     backend.sweep()
+    polled_before = backend.ask("calls")["calls"].get("nvmlDeviceGetTotalEccErrors", 0)
     assert backend.ask("urgent 92")["urgent"] is None
     gpus[1].ecc_dbe_volatile += 1
     write_config(config, gpus)
     assert backend.ask("urgent 92")["urgent"].startswith("gpu 1: dbe")
     assert backend.ask("urgent 92")["urgent"] is None  # reported once
+    polled = backend.ask("calls")["calls"].get("nvmlDeviceGetTotalEccErrors", 0) - polled_before
+    assert polled == (0 if dbe_events else 2 * 3)  # 2 GPUs, 3 checks
     gpus[0].temp_gpu = 96
     write_config(config, gpus)
     assert backend.ask("urgent 92")["urgent"].startswith("gpu 0:")

@@ -113,6 +113,7 @@ class _Gpu:
     by_call: set[str] = field(default_factory=set)  # scalars the batch lacks: read per call
     field_keys: list[str] = field(default_factory=list)  # the NVLink key of each later request
     reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
+    dbe_events: bool = False  # double-bit ECC errors arrive as events: not polled in `urgent`
     gpm: _Gpm | None = None
 
 
@@ -161,6 +162,7 @@ class NvmlBackend(GpuBackend):
                 self._lost_reading(gpu)
         self._events = self._create_event_set()
         self._pending_xids: list[XidEvent] = []  # seen between sweeps, for the next drain
+        self._dbe_signalled: set[int] = set()  # GPUs with a double-bit ECC event since a sweep
         self._urgent_seen: dict[int, tuple[int, bool]] = {}  # (volatile DBE, hot) per GPU
         self.watch = WATCH
         log.info("NVML ready", extra={"gpus": count, "driver": self._driver_version()})
@@ -572,28 +574,49 @@ class NvmlBackend(GpuBackend):
             if gpu.handle is None:
                 continue
             try:
-                nvml.nvmlDeviceRegisterEvents(
-                    gpu.handle, nvml.nvmlEventTypeXidCriticalError, events
-                )
+                types = self._event_types(gpu)
+                nvml.nvmlDeviceRegisterEvents(gpu.handle, types, events)
             except nvml.NVMLError as exc:
                 self.errors["xid_events"] += 1
                 log.warning("gpu %d: XID events unavailable (%s)", gpu.index, exc)
+            else:
+                gpu.dbe_events = bool(types & nvml.nvmlEventTypeDoubleBitEccError)
         return events
 
+    def _event_types(self, gpu: _Gpu) -> int:
+        """XIDs, and double-bit ECC errors where the GPU raises events for them: those need no
+        polling between sweeps (see `urgent`). Registration failing with both is a failure of
+        XID events, which every GPU that has events supports."""
+        xid: int = nvml.nvmlEventTypeXidCriticalError
+        try:
+            supported = int(nvml.nvmlDeviceGetSupportedEventTypes(gpu.handle))
+        except nvml.NVMLError:
+            return xid
+        dbe: int = nvml.nvmlEventTypeDoubleBitEccError
+        return xid | (supported & dbe)
+
     def urgent(self, critical_c: float) -> str | None:
-        """XID events (kept for the next `drain_xids`), the volatile double-bit ECC count and
-        the temperature: one event wait and two reads per GPU, through the deadline watch."""
+        """XID and double-bit ECC events (XIDs kept for the next `drain_xids`), then the
+        temperature of each GPU and the volatile double-bit ECC count of each GPU that raises
+        no events for it: one event wait and one or two reads per GPU, through the deadline
+        watch."""
         self._pending_xids += self._wait_xids()
         if self._pending_xids:
             x = self._pending_xids[-1]
             return f"xid {x.xid} on gpu {x.gpu}"
+        if self._dbe_signalled:
+            index = min(self._dbe_signalled)
+            self._dbe_signalled.clear()
+            return f"gpu {index}: dbe event"
         dbe, vol = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
         found = None
         for gpu in self._gpus:
             if gpu.handle is None:
                 continue
-            count = self._call(gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors,
-                               gpu.handle, dbe, vol)  # fmt: skip
+            count = None
+            if not gpu.dbe_events:
+                count = self._call(gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors,
+                                   gpu.handle, dbe, vol)  # fmt: skip
             temp = self._call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, gpu.handle,
                               nvml.NVML_TEMPERATURE_GPU)  # fmt: skip
             hot = temp is not None and temp >= critical_c
@@ -605,6 +628,7 @@ class NvmlBackend(GpuBackend):
 
     def drain_xids(self) -> list[XidEvent]:
         found, self._pending_xids = self._pending_xids + self._wait_xids(), []
+        self._dbe_signalled.clear()  # the sweep this drain belongs to reads the counts
         return found
 
     def _wait_xids(self) -> list[XidEvent]:
@@ -623,9 +647,12 @@ class NvmlBackend(GpuBackend):
                 self.errors["xid_events"] += 1
                 log.warning("reading XID events failed (%s)", exc)
                 break
+            gpu = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value)
+            if data.eventType == nvml.nvmlEventTypeDoubleBitEccError:
+                self._dbe_signalled.add(gpu.index if gpu is not None else -1)
+                continue
             if data.eventType != nvml.nvmlEventTypeXidCriticalError:
                 continue
-            gpu = by_address.get(ctypes.cast(data.device, ctypes.c_void_p).value)
             index, uuid = (gpu.index, gpu.uuid) if gpu is not None else (-1, None)
             found.append(XidEvent(gpu=index, xid=int(data.eventData), uuid=uuid, ts=time.time()))
         return found

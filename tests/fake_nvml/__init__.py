@@ -89,6 +89,7 @@ class FakeGpu:
     clocks_event_reasons: int = 0
     pcie_replay: int = 0
     recovery_action: int = 0  # nvmlDeviceGpuRecoveryAction_t: 0 none, 1 GPU reset, ...
+    no_dbe_events: int = 0  # 1: the GPU raises no double-bit ECC events (polled instead)
     nvlink_state: list[int] = field(default_factory=lambda: [1] * 18)
     nvlink_replay: list[int] = field(default_factory=lambda: [0] * 18)
     nvlink_recovery: list[int] = field(default_factory=lambda: [0] * 18)
@@ -158,6 +159,7 @@ _NUMBER_KEYS = [
     "remap_failure",
     "pcie_replay",
     "recovery_action",
+    "no_dbe_events",
 ]
 
 

@@ -8,7 +8,9 @@
  *   # comment
  *   init_error = 9            top level: nvmlInit returns this code (0 = success)
  *   xid = 1 79                top level, repeatable: an XID event queue, "GPU XID" in order;
- *                             each entry is delivered once to each event set (append only)
+ *                             each entry is delivered once to each event set (append only);
+ *                             a GPU's ecc_dbe_volatile growing is a double-bit ECC event
+ *                             (no_dbe_events = 1: a GPU that raises none)
  *   [gpu 0]                   one section per GPU, indices 0..N-1 in order
  *   uuid = GPU-...            strings: uuid, name, pci_bus_id
  *   temp_gpu = 41             numbers (decimal or 0x hex): see NUMBER_KEYS below
@@ -117,6 +119,7 @@ typedef struct {
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
 #define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 #define NVML_GPM_METRIC_ANY_TENSOR_UTIL 5
+#define NVML_EVENT_TYPE_DBE 0x2ULL
 #define NVML_EVENT_TYPE_XID 0x8ULL
 
 /* ---- the served state --------------------------------------------------------------------- */
@@ -133,7 +136,8 @@ enum value_key {
     V_ECC_SBE_VOLATILE, V_ECC_DBE_VOLATILE, V_ECC_SBE_AGGREGATE, V_ECC_DBE_AGGREGATE,
     V_RETIRED_SBE, V_RETIRED_DBE, V_RETIRED_PENDING,
     V_REMAP_CORRECTABLE, V_REMAP_UNCORRECTABLE, V_REMAP_PENDING, V_REMAP_FAILURE,
-    V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_RECOVERY_ACTION, V_COUNT
+    V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_RECOVERY_ACTION, V_NO_DBE_EVENTS,
+    V_COUNT
 };
 static const char *const NUMBER_KEYS[V_COUNT] = {
     "temp_gpu", "temp_mem", "power_mw", "power_limit_mw", "energy_mj", "clock_sm", "clock_mem",
@@ -141,7 +145,7 @@ static const char *const NUMBER_KEYS[V_COUNT] = {
     "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
     "retired_sbe", "retired_dbe", "retired_pending",
     "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
-    "clocks_event_reasons", "pcie_replay", "gpm_supported", "recovery_action",
+    "clocks_event_reasons", "pcie_replay", "gpm_supported", "recovery_action", "no_dbe_events",
 };
 
 enum error_key {
@@ -191,7 +195,11 @@ struct state {
     unsigned long long xid_code[MAX_XIDS];
 };
 
-struct nvml_event_set { int next_xid; unsigned long long mask[MAX_GPUS]; };
+/* Per GPU: the event types registered, and the volatile DBE count last delivered as an event. */
+struct nvml_event_set {
+    int next_xid;
+    unsigned long long mask[MAX_GPUS], dbe_seen[MAX_GPUS];
+};
 struct nvml_gpm_sample { int gpu; double tensor_util; };
 
 /* Two buffers: a reload parses into the spare one and swaps only if the whole file parsed. */
@@ -770,11 +778,14 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     return NVML_SUCCESS;
 }
 
+static unsigned long long supported_events(const struct nvml_gpu *g) {
+    return NVML_EVENT_TYPE_XID | (g->v[V_NO_DBE_EVENTS] ? 0 : NVML_EVENT_TYPE_DBE);
+}
+
 nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
     ENTER();
     GPU_OR_RETURN(g, d, E_EVENTS);
-    (void)g;
-    *types = NVML_EVENT_TYPE_XID;
+    *types = supported_events(g);
     return NVML_SUCCESS;
 }
 
@@ -782,9 +793,11 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
                                       nvmlEventSet_t set) {
     ENTER();
     GPU_OR_RETURN(g, d, E_EVENTS);
-    (void)g;
-    if (types & ~NVML_EVENT_TYPE_XID) return NVML_ERROR_NOT_SUPPORTED;
-    set->mask[gpu_index(d)] |= types;
+    if (types & ~supported_events(g)) return NVML_ERROR_NOT_SUPPORTED;
+    int k = gpu_index(d);
+    if ((types & NVML_EVENT_TYPE_DBE) && !(set->mask[k] & NVML_EVENT_TYPE_DBE))
+        set->dbe_seen[k] = g->v[V_ECC_DBE_VOLATILE]; /* only errors after registration */
+    set->mask[k] |= types;
     return NVML_SUCCESS;
 }
 
@@ -796,6 +809,18 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
         data->device = &buffers[0].gpu[gpu];
         data->eventType = NVML_EVENT_TYPE_XID;
         data->eventData = S->xid_code[i];
+        return 1;
+    }
+    /* A double-bit ECC error: one event each time a GPU's volatile DBE count grows. */
+    for (int k = 0; k < S->gpus && k < MAX_GPUS; k++) {
+        unsigned long long now = S->gpu[k].v[V_ECC_DBE_VOLATILE];
+        if (!(set->mask[k] & NVML_EVENT_TYPE_DBE) || now == set->dbe_seen[k]) continue;
+        int grew = now > set->dbe_seen[k];
+        set->dbe_seen[k] = now; /* a smaller count: the GPU was reset, no error */
+        if (!grew) continue;
+        memset(data, 0, sizeof *data);
+        data->device = &buffers[0].gpu[k];
+        data->eventType = NVML_EVENT_TYPE_DBE;
         return 1;
     }
     return 0;
