@@ -384,6 +384,15 @@ def _listing(path: str, query: Callable[..., Any], summary: str, *params: Param)
 
 _FR_NAME = {"type": "string", "pattern": fr_files.NAME_PATTERN}
 
+
+def _name_in_path(name: str, description: str) -> Param:
+    """A required path segment that names a file, a check, a node or a job (no slashes)."""
+    return Param(name, "path", _FR_NAME, description, True)
+
+
+_CHECK = _name_in_path("check", "the fr.dump command's check id")
+_JOB = _name_in_path("job", "the job id")
+
 ROUTES: tuple[Route, ...] = (
     Route(
         "post",
@@ -467,9 +476,9 @@ ROUTES: tuple[Route, ...] = (
         "Upload one flight-recorder dump file of an fr.dump check",
         "node (own node), admin",
         (
-            Param("check", "path", _FR_NAME, "the fr.dump command's check id", True),
-            Param("node", "path", _FR_NAME, "the node whose ranks wrote the dump", True),
-            Param("name", "path", _FR_NAME, "the dump file's name", True),
+            _CHECK,
+            _name_in_path("node", "the node whose ranks wrote the dump"),
+            _name_in_path("name", "the dump file's name"),
         ),
         raw_body="the dump file's bytes",
     ),
@@ -479,7 +488,7 @@ ROUTES: tuple[Route, ...] = (
         _fr_route(fr_files.get_dumps),
         "Every dump file of a check (base64)",
         "job, operator, admin",
-        (Param("check", "path", _FR_NAME, "the fr.dump command's check id", True),),
+        (_CHECK,),
     ),
     Route(
         "post",
@@ -487,7 +496,7 @@ ROUTES: tuple[Route, ...] = (
         _fr_route(stacks.post_request),
         "Ask every rank of a job for its Python stacks (all threads), through the agents",
         "operator, admin",
-        (Param("job", "path", _FR_NAME, "the job id", True),),
+        (_JOB,),
         responses=(200, 400, 401, 403, 404),
     ),
     Route(
@@ -497,8 +506,8 @@ ROUTES: tuple[Route, ...] = (
         "The ranks' stacks of one request, grouped (odd ones out first) and who is silent",
         "operator, admin",
         (
-            Param("job", "path", _FR_NAME, "the job id", True),
-            Param("request", "path", _FR_NAME, "the request id the POST answered", True),
+            _JOB,
+            _name_in_path("request", "the request id the POST answered"),
         ),
         responses=(200, 400, 401, 403, 404),
     ),

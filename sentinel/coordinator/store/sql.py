@@ -268,11 +268,19 @@ class SqlStore(ABC):
         return self._rows(StoredEvent, self._sdc_rows() + " AND incident_id=?", (incident_id,))
 
     def fr_analysis(self, job: str, check_id: str) -> StoredEvent | None:
+        """The job's latest analysis of the flight-recorder check `check_id`."""
+        return self._answer("fr.analysis", ("job", job), ("check_id", check_id), "ts DESC")
+
+    def _answer(
+        self, kind: str, scope: tuple[str, str], key: tuple[str, str], order: str
+    ) -> StoredEvent | None:
+        """One event of `kind` from `scope` (a column and its value) whose payload field
+        `key[0]` is `key[1]`: an answer to the request that field names."""
         return self._row(
             StoredEvent,
-            f"SELECT {_EVENT_COLS} FROM events WHERE kind='fr.analysis' AND job=?"
-            f" AND {self._json_text('payload', 'check_id')}=? ORDER BY ts DESC LIMIT 1",
-            (job, check_id),
+            f"SELECT {_EVENT_COLS} FROM events WHERE kind=? AND {scope[0]}=?"
+            f" AND {self._json_text('payload', key[0])}=? ORDER BY {order} LIMIT 1",
+            (kind, scope[1], key[1]),
         )
 
     def node_verdicts(self, node: str, since: float) -> list[tuple[float, str]]:
@@ -289,11 +297,8 @@ class SqlStore(ABC):
 
     def node_validation(self, node: str, request_id: str) -> StoredEvent | None:
         """The node's answer to the `node.validate` named `request_id`, if it came."""
-        return self._row(
-            StoredEvent,
-            f"SELECT {_EVENT_COLS} FROM events WHERE kind='node.validation' AND node=?"
-            f" AND {self._json_text('payload', 'request_id')}=? ORDER BY received_at LIMIT 1",
-            (node, request_id),
+        return self._answer(
+            "node.validation", ("node", node), ("request_id", request_id), "received_at"
         )
 
     def rank_stacks(self, job: str, request_id: str) -> list[StoredEvent]:
