@@ -159,6 +159,7 @@ class AgentTransport:
         deadline = time.monotonic() + timeout_s
         while (
             self._queue
+            and self._thread is not None  # started, with a socket to deliver to
             and (self._sock is not None or self._first_connect)
             and time.monotonic() < deadline
         ):
