@@ -7,12 +7,14 @@ STAMP := $(VENV)/.installed-stamp
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned: the CPU wheel on disk. An unpinned torch pulls gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[torch,demo,dev]'
+	# The oldest pynvml the agent allows, beside the venv: a test runs the agent's NVML backend on it.
+	$(PY) -m pip install -q --upgrade --target $(VENV)/pynvml-oldest nvidia-ml-py==12.535.161
 	touch $(STAMP)
 
 # The combined default drill; each run gets its own report directory under demo-out/.

@@ -122,6 +122,34 @@ def test_every_field_matches_what_the_library_served(start: Starter, config: Pat
     assert backend.ask("errors") == {"errors": {}, "unsupported": [[], [], ["tensor_active"]]}
 
 
+OLDEST_PYNVML = Path(sys.executable).parent.parent / "pynvml-oldest"  # made by `make venv`
+
+
+def test_the_backend_reads_everything_on_the_oldest_pynvml_it_allows(
+    fake_lib: Path, config: Path, tmp_path: Path
+) -> None:
+    """nvidia-ml-py 12.535 (the floor in pyproject.toml) lacks names the backend uses (the
+    recovery-action field, NVLink states, the v3 process structure): they come from
+    nvml_compat, and every reading is still served. A GPU machine's older pynvml once stopped
+    the agent at import."""
+    assert (OLDEST_PYNVML / "pynvml.py").exists(), f"{OLDEST_PYNVML} missing: run `make venv`"
+    gpus = [distinct_gpu(i) for i in range(2)]
+    gpus[1].recovery_action = 1  # GPU reset requested
+    write_config(config, gpus)
+    backend = BackendProcess(fake_lib, config, tmp_path / "backend.log", OLDEST_PYNVML)
+    try:
+        assert backend.ask("pynvml")["pynvml"] == str(OLDEST_PYNVML / "pynvml.py")
+        backend.sweep()
+        for reading, gpu in zip(backend.sweep(), gpus, strict=True):
+            assert_matches(reading, gpu)
+        assert backend.ask("errors")["errors"] == {}
+        gpus[1].nvlink_state[1] = 3  # active at start, now active with traffic disabled: down
+        write_config(config, gpus)
+        assert backend.sweep()[1]["nvlink_links_down"] == [1]
+    finally:
+        backend.close()
+
+
 def test_values_changing_between_sweeps_are_picked_up(start: Starter, config: Path) -> None:
     gpus = [distinct_gpu(i) for i in range(2)]
     write_config(config, gpus)

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from sentinel.agent import nvml_compat as compat
 from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary, trace
 from sentinel.agent.nvml_fields import FieldBatch
 from sentinel.agent.nvml_processes import ProcessReader
@@ -70,8 +71,8 @@ _NVLINK_KEYS = tuple(key for key, _ in _NVLINK_DL_FIELDS)
 _LINK_STATE = "nvlink_state"
 # Sleeping (low power) links are up; inactive ones and links with traffic disabled are not.
 _LINK_DOWN_STATES = (
-    nvml.NVML_NVLINK_STATE_INACTIVE,
-    nvml.NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED,
+    compat.NVLINK_STATE_INACTIVE,
+    compat.NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED,
 )
 _MAX_XIDS_PER_DRAIN = 1024
 
@@ -237,7 +238,7 @@ class NvmlBackend(GpuBackend):
                 if exc.value == GPU_IS_LOST:
                     raise _GpuLost from exc
                 break
-            if state == nvml.NVML_NVLINK_STATE_ACTIVE:
+            if state == compat.NVLINK_STATE_ACTIVE:
                 gpu.links.append(link)
         self._build_fields(gpu)
         if not gpu.links:
@@ -329,8 +330,8 @@ class NvmlBackend(GpuBackend):
             out["reset_required"] = True
         elif action is not None:
             out["reset_required"] = action in (
-                nvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
-                nvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
+                compat.GPU_RECOVERY_ACTION_GPU_RESET,
+                compat.GPU_RECOVERY_ACTION_DRAIN_AND_RESET,
             )
 
     def _lost_reading(self, gpu: _Gpu) -> GpuReading:
@@ -503,7 +504,7 @@ class NvmlBackend(GpuBackend):
             state = self._call(gpu, _LINK_STATE, nvml.nvmlDeviceGetNvLinkState, gpu.handle, link)
             if state is None:
                 return None
-            if state != nvml.NVML_NVLINK_STATE_ACTIVE:
+            if state != compat.NVLINK_STATE_ACTIVE:
                 down.append(link)
         return tuple(down)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pynvml as nvml
 
+from sentinel.agent import nvml_compat as compat
+
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value union
 _LAYOUT = struct.Struct("=IIqqII8s")
 # What a sweep reads of each entry: valueType, nvmlReturn, and the value's 8 bytes as an
@@ -44,7 +46,7 @@ _CONVERT: dict[int, Callable[[int], int | float]] = {
     nvml.NVML_VALUE_TYPE_UNSIGNED_INT: _as_unsigned(32),
     nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: _as_signed(64),
     nvml.NVML_VALUE_TYPE_SIGNED_INT: _as_signed(32),
-    nvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: _as_unsigned(16),
+    compat.VALUE_TYPE_UNSIGNED_SHORT: _as_unsigned(16),
 }
 
 

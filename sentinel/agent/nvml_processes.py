@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml as nvml
 
+from sentinel.agent import nvml_compat as compat
 from sentinel.agent.readings import GpuProcess
 
 # nvmlProcessInfo_v3_t: pid, (padding), usedGpuMemory, gpuInstanceId, computeInstanceId
@@ -26,14 +27,14 @@ class ProcessReader:
     """nvmlDeviceGetComputeRunningProcesses_v3 for any GPU, one at a time (one thread)."""
 
     def __init__(self, capacity: int = 32) -> None:
-        if _ENTRY.size != ctypes.sizeof(nvml.c_nvmlProcessInfo_v3_t):
+        if _ENTRY.size != ctypes.sizeof(compat.ProcessInfo):
             raise RuntimeError("this pynvml's nvmlProcessInfo_v3_t layout is not the one expected")
         self._fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
         self._count = ctypes.c_uint(0)
         self._resize(capacity)
 
     def _resize(self, capacity: int) -> None:
-        self._array = (nvml.c_nvmlProcessInfo_v3_t * capacity)()
+        self._array = (compat.ProcessInfo * capacity)()
 
     def read(self, handle: Any) -> tuple[GpuProcess, ...]:
         """The GPU's compute processes; raises NVMLError as pynvml's call does."""

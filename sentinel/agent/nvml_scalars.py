@@ -20,6 +20,8 @@ from typing import Any
 
 import pynvml
 
+from sentinel.agent import nvml_compat as compat
+
 Convert = Callable[[Any], Any]
 
 
@@ -59,7 +61,7 @@ def scalars(lib: Any) -> tuple[Scalar, ...]:
     return (
         # Only field ids: nothing to fall back to.
         _one("temp_mem_c", fi.NVML_FI_DEV_MEMORY_TEMP, float, None),
-        _one("recovery_action", fi.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, int, None),
+        _one("recovery_action", compat.FI_DEV_GET_GPU_RECOVERY_ACTION, int, None),
         # Field ids with the per-call function the agent used before.
         _one(
             "energy_mj",

@@ -249,12 +249,18 @@ def fake_env(lib_dir: Path, config: Path) -> dict[str, str]:
 class BackendProcess:
     """The real NvmlBackend in a child process, one JSON reply per command."""
 
-    def __init__(self, lib_dir: Path, config: Path, log_path: Path) -> None:
+    def __init__(
+        self, lib_dir: Path, config: Path, log_path: Path, pynvml_dir: Path | None = None
+    ) -> None:
+        """`pynvml_dir`: a folder holding another nvidia-ml-py release, found before the venv's."""
         self.log_path = log_path
         self._log = log_path.open("w")
+        env = fake_env(lib_dir, config)
+        if pynvml_dir is not None:
+            env["PYTHONPATH"] = os.pathsep.join((str(pynvml_dir), env["PYTHONPATH"]))
         self._proc = subprocess.Popen(
             [sys.executable, str(DRIVER)],
-            env=fake_env(lib_dir, config),
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

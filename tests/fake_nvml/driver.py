@@ -2,7 +2,8 @@
 
 Commands: `sweep` (readings), `xids` (drained XID events and how long draining took),
 `errors` (the backend's failed-read counters and unsupported fields), `calls` (how many times
-the backend called each NVML function, by the name its deadline watch gives the call). End of
+the backend called each NVML function, by the name its deadline watch gives the call), `pynvml`
+(the file the backend's pynvml came from). End of
 input closes the backend. Started by `fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing
 at the fake library.
 """
@@ -14,6 +15,8 @@ import json
 import sys
 import time
 from collections import Counter
+
+import pynvml
 
 from sentinel.agent.deadline import CallWatch
 from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
@@ -49,6 +52,8 @@ def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
         return {"errors": dict(backend.errors), "unsupported": unsupported}
     if command == "calls":
         return {"calls": dict(CALLS)}
+    if command == "pynvml":
+        return {"pynvml": pynvml.__file__}
     return {"unknown_command": command}
 
 
