@@ -266,6 +266,17 @@ def test_bad_usage_exits_2(
     assert message in capsys.readouterr().err
 
 
+def test_a_one_rank_launch_is_refused_before_any_collective(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun with one process (a one-GPU node): NCCL cannot send to a peer that is not
+    there (seen on an H200: an internal NCCL error mid-sweep), so the launch is refused."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["burnin", "--quick"]) == 2
+    assert "WORLD_SIZE is 1" in capsys.readouterr().err
+
+
 def test_scenario_fleet_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = tmp_path / "s.yaml"
     sc.write_text("fleet: {nodes: 4, gpus_per_node: 2}\ntrainer: {tp: 2, pp: 2, dp: 2}\n")

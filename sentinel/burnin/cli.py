@@ -113,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
         )
     settings = settings_from_args(args)
     if launched and args.sim_nodes is None:
+        if os.environ["WORLD_SIZE"].strip() == "1":  # before NCCL fails on a send to no peer
+            raise InputError(
+                "burn-in needs at least 2 ranks (WORLD_SIZE is 1); a single GPU is tested "
+                "alone by `sentinel burnin --validate`"
+            )
         from sentinel.burnin.runner import run_rank
 
         report = run_rank(settings)
