@@ -109,6 +109,9 @@ class AgentConfig(StrictModel):
     # Host statistics (CPU, memory, disk, network) are exported, never judged, and change
     # slowly: read this often rather than every sweep, where they cost a third of the sweep.
     host_interval_s: float = Field(default=5.0, gt=0)
+    # NVML readings costly to the driver (total energy ~3 ms a read on an H200, PCIe replays
+    # ~0.2 ms; sentinel/agent/nvml_scalars.py): counters judged as rates, read this often.
+    costly_reads_interval_s: float = Field(default=10.0, ge=0)
     # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
     expected_gpus: int | None = Field(default=None, ge=0)
     pci_devices_dir: Path = Path("/sys/bus/pci/devices")

@@ -150,6 +150,39 @@ def test_the_backend_reads_everything_on_the_oldest_pynvml_it_allows(
         backend.close()
 
 
+@pytest.mark.parametrize("as_field", [True, False], ids=["field", "per-call"])
+def test_costly_readings_are_read_at_their_cadence_and_carried_between(
+    fake_lib: Path, config: Path, tmp_path: Path, as_field: bool
+) -> None:
+    """Energy and PCIe replays (milliseconds of driver CPU on an H200) are read once per
+    `slow_every_s`; sweeps between carry the last values while every other reading moves.
+    A driver without their field ids reads them per call, at the same cadence."""
+    gpus = [distinct_gpu(0)]
+    if not as_field:
+        gpus[0].missing_fields = [83, 94]  # energy, PCIe replays
+    write_config(config, gpus)
+    backend = BackendProcess(fake_lib, config, tmp_path / "b.log", slow_every_s=3600.0)
+    try:
+        first = backend.sweep()[0]
+        assert_matches(first, gpus[0], tensor_active=None)
+        served = first["energy_mj"], first["pcie_replay_count"]
+        for _ in range(3):
+            gpus[0].energy_mj += 1000
+            gpus[0].pcie_replay += 1
+            gpus[0].temp_gpu += 1
+            write_config(config, gpus)
+            reading = backend.sweep()[0]
+            assert (reading["energy_mj"], reading["pcie_replay_count"]) == served
+            assert reading["temp_gpu_c"] == gpus[0].temp_gpu
+        calls = backend.ask("calls")["calls"]
+        if not as_field:  # asked once each (the sweep that found the fields missing)
+            assert calls["nvmlDeviceGetTotalEnergyConsumption"] == 1
+            assert calls["nvmlDeviceGetPcieReplayCounter"] == 1
+        assert backend.ask("errors")["errors"] == {}
+    finally:
+        backend.close()
+
+
 def test_values_changing_between_sweeps_are_picked_up(start: Starter, config: Path) -> None:
     gpus = [distinct_gpu(i) for i in range(2)]
     write_config(config, gpus)

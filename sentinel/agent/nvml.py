@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -111,6 +112,13 @@ class _Gpu:
     fields: FieldBatch | None = None  # per-GPU scalars + NVLink DL counters, one call
     scalar_outputs: list[tuple[str, int, Convert]] = field(default_factory=list)  # in the batch
     scalars: list[Scalar] = field(default_factory=list)  # those in the batch, first, in order
+    # The costly scalars (nvml_scalars): their own batch, read every `slow_every_s`; the
+    # readings carry the last values in between.
+    slow_fields: FieldBatch | None = None
+    slow_scalars: list[Scalar] = field(default_factory=list)
+    slow_outputs: list[tuple[str, int, Convert]] = field(default_factory=list)
+    slow_values: dict[str, Any] = field(default_factory=dict)
+    slow_read_at: float = -math.inf  # time.monotonic() of the last read of them
     by_call: set[str] = field(default_factory=set)  # scalars the batch lacks: read per call
     field_keys: list[str] = field(default_factory=list)  # the NVLink key of each later request
     reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
@@ -139,7 +147,10 @@ def _init_failure(exc: Exception) -> NvmlUnavailable:
 class NvmlBackend(GpuBackend):
     """Reads every GPU through NVML. Construct to initialise; `close()` shuts NVML down."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow_every_s: float = 10.0) -> None:
+        """`slow_every_s`: how often the readings costly to the driver are read (0: every
+        sweep); see nvml_scalars."""
+        self._slow_every_s = slow_every_s
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -402,10 +413,13 @@ class NvmlBackend(GpuBackend):
         Summing NVLink counters over the links active at start keeps the sums monotonic (they
         are counters) when a link goes down later.
         """
-        gpu.scalars = [
-            s for s in self._scalars if s.key not in gpu.skip and s.key not in gpu.by_call
-        ]
+        live = [s for s in self._scalars if s.key not in gpu.skip and s.key not in gpu.by_call]
+        gpu.scalars = [s for s in live if not s.costly]
         gpu.scalar_outputs = [output for s in gpu.scalars for output in s.outputs]
+        gpu.slow_scalars = [s for s in live if s.costly]
+        gpu.slow_outputs = [output for s in gpu.slow_scalars for output in s.outputs]
+        slow = [(field_id, 0) for _, field_id, _ in gpu.slow_outputs]
+        gpu.slow_fields = FieldBatch(slow) if slow else None
         requests = [(field_id, 0) for _, field_id, _ in gpu.scalar_outputs]
         gpu.field_keys = []
         if gpu.nvlink_by_fields:
@@ -428,30 +442,52 @@ class NvmlBackend(GpuBackend):
             self.watch.end()
 
     def _read_fields(self, gpu: _Gpu, out: dict[str, Any]) -> None:
+        rebuild = False
         if gpu.fields is not None:
             codes, values = self._read_batch(gpu, gpu.fields)
             at = len(codes) - len(gpu.field_keys)
-            rebuild = self._take_scalars(gpu, codes[:at], values[:at], out)
+            rebuild = self._take_scalars(
+                gpu, gpu.scalars, gpu.scalar_outputs, codes[:at], values[:at], out
+            )
             self._take_nvlink(gpu, codes[at:], values[at:], out)
-            if rebuild:
-                self._build_fields(gpu)
+        slow_due = time.monotonic() - gpu.slow_read_at >= self._slow_every_s
+        if slow_due:
+            gpu.slow_read_at, gpu.slow_values = time.monotonic(), {}  # a failure: missing
+            if gpu.slow_fields is not None:
+                codes, values = self._read_batch(gpu, gpu.slow_fields)
+                rebuild = (
+                    self._take_scalars(
+                        gpu, gpu.slow_scalars, gpu.slow_outputs, codes, values, gpu.slow_values
+                    )
+                    or rebuild
+                )
+        if rebuild:
+            self._build_fields(gpu)
         if gpu.by_call:
-            self._read_by_call(gpu, out)
+            self._read_by_call(gpu, out, slow_due)
+        out.update(gpu.slow_values)
         if gpu.links and not gpu.nvlink_by_fields:
             self._read_link_counters(gpu, out)
             out["nvlink_links_down"] = self._links_down(gpu)
 
     def _take_scalars(
-        self, gpu: _Gpu, codes: Sequence[int], values: list[Any], out: dict[str, Any]
+        self,
+        gpu: _Gpu,
+        scalars: list[Scalar],
+        outputs: list[tuple[str, int, Convert]],
+        codes: Sequence[int],
+        values: list[Any],
+        out: dict[str, Any],
     ) -> bool:
-        """The scalars' answers; True when one must leave the batch (the batch is rebuilt)."""
+        """The scalars' answers (`outputs`: theirs, flat, in batch order); True when one must
+        leave its batch (the batches are rebuilt)."""
         if not any(codes):  # every field answered: the common case, one pass
-            for (key, _, convert), value in zip(gpu.scalar_outputs, values, strict=True):
+            for (key, _, convert), value in zip(outputs, values, strict=True):
                 out[key] = convert(value)
             return False
         rebuild = False
         at = 0
-        for scalar in gpu.scalars:
+        for scalar in scalars:
             end = at + len(scalar.outputs)
             code = next((c for c in codes[at:end] if c), nvml.NVML_SUCCESS)
             if code == nvml.NVML_SUCCESS:
@@ -471,13 +507,17 @@ class NvmlBackend(GpuBackend):
             at = end
         return rebuild
 
-    def _read_by_call(self, gpu: _Gpu, out: dict[str, Any]) -> None:
-        """Scalars the batch does not serve, through their own calls (unsupported: skipped)."""
+    def _read_by_call(self, gpu: _Gpu, out: dict[str, Any], slow_due: bool) -> None:
+        """Scalars the batch does not serve, through their own calls (unsupported: skipped);
+        the costly ones only when due, kept with the other slow values."""
         for scalar in self._scalars:
             if scalar.key in gpu.by_call and scalar.by_call is not None:
+                if scalar.costly and not slow_due:
+                    continue
                 values = self._call(gpu, scalar.key, scalar.by_call, gpu.handle)
                 if values is not None:
-                    out.update(zip((key for key, _, _ in scalar.outputs), values, strict=True))
+                    into = gpu.slow_values if scalar.costly else out
+                    into.update(zip((key for key, _, _ in scalar.outputs), values, strict=True))
 
     def _take_nvlink(
         self, gpu: _Gpu, codes: Sequence[int], values: list[Any], out: dict[str, Any]

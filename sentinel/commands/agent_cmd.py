@@ -109,7 +109,7 @@ def _backend(cfg: AgentConfig, faults: Path | None) -> GpuBackend | None:
     from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
 
     try:
-        return NvmlBackend()
+        return NvmlBackend(slow_every_s=cfg.costly_reads_interval_s)
     except NvmlUnavailable as e:
         log.error("cannot read GPUs: %s (use --sim to run with simulated GPUs)", e)
         return None

@@ -250,12 +250,18 @@ class BackendProcess:
     """The real NvmlBackend in a child process, one JSON reply per command."""
 
     def __init__(
-        self, lib_dir: Path, config: Path, log_path: Path, pynvml_dir: Path | None = None
+        self,
+        lib_dir: Path,
+        config: Path,
+        log_path: Path,
+        pynvml_dir: Path | None = None,
+        slow_every_s: float = 0.0,
     ) -> None:
-        """`pynvml_dir`: a folder holding another nvidia-ml-py release, found before the venv's."""
+        """`pynvml_dir`: a folder holding another nvidia-ml-py release, found before the venv's;
+        `slow_every_s`: the backend's cadence of costly readings (0: every sweep)."""
         self.log_path = log_path
         self._log = log_path.open("w")
-        env = fake_env(lib_dir, config)
+        env = fake_env(lib_dir, config) | {"FAKE_DRIVER_SLOW_EVERY_S": str(slow_every_s)}
         if pynvml_dir is not None:
             env["PYTHONPATH"] = os.pathsep.join((str(pynvml_dir), env["PYTHONPATH"]))
         self._proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -61,7 +62,8 @@ def main() -> int:
     setup_logging("json", "INFO")
     count_watched_calls()
     try:
-        backend = NvmlBackend()
+        # Every reading every sweep unless a test asks for the agent's cadence of costly ones.
+        backend = NvmlBackend(slow_every_s=float(os.environ.get("FAKE_DRIVER_SLOW_EVERY_S", "0")))
     except NvmlUnavailable as exc:
         print(json.dumps({"unavailable": str(exc)}), flush=True)
         return 0
