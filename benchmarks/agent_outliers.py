@@ -22,7 +22,9 @@ rule's raise, clear and hold, as the agent raises them), scaled to per 1,000 GPU
 clocks cut, power cut, or an error-rate burst) after 30 fine polls (an agent just started: the
 detector has had little time to learn each GPU's place), every node busy throughout, and count
 as found when the detector flags that GPU, and only it, by the second poll. Fault sizes: +10..15 C at the same power, clocks 12..22%
-lower, power 25..40% lower, 100..500 corrected errors a minute. Prints one JSON line.
+lower, power 25..40% lower, 100..500 corrected errors a minute. Prints one JSON line; its
+`false_flags` lists what raised each false finding (the first 50: poll, node, GPU, the
+detector's reason).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def detectors(nodes: int) -> list[PeerOutliers]:
     return [PeerOutliers(t.outlier_z, t.outlier_polls) for _ in range(nodes)]
 
 
-def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
+def false_flags(nodes: int, polls: int, seed: int) -> dict[str, object]:
     """Flags as the agent raises them: `peer_outlier` through the rule's own raise, clear and
     hold (sentinel/agent/holds.py), one poll a second."""
     fleet = Fleet(nodes, np.random.default_rng(seed))
@@ -123,6 +125,7 @@ def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
     holds = Holds()
     raised: set[tuple[int, int]] = set()
     episodes = 0
+    flags: list[dict[str, object]] = []  # what raised each episode, for the first 50
     quiet = {g: 0.0 for g in range(GPUS)}
     start = time.process_time()
     for t in range(polls):
@@ -140,6 +143,8 @@ def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
                 if up is not None and (n, g) not in raised:
                     episodes += 1
                     raised.add((n, g))
+                    if len(flags) < 50:
+                        flags.append({"poll": t, "node": n, "gpu": g, "why": why})
                 elif up is None:
                     raised.discard((n, g))
     cpu_s = time.process_time() - start
@@ -148,6 +153,7 @@ def false_flags(nodes: int, polls: int, seed: int) -> dict[str, float]:
         "fleet_gpus": nodes * GPUS,
         "simulated_hours": round(polls / 3600, 2),
         "false_flag_episodes": episodes,
+        "false_flags": flags,
         "false_flags_per_1000_gpu_days": round(episodes / gpu_days * 1000, 3),
         "detector_us_per_node_poll": round(cpu_s / (nodes * polls) * 1e6, 1),
     }
