@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sentinel.exitcodes import InputError
 from sentinel.failover import parse_urls
@@ -121,6 +129,18 @@ class AgentConfig(StrictModel):
     # Filesystems whose read-only remount is a finding, besides the root.
     checkpoint_dirs: list[Path] = Field(default_factory=list)
     mounts_file: Path = Path("/proc/self/mounts")
+
+    @model_validator(mode="after")
+    def _costly_reads_fit_the_rate_window(self) -> AgentConfig:
+        # PCIe replays are judged as a rate over the window: read at least twice in it.
+        window = self.thresholds.rate_window_s
+        if self.costly_reads_interval_s > window / 2:
+            raise ValueError(
+                f"costly_reads_interval_s ({self.costly_reads_interval_s:g}) must be at most half"
+                f" of thresholds.rate_window_s ({window:g}): the PCIe replay rate is judged"
+                " over that window"
+            )
+        return self
 
 
 class EvictionBudgetConfig(StrictModel):

@@ -106,6 +106,7 @@ def test_configured_gpu_count_wins_and_a_full_node_is_ready(tmp_path: Path, lib:
 
 
 RATES = """agent:
+  costly_reads_interval_s: 0  # PCIe replays every sweep: the rate window is compressed to 4 s
   thresholds:
     rate_window_s: 4
     pcie_replay_rate_degraded: 60

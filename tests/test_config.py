@@ -90,3 +90,15 @@ def test_a_bad_env_value_is_blamed_on_the_variable(tmp_path: Path) -> None:
         load_config(f, env={"SENTINEL_AGENT__INTERVAL_S": "fast"})
     assert str(e.value).startswith("environment: invalid configuration:")
     assert "agent.interval_s (from $SENTINEL_AGENT__INTERVAL_S): Input should be" in str(e.value)
+
+
+def test_costly_reads_must_come_at_least_twice_a_rate_window(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agent:\n  costly_reads_interval_s: 200\n")  # the window is 300 s
+    with pytest.raises(ConfigError) as err:
+        load_config(bad, env={})
+    (error,) = err.value.errors
+    assert "costly_reads_interval_s (200) must be at most half" in error, error
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("agent:\n  costly_reads_interval_s: 2\n  thresholds: {rate_window_s: 4}\n")
+    assert load_config(ok, env={}).agent.costly_reads_interval_s == 2
