@@ -131,8 +131,8 @@ def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Pa
         load_playbooks(tmp_path)
 
 
-def test_the_readme_lists_every_rule_as_the_catalog_says() -> None:
-    docs = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_agent_docs_list_every_rule_as_the_catalog_says() -> None:
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "agent.md").read_text()
     rows = {
         cells[0].strip("` "): [c.strip() for c in cells[1:]]
         for line in docs.splitlines()
