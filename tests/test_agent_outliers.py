@@ -157,6 +157,21 @@ def test_a_few_degrees_is_never_an_outlier_however_tight_the_peers() -> None:
         assert not flagged(d, shifted(slot_node(rng, 620.0, {}), 6, "temp_gpu_c", 3))
 
 
+@pytest.mark.parametrize(
+    ("watts", "off", "odd"),
+    [(620.0, -80.0, False), (620.0, 90.0, False), (620.0, -155.0, True), (320.0, -60.0, True)],
+)
+def test_powers_least_effect_grows_with_the_draw(watts: float, off: float, odd: bool) -> None:
+    # Peers that agree to the watt: at 620 W a GPU 80 or 90 W off them is within a busy GPU's
+    # one-second swing (power's least effect is 15% of the peers' draw, 93 W here), 155 W (a
+    # quarter) is a fault; at 320 W the fixed 50 W is the least effect.
+    rng = random.Random(9)
+    d = settled(lambda: slot_node(rng, watts, {}))
+    for _ in range(2):
+        found = flagged(d, shifted(slot_node(rng, watts, {}), 4, "power_w", off))
+    assert found == ({4} if odd else set())
+
+
 def test_places_learned_while_the_node_warms_up_do_not_flag_it_later() -> None:
     # The agent starts with the node idle; a job starts five minutes later and the heat sinks
     # take ~20 s to catch up with the power, so the first busy sweeps understate GPU 1's warm

@@ -29,14 +29,17 @@ from sentinel.agent.peer_stats import MIN_PEERS, PeerSignal, Score, Signal, medi
 from sentinel.agent.readings import GpuReading
 
 TEMP, CLOCK, POWER, ERRORS = "temperature at power", "SM clock", "power", "error rate"
-# The least effects are physical: a few degrees is sensor and airflow, four clock bins and
-# 50 W are within a busy GPU's step-to-step swing; the place limits are how far a board
-# position (temperature) or a chip's silicon (clocks, power at the cap) plausibly sets a GPU
-# apart from its peers.
+# The least effects are physical: a few degrees is sensor and airflow, four clock bins are
+# within a busy GPU's step-to-step swing, and so is a power reading 15% off its peers' (one
+# second of a step's compute and communication phases, and a swing that grows with the draw:
+# a fixed 50 W was 4 sd of that swing at 620 W, ~1 false finding per 1,000 GPU-days, while the
+# power faults worth a person's look, a brake or a derated board, take a quarter or more). The
+# place limits are how far a board position (temperature) or a chip's silicon (clocks, power
+# at the cap) plausibly sets a GPU apart from its peers.
 SIGNALS = {
     TEMP: Signal(TEMP, side=1, floor=0.5, min_effect=4.0, place_limit=6.0),
     CLOCK: Signal(CLOCK, side=-1, floor=15.0, min_effect=60.0, place_limit=60.0),
-    POWER: Signal(POWER, side=0, floor=10.0, min_effect=50.0, place_limit=50.0),
+    POWER: Signal(POWER, side=0, floor=10.0, min_effect=50.0, place_limit=50.0, min_share=0.15),
     ERRORS: Signal(ERRORS, side=1, floor=20.0, min_effect=20.0, place_limit=0.0),
 }
 SLOPE_RANGE = (0.0, 0.15)  # C per W: what a GPU's cooling can plausibly be

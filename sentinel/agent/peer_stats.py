@@ -13,7 +13,8 @@ second a GPU flagged for where it sits. So each signal keeps, per node:
   minutes of sweeps, so one sweep's tight or loose sample neither invents nor hides an outlier.
 
 A deviation is a finding only past both the z-limit and the signal's least physical effect
-(`Signal.min_effect`): eight GPUs that agree to the degree do not make the one 2 C off an
+(`Signal.min_effect`, or a share of the peers' median where the signal's noise grows with it:
+`Signal.min_share`): eight GPUs that agree to the degree do not make the one 2 C off an
 outlier. Pure Python: eight numbers per signal cost less than numpy's call overhead.
 """
 
@@ -46,6 +47,7 @@ class Signal:
     floor: float  # the least spread judged against
     min_effect: float  # the least deviation that is ever a finding
     place_limit: float  # the most a GPU's learned place explains away (0: places not learned)
+    min_share: float = 0.0  # the least deviation as a share of the peers' median, if larger
 
 
 @dataclass
@@ -91,7 +93,8 @@ class PeerSignal:
             off = place.get(g, 0.0) * load  # a place explains away at most `limit`
             dev[g] = x - mid - (limit if off > limit else -limit if off < -limit else off)
         scale = max(s.floor, MAD_TO_SIGMA * SMALL_SAMPLE * self._spread(values, dev, young))
-        side, effect_z, last = s.side, z_limit / s.min_effect, self.streak
+        least = max(s.min_effect, s.min_share * abs(mid))
+        side, effect_z, last = s.side, z_limit / least, self.streak
         self.polls += 1
         settle = limit > 0 and self.polls % PLACE_EVERY == 0
         self.streak = streak = {}
