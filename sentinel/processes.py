@@ -101,6 +101,9 @@ class Teardown:
     survivors: list[int]
     seconds: float  # from the first signal until the last process was gone (or the give-up)
     codes: list[int | None]  # exit codes of the given processes (-N: ended by signal N)
+    # Indices of the given processes that had ended before the first signal: their codes are
+    # their own, not the teardown's (a rank that crashed just as its gang was being stopped).
+    ended_before: tuple[int, ...] = ()
 
     @property
     def verified(self) -> bool:
@@ -165,9 +168,12 @@ def teardown(
     own = {p.pid: p for p in procs}
     tree = {pid: st[2] for pid in own if (st := proc_stat(pid)) is not None}
     tree |= descendants(list(own))
-    for proc in procs:
+    ended_before = []
+    for i, proc in enumerate(procs):
         if proc.poll() is None:
             _signal(proc, signal.SIGTERM, group)
+        else:
+            ended_before.append(i)
     _signal_pids(tree, own, signal.SIGTERM)
     live = _wait_gone(own, tree, t0 + grace_s, clock)
     killed: list[int] = []
@@ -180,7 +186,10 @@ def teardown(
         killed = sorted(live)
         live = _wait_gone(own, tree, clock() + kill_wait_s, clock)
     codes = [p.poll() for p in procs]
-    return Teardown(sorted(tree.keys() | own.keys()), killed, sorted(live), clock() - t0, codes)
+    return Teardown(
+        sorted(tree.keys() | own.keys()), killed, sorted(live), clock() - t0, codes,
+        tuple(ended_before),
+    )  # fmt: skip
 
 
 def _signal_pids(tree: dict[int, int], own: dict[int, Process], sig: int) -> None:

@@ -42,3 +42,33 @@ def test_a_rank_dead_before_a_stop_arrives_is_still_reported(tmp_path: Path) -> 
         (0, "node-0", 3)
     ]
     assert sup.gang is None and sup.job.state == "stopped"
+
+
+class _CrashesAsTheStopBegins(LocalLauncher):
+    """Its gangs' rank 0 dies after the supervisor's last poll but before the stop's first
+    signal: the stop waits for that death before it signals anyone."""
+
+    def launch(self, plan: Any) -> Any:
+        gang = super().launch(plan)
+        stop = gang.stop
+
+        def stop_after_the_crash(grace_s: float = 5.0) -> Any:
+            gang.procs[0].wait(timeout=30)  # type: ignore[attr-defined]
+            return stop(grace_s)
+
+        gang.stop = stop_after_the_crash  # type: ignore[method-assign]
+        return gang
+
+
+def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -> None:
+    late = [sys.executable, "-c",
+            "import os, sys, time; r = int(os.environ['RANK']); time.sleep(1); "
+            "sys.exit(3) if r == 0 else time.sleep(60)"]  # fmt: skip
+    cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
+    sup = Recorded(cfg, late, _CrashesAsTheStopBegins(tmp_path), "t", tmp_path / "control")
+    sup._launch()
+    asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
+    crashes = [e for e in sup.posted if e.kind == "rank.crash"]
+    # rank 0's exit is its own; rank 1 ended by the stop's SIGTERM and is no crash
+    assert [(e.source.rank, e.payload.exit_code) for e in crashes] == [(0, 3)]
+    assert sup.job.state == "stopped"

@@ -60,7 +60,8 @@ class Gang(ABC):
     @abstractmethod
     def stop(self, grace_s: float = 5.0) -> Teardown:
         """End every rank, bounded: SIGTERM, one grace period, SIGKILL to what is left; then
-        verify that no rank survived (`Teardown.survivors`)."""
+        verify that no rank survived (`Teardown.survivors`). A rank seen to have ended on its
+        own before the stop signalled it, and not polled yet, is left for the next `poll`."""
 
 
 class Launcher(ABC):
@@ -95,7 +96,7 @@ class LocalGang(Gang):
         """Each rank leads a process group of its own: the group is signalled, and so is every
         process below a rank in the tree (a helper that left the group), then checked gone."""
         result = teardown(self.procs, grace_s, group=True)
-        self._reported.update(range(len(self.procs)))
+        self._reported.update(set(range(len(self.procs))) - set(result.ended_before))
         return result
 
 

@@ -271,10 +271,10 @@ class Supervisor:
 
     async def _execute(self, kind: str, args: dict[str, Any]) -> None:
         if kind == CommandKind.JOB_STOP:
-            await self._report_crashes(await self._stop_gang())
+            await self._stop_and_report()
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
-            await self._report_crashes(await self._stop_gang())
+            await self._stop_and_report()
             try:
                 self.job.apply_restart(
                     RepairPlan.model_validate(args),
@@ -401,14 +401,14 @@ class Supervisor:
     async def _stop_gang(self) -> list[RankExit]:
         """Stop the gang, bounded and verified (`Gang.stop`), off the event loop (a rank that
         ignores SIGTERM holds it for the grace period); return the ranks that had already died
-        on their own (since the last poll): a rank that crashed just as a stop or restart
-        arrived is still a crash, and losing it would hide a flaky node from
-        `rank_crash_repeat`."""
+        on their own (since the last poll, up to the stop's first signal): a rank that crashed
+        just as a stop or restart arrived is still a crash, and losing it would hide a flaky
+        node from `rank_crash_repeat`."""
         gang, self.gang = self.gang, None  # detached first: the watcher must not see it end
         if gang is None:
             return []
-        died = [e for e in gang.poll() if e.returncode != 0]
         result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s)
+        died = [e for e in gang.poll() if e.returncode != 0]
         self.teardown = result
         detail = {"generation": self.job.generation, **result.as_json()}
         if result.verified:
@@ -419,18 +419,22 @@ class Supervisor:
                       result.survivors, extra={"teardown": detail})  # fmt: skip
         return died
 
-    async def _report_crashes(self, failed: list[RankExit]) -> None:
+    async def _report_crashes(
+        self, failed: list[RankExit], generation: int, resumed: int | None
+    ) -> None:
+        """Report `failed` as crashes of `generation`, which resumed from step `resumed` (both
+        read before its gang was stopped: a restart may have launched the next one since)."""
         if not failed:
             return
         log.warning("ranks %s exited abnormally", [e.rank for e in failed])
-        progress = self._progress()
+        progress = self._progress(resumed)
         events = [
             RankCrashEvent(
                 source=Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
                 payload=RankCrashPayload(
                     exit_code=e.returncode if e.returncode >= 0 else None,
                     signal=e.signal,
-                    generation=self.job.generation,
+                    generation=generation,
                     **progress,
                 ),
             )
@@ -438,7 +442,12 @@ class Supervisor:
         ]
         await self._post(events)
 
-    def _progress(self) -> dict[str, Any]:
+    async def _stop_and_report(self) -> None:
+        """Stop the gang, reporting any rank that had died on its own as a crash."""
+        generation, resumed = self.job.generation, self.job.resume_step
+        await self._report_crashes(await self._stop_gang(), generation, resumed)
+
+    def _progress(self, resumed: int | None) -> dict[str, Any]:
         """What a crash report says of the generation's progress: the newest committed
         checkpoint, the one the generation resumed from, and `no_progress` when it committed
         none since (unknown without a checkpoint directory)."""
@@ -446,7 +455,6 @@ class Supervisor:
             return {}
         found = find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
         newest = max(found, default=None)
-        resumed = self.job.resume_step
         stuck = newest is None or (resumed is not None and newest <= resumed)
         return {
             "checkpoint": newest,
@@ -462,9 +470,11 @@ class Supervisor:
             exits = self.gang.poll()
             failed = [e for e in exits if e.returncode != 0]
             if failed:
+                generation, resumed = self.job.generation, self.job.resume_step
                 failed += await self._stop_gang()  # a gang with a dead rank cannot progress
-                self.job.state = "crashed"
-                await self._report_crashes(failed)
+                if self.gang is None:  # else a restart arrived during the stop: its gang runs
+                    self.job.state = "crashed"
+                await self._report_crashes(failed, generation, resumed)
                 await self.report_status()
             elif self.gang.running() == 0:
                 self.job.state = "finished"
