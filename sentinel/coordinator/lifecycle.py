@@ -322,7 +322,7 @@ def markdown_tables() -> str:
     out = []
     for entity, table in TABLES.items():
         start = ", ".join(sorted(INITIAL[entity]))
-        out.append(f"**{entity}** (starts: {start})\n\n| state | may move to |\n|---|---|")
+        out.append(f"| **{entity}** (starts: {start}) | may move to |\n|---|---|")
         for state, targets in table.items():
             out.append(f"| {state} | {', '.join(sorted(targets)) or '(terminal)'} |")
         out.append("")

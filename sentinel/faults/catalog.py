@@ -20,7 +20,8 @@ inspection). Pure application faults (13, 31, 43, 45, 69) do not escalate: the j
 
 Rules. `RULES` is the rule table: each health rule's verdict and action, when it raises, when it
 clears and how long it holds after its condition last held (the agent's conditions live in
-`sentinel.agent.health` and `sentinel.agent.node_rules`, keyed by these names).
+`sentinel.agent.health` and `sentinel.agent.node_rules`, keyed by these names). The README and
+docs/agent.md embed it as printed by `python -m sentinel.faults.catalog` (a test compares).
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ RULES: tuple[RuleInfo, ...] = (
     # -- peers: one GPU odd compared with the others of its node
     RuleInfo("peer_outlier", _D, _NONE,
              "one signal off the node's other GPUs (past its usual place) by robust z >= "
-             "outlier_z and its least effect, the same way, for outlier_polls (2) polls in a row",
+             "outlier_z and its least effect (4 C, 60 MHz, 15% of the draw and 50 W, 20 errors/min), "
+             "the same way, for outlier_polls (2) polls in a row",
              "every score below outlier_z / 2", 10 * MINUTE),
     # -- the host, from the kernel log
     RuleInfo("fs_read_only", _U, _DRAIN,
@@ -260,3 +262,25 @@ def escalated_action(xid: int) -> Action:
 
 def is_known_xid(xid: int) -> bool:
     return xid in _BY_CODE
+
+
+def _hold(seconds: float) -> str:
+    return f"{seconds / MINUTE:g} min" if seconds and seconds % MINUTE == 0 else f"{seconds:g}"
+
+
+def markdown_rules() -> str:
+    """The rule table as Markdown, one row a rule, in `RULES`' order."""
+    head = (
+        "| Rule | Scope | Verdict | Action | Raises when | Clears when | Hold |\n"
+        "|---|---|---|---|---|---|---|"
+    )
+    rows = (
+        f"| `{r.name}` | {r.scope} | {r.verdict.value} | {r.action.value} | {r.raises} "
+        f"| {r.clears} | {_hold(r.hold_s)} |"
+        for r in RULES
+    )
+    return "\n".join((head, *rows)) + "\n"
+
+
+if __name__ == "__main__":  # the table in README.md and docs/agent.md
+    print(markdown_rules(), end="")
