@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +74,53 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
     # rank 0's exit is its own; rank 1 ended by the stop's SIGTERM and is no crash
     assert [(e.source.rank, e.payload.exit_code) for e in crashes] == [(0, 3)]
     assert sup.job.state == "stopped"
+
+
+class _SlowFirstStop(LocalLauncher):
+    """The first gang's stop takes a second (a rank slow to end): long enough for a restart
+    command to arrive while the watch loop is stopping a gang with a dead rank."""
+
+    def __init__(self, log_dir: Path) -> None:
+        super().__init__(log_dir)
+        self.stopping = threading.Event()
+
+    def launch(self, plan: Any) -> Any:
+        gang = super().launch(plan)
+        if plan.generation == 0:
+            stop = gang.stop
+
+            def slow_stop(grace_s: float = 5.0) -> Any:
+                self.stopping.set()
+                time.sleep(1.0)
+                return stop(grace_s)
+
+            gang.stop = slow_stop  # type: ignore[method-assign]
+        return gang
+
+
+def test_a_restart_during_the_watchs_stop_keeps_the_next_gang_running(tmp_path: Path) -> None:
+    first_dies = [sys.executable, "-c",
+                  "import os, sys, time; first = os.environ['SENTINEL_GENERATION'] == '0'; "
+                  "sys.exit(3) if first and os.environ['RANK'] == '0' else time.sleep(60)"]  # fmt: skip
+    cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
+    launcher = _SlowFirstStop(tmp_path)
+    sup = Recorded(cfg, first_dies, launcher, "t", tmp_path / "control")
+
+    async def crash_then_restart() -> None:
+        sup._launch()
+        watch = asyncio.create_task(sup._watch())
+        await asyncio.to_thread(launcher.stopping.wait, 30)  # the watch loop saw rank 0 die
+        await sup._execute(CommandKind.JOB_RESTART, {})
+        while not any(e.kind == "rank.crash" for e in sup.posted):
+            await asyncio.sleep(0.05)
+        sup.done.set()
+        await watch
+
+    try:
+        asyncio.run(crash_then_restart())
+        crashes = [e for e in sup.posted if e.kind == "rank.crash"]
+        assert [(e.source.rank, e.payload.generation) for e in crashes] == [(0, 0)]
+        assert sup.job.generation == 1 and sup.job.state == "running"
+    finally:
+        if sup.gang is not None:
+            sup.gang.stop(1.0)
