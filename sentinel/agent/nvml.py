@@ -120,7 +120,7 @@ class _Gpu:
     slow_values: dict[str, Any] = field(default_factory=dict)
     slow_read_at: float = -math.inf  # time.monotonic() of the last read of them
     by_call: set[str] = field(default_factory=set)  # scalars the batch lacks: read per call
-    field_keys: list[str] = field(default_factory=list)  # the NVLink key of each later request
+    nvlink_entries: int = 0  # the batch's last entries: per link, its DL counters and state
     reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
     dbe_events: bool = False  # double-bit ECC errors arrive as events: not polled in `urgent`
     gpm: _Gpm | None = None
@@ -421,15 +421,15 @@ class NvmlBackend(GpuBackend):
         slow = [(field_id, 0) for _, field_id, _ in gpu.slow_outputs]
         gpu.slow_fields = FieldBatch(slow) if slow else None
         requests = [(field_id, 0) for _, field_id, _ in gpu.scalar_outputs]
-        gpu.field_keys = []
+        scalars = len(requests)
         if gpu.nvlink_by_fields:
             for link in gpu.links:
-                for key, field_id in (
+                for _, field_id in (
                     *_NVLINK_DL_FIELDS,
                     (_LINK_STATE, nvml.NVML_FI_DEV_NVLINK_GET_STATE),
                 ):
                     requests.append((field_id, link))
-                    gpu.field_keys.append(key)
+        gpu.nvlink_entries = len(requests) - scalars
         gpu.fields = FieldBatch(requests) if requests else None
 
     def _read_batch(self, gpu: _Gpu, batch: FieldBatch) -> tuple[Sequence[int], list[Any]]:
@@ -445,7 +445,7 @@ class NvmlBackend(GpuBackend):
         rebuild = False
         if gpu.fields is not None:
             codes, values = self._read_batch(gpu, gpu.fields)
-            at = len(codes) - len(gpu.field_keys)
+            at = len(codes) - gpu.nvlink_entries
             rebuild = self._take_scalars(
                 gpu, gpu.scalars, gpu.scalar_outputs, codes[:at], values[:at], out
             )
@@ -523,7 +523,7 @@ class NvmlBackend(GpuBackend):
         self, gpu: _Gpu, codes: Sequence[int], values: list[Any], out: dict[str, Any]
     ) -> None:
         """Each link's entries are its DL counters, then its state (`_build_fields`)."""
-        if not gpu.field_keys:
+        if not gpu.nvlink_entries:
             return
         stride = len(_NVLINK_DL_FIELDS) + 1
         code = next((c for c in codes if c), nvml.NVML_SUCCESS)
@@ -641,7 +641,7 @@ class NvmlBackend(GpuBackend):
         temperature of each GPU and the volatile double-bit ECC count of each GPU that raises
         no events for it: one event wait and one or two reads per GPU, through the deadline
         watch."""
-        self._pending_xids += self._wait_xids()
+        self._pending_xids += self._read_events()
         if self._pending_xids:
             x = self._pending_xids[-1]
             return f"xid {x.xid} on gpu {x.gpu}"
@@ -668,11 +668,13 @@ class NvmlBackend(GpuBackend):
         return found
 
     def drain_xids(self) -> list[XidEvent]:
-        found, self._pending_xids = self._pending_xids + self._wait_xids(), []
+        found, self._pending_xids = self._pending_xids + self._read_events(), []
         self._dbe_signalled.clear()  # the sweep this drain belongs to reads the counts
         return found
 
-    def _wait_xids(self) -> list[XidEvent]:
+    def _read_events(self) -> list[XidEvent]:
+        """The XID events waiting in the event set (at most `_MAX_XIDS_PER_DRAIN`); the GPUs
+        that signalled a double-bit ECC error are noted in `_dbe_signalled`."""
         if self._events is None:
             return []
         by_address: dict[int | None, _Gpu] = {
