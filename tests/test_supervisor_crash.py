@@ -8,6 +8,7 @@ import asyncio
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +47,23 @@ def test_a_rank_dead_before_a_stop_arrives_is_still_reported(tmp_path: Path) -> 
     assert sup.gang is None and sup.job.state == "stopped"
 
 
-class _CrashesAsTheStopBegins(LocalLauncher):
-    """Its gangs' rank 0 dies after the supervisor's last poll but before the stop's first
-    signal: the stop waits for that death before it signals anyone."""
+class _BeforeStop(LocalLauncher):
+    """Runs `before(gang)` as the first gang's stop begins, before it signals any rank."""
+
+    def __init__(self, log_dir: Path, before: Callable[[Any], object]) -> None:
+        super().__init__(log_dir)
+        self.before = before
 
     def launch(self, plan: Any) -> Any:
         gang = super().launch(plan)
-        stop = gang.stop
+        if plan.generation == 0:
+            stop = gang.stop
 
-        def stop_after_the_crash(grace_s: float = 5.0) -> Any:
-            gang.procs[0].wait(timeout=30)  # type: ignore[attr-defined]
-            return stop(grace_s)
+            def stop_after_before(grace_s: float = 5.0) -> Any:
+                self.before(gang)
+                return stop(grace_s)
 
-        gang.stop = stop_after_the_crash  # type: ignore[method-assign]
+            gang.stop = stop_after_before  # type: ignore[method-assign]
         return gang
 
 
@@ -67,7 +72,9 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
             "import os, sys, time; r = int(os.environ['RANK']); time.sleep(1); "
             "sys.exit(3) if r == 0 else time.sleep(60)"]  # fmt: skip
     cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
-    sup = Recorded(cfg, late, _CrashesAsTheStopBegins(tmp_path), "t", tmp_path / "control")
+    # rank 0 dies after the supervisor's last poll but before the stop's first signal
+    launcher = _BeforeStop(tmp_path, lambda gang: gang.procs[0].wait(timeout=30))
+    sup = Recorded(cfg, late, launcher, "t", tmp_path / "control")
     sup._launch()
     asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
     crashes = [e for e in sup.posted if e.kind == "rank.crash"]
@@ -76,40 +83,21 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
     assert sup.job.state == "stopped"
 
 
-class _SlowFirstStop(LocalLauncher):
-    """The first gang's stop takes a second (a rank slow to end): long enough for a restart
-    command to arrive while the watch loop is stopping a gang with a dead rank."""
-
-    def __init__(self, log_dir: Path) -> None:
-        super().__init__(log_dir)
-        self.stopping = threading.Event()
-
-    def launch(self, plan: Any) -> Any:
-        gang = super().launch(plan)
-        if plan.generation == 0:
-            stop = gang.stop
-
-            def slow_stop(grace_s: float = 5.0) -> Any:
-                self.stopping.set()
-                time.sleep(1.0)
-                return stop(grace_s)
-
-            gang.stop = slow_stop  # type: ignore[method-assign]
-        return gang
-
-
 def test_a_restart_during_the_watchs_stop_keeps_the_next_gang_running(tmp_path: Path) -> None:
     first_dies = [sys.executable, "-c",
                   "import os, sys, time; first = os.environ['SENTINEL_GENERATION'] == '0'; "
                   "sys.exit(3) if first and os.environ['RANK'] == '0' else time.sleep(60)"]  # fmt: skip
     cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
-    launcher = _SlowFirstStop(tmp_path)
+    # the first gang's stop takes a second (a rank slow to end): long enough for a restart
+    # command to arrive while the watch loop is stopping a gang with a dead rank
+    stopping = threading.Event()
+    launcher = _BeforeStop(tmp_path, lambda _: (stopping.set(), time.sleep(1.0)))
     sup = Recorded(cfg, first_dies, launcher, "t", tmp_path / "control")
 
     async def crash_then_restart() -> None:
         sup._launch()
         watch = asyncio.create_task(sup._watch())
-        await asyncio.to_thread(launcher.stopping.wait, 30)  # the watch loop saw rank 0 die
+        await asyncio.to_thread(stopping.wait, 30)  # the watch loop saw rank 0 die
         await sup._execute(CommandKind.JOB_RESTART, {})
         while not any(e.kind == "rank.crash" for e in sup.posted):
             await asyncio.sleep(0.05)
