@@ -21,6 +21,7 @@ import re
 import signal
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,12 +404,14 @@ class Supervisor:
         ignores SIGTERM holds it for the grace period); return the ranks that had already died
         on their own (since the last poll, up to the stop's first signal): a rank that crashed
         just as a stop or restart arrived is still a crash, and losing it would hide a flaky
-        node from `rank_crash_repeat`."""
+        node from `rank_crash_repeat`. Polled before the stop (what the launcher has seen: a
+        Slurm step's task exits) and after it (what died while the stop began, `Gang.stop`)."""
         gang, self.gang = self.gang, None  # detached first: the watcher must not see it end
         if gang is None:
             return []
+        died = gang.poll()
         result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s)
-        died = [e for e in gang.poll() if e.returncode != 0]
+        died = [e for e in died + gang.poll() if e.returncode != 0]
         self.teardown = result
         detail = {"generation": self.job.generation, **result.as_json()}
         if result.verified:
@@ -442,10 +445,11 @@ class Supervisor:
         ]
         await self._post(events)
 
-    async def _stop_and_report(self) -> None:
-        """Stop the gang, reporting any rank that had died on its own as a crash."""
+    async def _stop_and_report(self, dead: Sequence[RankExit] = ()) -> None:
+        """Stop the gang, reporting `dead` and any other rank that had died on its own as
+        crashes of the generation that was running."""
         generation, resumed = self.job.generation, self.job.resume_step
-        await self._report_crashes(await self._stop_gang(), generation, resumed)
+        await self._report_crashes([*dead, *await self._stop_gang()], generation, resumed)
 
     def _progress(self, resumed: int | None) -> dict[str, Any]:
         """What a crash report says of the generation's progress: the newest committed
@@ -470,11 +474,9 @@ class Supervisor:
             exits = self.gang.poll()
             failed = [e for e in exits if e.returncode != 0]
             if failed:
-                generation, resumed = self.job.generation, self.job.resume_step
-                failed += await self._stop_gang()  # a gang with a dead rank cannot progress
-                if self.gang is None:  # else a restart arrived during the stop: its gang runs
+                await self._stop_and_report(failed)  # a gang with a dead rank cannot progress
+                if self.gang is None:  # else a restart arrived meanwhile: its gang runs
                     self.job.state = "crashed"
-                await self._report_crashes(failed, generation, resumed)
                 await self.report_status()
             elif self.gang.running() == 0:
                 self.job.state = "finished"
