@@ -137,3 +137,6 @@ def test_the_docs_show_the_rule_table_the_catalog_holds(page: str) -> None:
     assert markdown_rules() in text, (
         f"{page}: regenerate its rule table: python -m sentinel.faults.catalog"
     )
+    rows = [line for line in text.splitlines() if line.startswith("| `") and line.count("|") == 8]
+    assert {row.split("|")[1].strip(" `") for row in rows} == {r.name for r in RULES}
+    assert len(rows) == len(RULES)  # no rule listed twice, none the catalog lacks
