@@ -549,6 +549,9 @@ class RepairPlan(BaseModel):
     exclude: list[Identifier] = Field(default_factory=list)  # nodes taken out (evicted)
     spare_map: dict[Identifier, Identifier] = Field(default_factory=dict)  # out node -> spare
     culprits: list[Identifier] = Field(default_factory=list)  # nodes a diagnosis named
+    # Nodes that stay in the gang but whose rank processes are replaced with new ones: the
+    # fault left their device or memory untrusted (the fault catalog's `process: replace`).
+    replace: list[Identifier] = Field(default_factory=list)
     resume_before_step: int | None = Field(default=None, ge=0)  # None: the newest checkpoint
     skip_batches: list[tuple[int, int]] = Field(default_factory=list)  # inclusive ranges
     lr_scale: LrScale | None = None
@@ -563,8 +566,22 @@ class RepairPlan(BaseModel):
         return ranges
 
 
+class StopPlan(BaseModel):
+    """The `job.stop` command's arguments: why, and which nodes' rank processes must not
+    outlive the stop (a hang's culprits: their processes are stuck; the others may stay warm
+    for the restart that follows)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = ""
+    replace: list[Identifier] = Field(default_factory=list)
+
+
 # Commands whose arguments have a model of their own; the others carry a small free dict.
-COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {CommandKind.JOB_RESTART: RepairPlan}
+COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {
+    CommandKind.JOB_RESTART: RepairPlan,
+    CommandKind.JOB_STOP: StopPlan,
+}
 
 
 class Command(_Strict):

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
+from sentinel.ranks.current import leave_requested
 from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
@@ -40,8 +41,9 @@ def _emit(line: dict[str, Any], files: list[TextIO]) -> None:
         print(text, file=f, flush=True)
 
 
-def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> None:
-    """One step; `hooks=None` runs it without a single hook call (the bare trainer's step)."""
+def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> bool:
+    """One step; `hooks=None` runs it without a single hook call (the bare trainer's step).
+    True when the gang agreed to leave this generation after it (a warm restart)."""
     global _checkpoint_requested
     cfg = job.cfg
     replica_tokens = cfg.mbs * cfg.accum * cfg.model.seq  # what this rank's replica processes
@@ -56,9 +58,11 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     if hooks:
         hooks.observe(loss=result.loss if job.step_fn.last else None, grad_norm=result.grad_norm)
     mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
-    flags = [float(mine), float(_checkpoint_requested)]
+    flags = [float(mine), float(_checkpoint_requested), float(leave_requested())]
     stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
-    dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
+    # The global loss on every rank, "a rank got SIGUSR1", and "a rank was asked to leave":
+    # every rank learns the last two in the same step, so all of them act on it together.
+    dist.all_reduce(stats)
     job.tokens += cfg.global_batch * cfg.model.seq
     step_s = time.perf_counter() - t0
     job.injector.after_step()
@@ -80,14 +84,19 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     ):
         _checkpoint_requested = False
         _emit(job.save(done), out)
+    return stats[2].item() > 0
 
 
-def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
+def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> bool:
+    """Train to the last step; True when the gang left the generation before it."""
     if job.cfg.hooks_interleave:
         interleaved_loop(job, out, hooks)
-        return
+        return False
     for step in range(job.start, job.cfg.steps):
-        run_step(job, out, hooks, step)
+        if run_step(job, out, hooks, step):
+            _emit({"left": step + 1}, out)
+            return True
+    return False
 
 
 def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
@@ -163,37 +172,50 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
 
 def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, float]) -> None:
     job = build_job(cfg, resume, faults)
-    out: list[TextIO] = []
-    if dist.get_rank() == 0:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
-    hooks = build_hooks(job)
-    # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed), not
-    # when a save starts: only a committed checkpoint can be resumed from, so "steps since the
-    # last checkpoint" counts the steps a restart now would really lose.
-    job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
-        step, blocked_s=blocked_s, path=str(path)
-    )
-    # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on the
-    # same clock can place them): the process was running its code from `main_at`, the
-    # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
-    # at `ready_at`.
-    launch = {**started, "load_s": job.load_s, "ready_at": time.time(), "resume_step": job.start}
-    _emit({"launch": launch}, out)
-    if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
-        hooks.launched(**launch)
-    try:
-        train_loop(job, out, hooks)
+    # Everything the generation opened is closed when it ends, whichever way: a warm rank
+    # process runs the next generation in this same process.
+    with contextlib.ExitStack() as generation:
+        generation.callback(job.ckpt.close)
+        out: list[TextIO] = []
+        if dist.get_rank() == 0:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+            metrics = generation.enter_context((cfg.out / "metrics.jsonl").open("a"))
+            out = [metrics] + ([] if cfg.quiet else [sys.stdout])
+        hooks = build_hooks(job)
+        generation.callback(hooks.close)
+        # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed),
+        # not when a save starts: only a committed checkpoint can be resumed from, so "steps
+        # since the last checkpoint" counts the steps a restart now would really lose.
+        job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
+            step, blocked_s=blocked_s, path=str(path)
+        )
+        # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on
+        # the same clock can place them): the process was running its code from `main_at`, the
+        # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step
+        # begins at `ready_at`.
+        launch = {
+            **started,
+            "load_s": job.load_s,
+            "ready_at": time.time(),
+            "resume_step": job.start,
+        }
+        _emit({"launch": launch}, out)
+        if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
+            hooks.launched(**launch)
+        left = train_loop(job, out, hooks)
         job.ckpt.finish()  # commits the last save while the hooks can still report it
-    finally:
-        hooks.close()
-    digest = param_digest(job.model, job.mesh)
-    _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
-    if out and cfg.digest_out:
-        cfg.digest_out.write_text(digest + "\n")
+        if left:
+            return
+        digest = param_digest(job.model, job.mesh)
+        _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
+        if out and cfg.digest_out:
+            cfg.digest_out.write_text(digest + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One generation of one rank; a warm rank process calls it once per generation."""
+    global _checkpoint_requested
+    _checkpoint_requested = False
     main_at = time.time()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
