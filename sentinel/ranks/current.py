@@ -15,9 +15,11 @@ it.
 from __future__ import annotations
 
 import threading
+import time
 
 _leave = threading.Event()
 _generation: int | None = None
+_began_ns: int | None = None
 
 
 def leave_requested() -> bool:
@@ -30,11 +32,18 @@ def generation() -> int | None:
     return _generation
 
 
+def began_ns() -> int | None:
+    """When this process began its current generation (wall clock, ns); None outside a warm
+    rank process. What a process-wide record (PyTorch's flight recorder) holds from before
+    belongs to earlier generations."""
+    return _began_ns
+
+
 def begin(number: int) -> None:
     """The rank process starts `number` (the rank loop calls this, never a trainer)."""
-    global _generation
+    global _generation, _began_ns
     _leave.clear()
-    _generation = number
+    _generation, _began_ns = number, time.time_ns()
 
 
 def request_leave(number: int) -> None:
@@ -45,6 +54,6 @@ def request_leave(number: int) -> None:
 
 
 def end() -> None:
-    global _generation
-    _generation = None
+    global _generation, _began_ns
+    _generation, _began_ns = None, None
     _leave.clear()
