@@ -36,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="warm (default): rank processes outlive a repair and a spare's wait with the "
         "trainer imported; cold: new processes for every generation (supervisor.ranks)",
     )
+    p.add_argument(
+        "--recovery",
+        choices=["live", "warm_restart", "restart"],
+        help="the repair path for every fault where the fault allows it (default: each "
+        "fault's own, from the fault catalog; supervisor.recovery)",
+    )
     p.add_argument("--job-id", help="job id (default from config)")
     p.add_argument(
         "--coordinator",
@@ -85,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         for k, v in {
             "launcher": args.launcher,
             "ranks": args.ranks,
+            "recovery": args.recovery,
             "job_id": args.job_id,
             "coordinator_url": args.coordinator,
             "token_file": args.token_file,

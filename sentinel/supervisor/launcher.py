@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.processes import Teardown, spawn, teardown
+from sentinel.protocol import Recovery
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,11 @@ class Launcher(ABC):
         """The names of the first `count` nodes it launches on (gang, then spares), where the
         launcher decides them (a Slurm allocation); None: the simulated `node-K`/`spare-K`."""
         return None
+
+    @property
+    def paths(self) -> frozenset[Recovery]:
+        """The repair paths this launcher can take: new processes for every rank."""
+        return frozenset({Recovery.RESTART})
 
     def close(self) -> None:  # noqa: B027 - most launchers keep nothing between generations
         """End whatever the launcher keeps between generations (warm processes)."""

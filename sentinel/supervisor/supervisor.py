@@ -41,6 +41,7 @@ from sentinel.protocol import (
     JobStatusPayload,
     RankCrashEvent,
     RankCrashPayload,
+    Recovery,
     RepairPlan,
     Source,
     StopPlan,
@@ -286,10 +287,13 @@ class Supervisor:
                 self.exit_code = 1
                 self.done.set()
                 return
-            # The nodes that stay in the gang keep their rank processes warm, unless the plan
-            # says their processes cannot be trusted again.
+            path = self.repair_path(plan)
+            log.info("restart by %s", path.value, extra={"path": path.value})
+            # The nodes that stay in the gang keep their rank processes warm on a warm restart,
+            # unless the plan says their processes cannot be trusted again.
             out = {*plan.exclude, *plan.spare_map, *plan.replace}
-            await self._stop_and_report(keep=frozenset(self.job.nodes) - out)
+            keep = frozenset(self.job.nodes) - out if path != Recovery.RESTART else frozenset()
+            await self._stop_and_report(keep=keep)
             try:
                 self.job.apply_restart(
                     plan, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
@@ -307,6 +311,17 @@ class Supervisor:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         await self.report_status()
+
+    def repair_path(self, plan: RepairPlan) -> Recovery:
+        """The path of this repair: the one the job asks for (`supervisor.recovery`) where the
+        fault allows it, else the fault's own; then the nearest one the launcher can take
+        (live is only for jobs whose replicas are fault domains)."""
+        wanted = self.cfg.recovery if self.cfg.recovery in plan.paths else plan.path
+        order = list(Recovery)  # least to most disruptive
+        for path in order[order.index(wanted) :]:
+            if path in self.launcher.paths:
+                return path
+        return Recovery.RESTART
 
     async def _analyze_fr(self, check_id: str | None, since: float) -> None:
         """Wait for the ranks' dumps, run the analyzer, report what it found."""

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sentinel.processes import Teardown, spawn, teardown
+from sentinel.protocol import Recovery
 from sentinel.ranks import wire
 from sentinel.ranks.host import trainer_module
 from sentinel.ranks.pool import RankPool, RankProcess
@@ -234,6 +235,10 @@ class WarmLauncher(Launcher):
         self._secret = secrets.token_urlsafe(32)
         self.pool = RankPool(self._secret, starter.pool_bind, starter.pool_advertise)
         self._hosts: set[str] = set()
+
+    @property
+    def paths(self) -> frozenset[Recovery]:
+        return frozenset({Recovery.WARM_RESTART, Recovery.RESTART})
 
     def node_names(self, count: int) -> list[str] | None:
         names = getattr(self.starter, "node_names", None)
