@@ -45,7 +45,7 @@ from sentinel.goodput.repairs import (
     trainer_restart_s,
     whole_key,
 )
-from sentinel.goodput.scale_inputs import layout_rows, live_rows, scale_rows
+from sentinel.goodput.scale_inputs import live_rows, scale_rows
 from sentinel.goodput.trace import FaultClass
 
 # Mirrors of trainer_hooks' shipped HooksConfig (`sentinel` does not import `trainer_hooks`; a
@@ -200,7 +200,6 @@ def default_rows(
         sentinel_rows(m, where)
         + live_rows(bench, bench_where)
         + common_rows(CheckpointSpec())
-        + layout_rows()
         + scale_rows()
     )
 

@@ -159,9 +159,9 @@ def live_parts(values: Mapping[str, float], lay: Layout) -> LiveParts:
     }
     shard = _state_bytes(values) / lay.replica_gpus
     return LiveParts(
-        stall={"measured on the simulated fleet": values["live.stall_s"], **regroup},
+        stall={"on the simulated fleet (live.stall_s)": values["live.stall_s"], **regroup},
         join={
-            "measured on the simulated fleet": values["live.join_s"],
+            "on the simulated fleet (live.join_s)": values["live.join_s"],
             "the replica's own groups": comm_growth_s(
                 lay.replica_gpus, values["scale.comm_s_per_krank"]
             ),

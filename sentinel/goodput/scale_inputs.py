@@ -24,7 +24,8 @@ LIVE_STALL_TARGET_S = 5.0
 LIVE_JOIN_TARGET_S = 15.0
 
 
-def layout_rows() -> list[Input]:
+def scale_rows() -> list[Input]:
+    """The job's layout, and how each part of a repair grows with the ranks."""
     return [
         Input("layout.gpus_per_node", "GPUs per node", GPUS_PER_NODE, "GPUs", "assumption",
               "8 H100 a server (Llama 3 paper, 3.3.1); a restart waits for the slowest node, a "
@@ -37,11 +38,6 @@ def layout_rows() -> list[Input]:
               "assumption", "Llama 3 405B on 16,384 GPUs: 16 sequences of 8,192 tokens per "
               "data-parallel group a step (Table 4), one a microbatch; held per replica as the "
               "fleet grows (the step time is held too)"),
-    ]  # fmt: skip
-
-
-def scale_rows() -> list[Input]:
-    return [
         Input("scale.start_tail", "process start: a node's mean excess", START_TAIL, "x",
               "assumption", "no published figure found: a node's start (step launch, container, "
               "Python and torch import from shared storage, CUDA init) taken to vary by a tenth "
