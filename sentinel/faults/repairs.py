@@ -84,6 +84,8 @@ KIND_FAULTS: dict[str, frozenset[str]] = {
     "straggler": frozenset({"straggler"}),
     "hang": frozenset({"collective_hang"}),
     "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
+    # burn-in keeps a degraded link out of the job; one that degrades in a run slows its node
+    "link_degraded": frozenset({"straggler"}),
 }
 
 

@@ -7,18 +7,19 @@
 - `live`: the data-parallel replica holding the fault leaves, the other replicas keep stepping,
   and a warm spare joins with state copied from a healthy peer.
 
-`KIND_PATH` and `KIND_NEW_PROCESS` mirror the fault catalog (`sentinel/faults/catalog.py`),
-which gains a per-fault `recovery` path: until it has one, this is the one place the projection
-keeps them, and they must say what the catalog says. A goodput class takes the least live path
-of the demo kinds it measures (`DEMO_KIND_CLASS`).
+`KIND_PATH` is the fault catalog's repair table (`sentinel/faults/repairs.py`) read for the
+drill's fault kinds. A goodput class takes the least live path of the demo kinds it measures
+(`DEMO_KIND_CLASS`).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+from sentinel.faults.repairs import KIND_FAULTS, repair
 from sentinel.goodput.model import DEMO_KIND_CLASS, RepairPath
 from sentinel.goodput.trace import FaultClass
+from sentinel.protocol import Recovery as CatalogRecovery
 
 
 class Recovery(StrEnum):
@@ -30,20 +31,21 @@ class Recovery(StrEnum):
     WARM_RESTART = "warm_restart"
 
 
-_L, _W = RepairPath.LIVE, RepairPath.WARM_RESTART
+def _catalog_path(kind: str) -> RepairPath:
+    """The least live default path among the incident classes that explain a drill's fault
+    kind, from the fault catalog's repair table."""
+    order = list(CatalogRecovery)
+    paths = [repair(f).path for f in KIND_FAULTS[kind]]
+    return RepairPath(max(paths, key=order.index).value)
 
-# Mirrors the fault catalog's per-fault `recovery`: a fault confined to one data-parallel replica
-# (a node or GPU fault inside it) takes the live path; one that touches every replica (SDC's
-# rollback, a hang that may span replicas, a crash whose cause may be in every rank) the warm
-# restart.
+
+# The fault catalog's path for each drill fault kind (`sentinel.faults.repairs`): a fault
+# confined to one data-parallel replica (a node or GPU fault inside it) takes the live path; one
+# that touches every replica (SDC's rollback, a hang that may span replicas, a crash whose cause
+# may be in every rank) the warm restart.
 KIND_PATH: dict[str, RepairPath] = {
-    "ecc_dbe": _L,
-    "xid": _L,
-    "thermal": _L,
-    "link_degraded": _L,
-    "crash": _W,
-    "hang": _W,
-    "sdc": _W,
+    kind: _catalog_path(kind)
+    for kind in ("ecc_dbe", "xid", "thermal", "link_degraded", "crash", "hang", "sdc")
 }
 # Mirrors the catalog's faults whose warm restart starts a new process for the faulty rank on the
 # same node (its process is dead or stuck); the others swap the node for a warm spare, whose
