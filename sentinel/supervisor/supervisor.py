@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
+from sentinel.fr.dumps import dumped_ranks
 from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
@@ -336,20 +337,18 @@ class Supervisor:
             return
         fr_dir = self.cfg.fr_dir
         assert fr_dir is not None
-        deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
+        deadline = since + self.cfg.fr_wait_s
         while time.time() < deadline:
-            fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
-            if len(fresh) != last[0]:
-                last = (len(fresh), time.time())
-            elif len(fresh) >= world and time.time() - last[1] >= 1.0:
-                break  # every rank dumped and nothing new for a second
-            await asyncio.sleep(0.25)
+            fresh = [p.name for p in fr_dir.glob("*") if p.stat().st_mtime >= since]
+            if len(dumped_ranks(fresh)) >= world:
+                break  # a rank's sidecar lands after its dump: every dump is whole
+            await asyncio.sleep(0.1)
         await self._run_fr_analyzer(fr_dir, check_id)
 
     async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
-        """The dumps the nodes' agents carried to the coordinator: until every rank's is there
-        and nothing new came for two seconds, or fr_wait_s."""
-        deadline, last = time.time() + self.cfg.fr_wait_s, (-1, 0.0)
+        """The dumps the nodes' agents carried to the coordinator: until every rank's dump and
+        sidecar are there (an agent carries a node's files together), or fr_wait_s."""
+        deadline = time.time() + self.cfg.fr_wait_s
         files: list[dict[str, Any]] = []
         while time.time() < deadline:
             try:
@@ -357,11 +356,9 @@ class Supervisor:
                 files = r.json()["files"] if r.status == 200 else files
             except (Unreachable, ValueError) as e:
                 log.warning("cannot read carried dumps (%s); retrying", e)
-            if len(files) != last[0]:
-                last = (len(files), time.time())
-            elif len(files) >= world and time.time() - last[1] >= 2.0:
+            if len(dumped_ranks(Path(f["name"]).name for f in files)) >= world:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
         for f in files:  # one directory, as the analyzer reads it; names are per rank
             (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
         log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
