@@ -254,7 +254,7 @@ class Supervisor:
             self.job.seen_commands.add(cid)
             log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
             self.teardown = None
-            await self._execute(cmd["kind"], cmd["args"])
+            await self._execute(cmd["kind"], cmd["args"], issued_at=float(cmd.get("ts") or 0))
             self._teardowns[cid] = self.teardown
         detail: dict[str, Any] = {"generation": self.job.generation, "state": self.job.state}
         done = self._teardowns.get(cid)
@@ -273,7 +273,7 @@ class Supervisor:
         if r.status != 200:
             log.warning("ack of %s refused: %s", cid, r.error())
 
-    async def _execute(self, kind: str, args: dict[str, Any]) -> None:
+    async def _execute(self, kind: str, args: dict[str, Any], issued_at: float = 0.0) -> None:
         if kind == CommandKind.JOB_STOP:
             stop = StopPlan.model_validate(args)  # the coordinator sent it through the model
             await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
@@ -308,7 +308,11 @@ class Supervisor:
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
             if kind == CommandKind.FR_DUMP and (self.cfg.fr_dir or self.cfg.fr_from_coordinator):
-                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
+                # Ranks may have the command from their node's agent before this copy came:
+                # their dumps count from when it was issued (the coordinator's clock; not later
+                # than now).
+                since = min(issued_at or time.time(), time.time())
+                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), since))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         await self.report_status()
