@@ -49,7 +49,7 @@ from sentinel.protocol import (
     encode,
 )
 from sentinel.protocol import JobState as ReportedState
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
+from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor")
 # Events and acknowledgements: a replica that has not answered in this long (paused, or its
@@ -421,6 +421,13 @@ class Supervisor:
         )
         try:
             gang = await asyncio.to_thread(self.launcher.launch, plan)
+        except GangStartError as e:  # a node's processes did not come up: its ranks crashed
+            log.error("generation %d did not start: %s", self.job.generation, e)
+            self.job.state = "crashed"
+            await self._report_crashes(
+                e.ranks, self.job.generation, self.job.resume_step, reason=f"did not start: {e}"
+            )
+            return
         except (OSError, RuntimeError, ValueError) as e:  # hosts that never came, a bad command
             log.error("cannot launch generation %d: %s", self.job.generation, e)
             self.job.state = "failed"
@@ -455,7 +462,11 @@ class Supervisor:
         return died
 
     async def _report_crashes(
-        self, failed: list[RankExit], generation: int, resumed: int | None
+        self,
+        failed: list[RankExit],
+        generation: int,
+        resumed: int | None,
+        reason: str | None = None,
     ) -> None:
         """Report `failed` as crashes of `generation`, which resumed from step `resumed` (both
         read before its gang was stopped: a restart may have launched the next one since)."""
@@ -467,10 +478,12 @@ class Supervisor:
             RankCrashEvent(
                 source=Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
                 payload=RankCrashPayload(
-                    exit_code=e.returncode if e.returncode >= 0 else None,
+                    exit_code=None if reason or e.returncode < 0 else e.returncode,
                     signal=e.signal,
                     generation=generation,
-                    **progress,
+                    reason=reason,
+                    # a node whose processes did not start is at fault, progress or not
+                    **(progress | {"no_progress": None} if reason else progress),
                 ),
             )
             for e in failed
