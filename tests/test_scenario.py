@@ -94,7 +94,11 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
 
     steps = {n: quick(load_scenario(n)).trainer.steps for n in shipped_scenarios()}
     full = {n: load_scenario(n).trainer.steps for n in shipped_scenarios()}
-    assert all(steps[n] < full[n] for n in full), (steps, full)
+    # An SDC fault is seen at the spot check after it (every 25 drill steps) and confirmed at
+    # the exchange after that: its drills need their whole 40 steps to prove the repair.
+    uncut = {"sdc", "validation"}
+    assert all(steps[n] < full[n] for n in full if n not in uncut), (steps, full)
+    assert all(steps[n] == full[n] for n in uncut)
     # Default: every timed fault one checkpoint interval (10) earlier, the corrupt batch as far
     # as its detector allows (batch 35 >= 30); training ends one interval after the last fault
     # (the hang at 76: its rollback to 70 passes it again).
@@ -103,8 +107,8 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
     assert [f.kind for f in short.faults] == [f.kind for f in default.faults]
     assert steps == {
         "default": 86, "corrupt_batch": 40, "crash": 35, "ecc_dbe": 35, "hang": 35,
-        "link_degraded": 20, "poison_crash": 35, "sdc": 32, "straggler": 55, "thermal": 32,
-        "validation": 32, "xid": 35,
+        "link_degraded": 20, "poison_crash": 35, "sdc": 40, "straggler": 55, "thermal": 32,
+        "validation": 40, "xid": 35,
     }  # fmt: skip
     # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
     assert timed(quick(load_scenario("crash"))) == [15]

@@ -15,7 +15,7 @@ playbooks the shipped ones.
 from __future__ import annotations
 
 from sentinel.demo.run import drill_hooks
-from sentinel.scenario import CorruptBatchFault, Fault, Scenario, StragglerFault
+from sentinel.scenario import CorruptBatchFault, Fault, Scenario, SdcFault, StragglerFault
 
 # Mirrors of trainer_hooks' shipped settings (`sentinel` does not import `trainer_hooks`; a test
 # checks they match): the loss-spike detector's warm-up, in loss values (anomaly.RobustSpike),
@@ -54,11 +54,18 @@ def needed_after(fault: Fault, every: int) -> int:
     """Steps after the strike within which the repaired gang passes the strike's step again:
     one checkpoint interval (the rollback's checkpoint is at most that far back); for a
     straggler first the scoring windows before it reports and the exchange that carries them,
-    and the checkpoint its node's swap waits for."""
+    and the checkpoint its node's swap waits for; for SDC first the spot check that sees it
+    (every `sdc_every` steps) and the exchange after it, where every rank recomputes the step to
+    name the culprit, then the interval (a restart ordered after the last step comes too late:
+    the run would end with the corrupt model)."""
+    hooks = drill_hooks()
     if isinstance(fault, StragglerFault):
-        hooks = drill_hooks()
         scoring = int(hooks["straggler_window"]) * STRAGGLER_PERSIST + int(hooks["exchange_every"])
         return scoring + 2 * every
+    if isinstance(fault, SdcFault):
+        check = int(hooks["sdc_every"])
+        seen = (fault.at_step // check + 1) * check - fault.at_step
+        return seen + int(hooks["exchange_every"]) + every
     return every
 
 
