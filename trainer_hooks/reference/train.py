@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
@@ -22,6 +23,7 @@ from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
+from trainer_hooks.reference.engine import StepResult
 from trainer_hooks.reference.faults import load_faults
 from trainer_hooks.reference.instrument import build_hooks
 from trainer_hooks.reference.job import Job, build_job, device_and_backend
@@ -40,54 +42,109 @@ def _emit(line: dict[str, Any], files: list[TextIO]) -> None:
         print(text, file=f, flush=True)
 
 
+@dataclass
+class Trained:
+    """A committed step: what it trained on and how (`ft`: the replica mode's extras)."""
+
+    batch: int
+    lr: float
+    result: StepResult
+    tokens: int  # this rank's gang's trained tokens in the step
+    ft: dict[str, Any] = field(default_factory=dict)
+
+
+def train_gang(job: Job, step: int) -> Trained:
+    """One gang: this dp rank's share of the step's global batch."""
+    cfg = job.cfg
+    job.injector.before_step(step)
+    batch = job.loader.peek()
+    toks = job.loader.microbatches(batch, job.loader.share())
+    toks = job.injector.corrupt_batch(batch, toks).to(job.device)
+    lr = job.lr.apply(job.opt, step)
+    result = job.step_fn(toks, cfg.accum, cfg.accum)
+    shares = {r: range(r * cfg.accum, (r + 1) * cfg.accum) for r in range(cfg.dp)}
+    job.committed(batch, None, shares)
+    return Trained(batch, lr, result, cfg.accum * cfg.mbs * cfg.model.seq)
+
+
+def train_replica(job: Job, out: list[TextIO]) -> Trained:
+    """A replica (--replicas ft): the quorum's share of the global batch, until a commit."""
+    cfg, link = job.cfg, job.link
+    assert link is not None
+    attempts = 0
+    while True:
+        attempts += 1
+        link.start()  # a replica behind its peers heals here
+        if link.healed is not None:
+            _emit({"heal": link.healed | {"replica": job.replica, "step": job.step}}, out)
+        batch = job.loader.peek()
+        plan = link.assign(batch)
+        job.injector.before_step(job.step)  # after the quorum: a stuck rank stalls its peers
+        toks = job.loader.microbatches(batch, plan.mine)
+        toks = job.injector.corrupt_batch(batch, toks).to(job.device)
+        lr = job.lr.apply(job.opt, job.step)
+        result = job.step_fn(toks, len(plan.mine), cfg.microbatches)
+        if result.committed:
+            break
+        line = {"step": job.step, "replica": job.replica, "quorum": plan.quorum}
+        _emit({"uncommitted": line | {"error": link.error(), "t": time.time()}}, out)
+    job.committed(batch, plan.quorum, link.assignment)
+    ft: dict[str, Any] = {
+        "replica": job.replica,
+        "quorum": plan.quorum,
+        "participants": plan.participants,
+    }
+    ft |= {"microbatches": len(plan.mine), "attempts": attempts, "t": time.time()}
+    return Trained(batch, lr, result, len(plan.mine) * cfg.mbs * cfg.model.seq, ft)
+
+
 def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> None:
     """One step; `hooks=None` runs it without a single hook call (the bare trainer's step)."""
     global _checkpoint_requested
     cfg = job.cfg
-    replica_tokens = cfg.mbs * cfg.accum * cfg.model.seq  # what this rank's replica processes
     t0 = time.perf_counter()
     if hooks:
-        hooks.begin_step(step, tokens=replica_tokens)
-    job.injector.before_step(step)
-    batch, toks = job.loader.next()
-    toks = job.injector.corrupt_batch(batch, toks).to(job.device)
-    lr = job.lr.apply(job.opt, step)
-    result = job.step_fn(toks)
+        hooks.begin_step(step, tokens=cfg.mbs * cfg.accum * cfg.model.seq)
+    done = train_replica(job, out) if job.link else train_gang(job, step)
+    result = done.result
     if hooks:
-        hooks.observe(loss=result.loss if job.step_fn.last else None, grad_norm=result.grad_norm)
-    mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
+        loss = result.loss if job.step_fn.last else None
+        hooks.observe(loss=loss, grad_norm=result.grad_norm, tokens=done.tokens)
+    # The global loss: a gang's dp ranks each hold their share's mean; a replica holds the
+    # whole batch's (its peers' summed in).
+    share = 1.0 if job.link else 1 / cfg.dp
+    mine = result.loss * share if job.reports_loss and result.loss is not None else 0.0
     flags = [float(mine), float(_checkpoint_requested)]
     stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
     dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
-    job.tokens += cfg.global_batch * cfg.model.seq
     step_s = time.perf_counter() - t0
     job.injector.after_step()
     if hooks:
         hooks.end_step()
-    done = step + 1
     # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
-    line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
+    line = {"step": job.step, "loss": stats[0].item(), "lr": done.lr, "batch": done.batch}
     line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
     stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
-    _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
+    line |= done.ft | ({} if stall is None else {"ckpt_stall_s": stall})
+    _emit(line, out)
     job.ckpt.poll()
     # a coordinator `checkpoint.now`, the same step everywhere (hook-less steps cannot see it)
     on_command = hooks.should_checkpoint() if hooks else False
     if (
-        (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+        (cfg.checkpoint_every and job.step % cfg.checkpoint_every == 0)
         or stats[1].item() > 0
         or on_command
     ):
         _checkpoint_requested = False
-        _emit(job.save(done), out)
+        _emit(job.save(job.step), out)
 
 
 def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
     if job.cfg.hooks_interleave:
         interleaved_loop(job, out, hooks)
         return
-    for step in range(job.start, job.cfg.steps):
-        run_step(job, out, hooks, step)
+    while job.step < job.cfg.steps:  # a healing replica jumps to its peers' step
+        run_step(job, out, hooks, job.step)
 
 
 def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
@@ -179,25 +236,32 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
     # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
     # at `ready_at`.
     launch = {**started, "load_s": job.load_s, "ready_at": time.time(), "resume_step": job.start}
-    _emit({"launch": launch}, out)
+    _emit({"launch": launch | ({} if job.replica is None else {"replica": job.replica})}, out)
     if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
         hooks.launched(**launch)
     try:
-        train_loop(job, out, hooks)
-        job.ckpt.finish()  # commits the last save while the hooks can still report it
+        try:
+            train_loop(job, out, hooks)
+            job.ckpt.finish()  # commits the last save while the hooks can still report it
+        finally:
+            hooks.close()
+        digest = param_digest(job.model, job.mesh)
     finally:
-        hooks.close()
-    digest = param_digest(job.model, job.mesh)
-    _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
+        job.close()  # a replica leaves its peers: nothing of it outlives this call
+    final = {"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}
+    _emit(final | ({} if job.replica is None else {"replica": job.replica}), out)
     if out and cfg.digest_out:
         cfg.digest_out.write_text(digest + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One run of this rank; a warm host may call it again in the same process."""
+    global _checkpoint_requested
+    _checkpoint_requested = False
     main_at = time.time()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg = parse_config(argv, world)
+        cfg = parse_config(argv, world, os.environ)
         faults = load_faults(cfg.fault_file, cfg.fault_flags)
         tiers = [expand_node(cfg.ckpt_dir, this_node())]
         tiers += [cfg.durable_dir] if cfg.durable_dir else []
