@@ -154,13 +154,14 @@ class ReplicaLink:
     ) -> None:
         self.settings, self.replicas, self.microbatches = settings, replicas, microbatches
         self.device = device
-        self._load = load
+        self._state: Callable[[], dict[str, Any]] | None = state
+        self._load: Callable[[dict[str, Any]], None] | None = load
         timeout = timedelta(seconds=settings.timeout_s)
         pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
         self.manager = Manager(
             pg=pg,
             load_state_dict=self._heal,
-            state_dict=state,
+            state_dict=self._send,
             min_replica_size=1,
             use_async_quorum=False,  # heal before the step, then train in it at full width
             timeout=timeout,
@@ -179,7 +180,12 @@ class ReplicaLink:
         self.assignment: dict[int, tuple[int, ...]] = {}  # the last reduce's replica -> share
         self._before = step
 
+    def _send(self) -> dict[str, Any]:
+        assert self._state is not None, "closed"
+        return self._state()
+
     def _heal(self, state: dict[str, Any]) -> None:
+        assert self._load is not None, "closed"
         t0 = time.perf_counter()
         self._load(state)
         self.healed = {"from_step": self._before, "load_s": time.perf_counter() - t0}
@@ -262,9 +268,15 @@ class ReplicaLink:
 
     def error(self) -> str | None:
         err = self.manager.errored()
-        return None if err is None else str(err.original_exception)[:300]
+        e = None if err is None else err.original_exception
+        return None if e is None else f"{type(e).__name__}: {e}"[:300]
 
     def close(self) -> None:
-        """Leave: stop the manager's server, heartbeats, state server and threads."""
+        """Leave: stop the manager's server, heartbeats, state server and threads, and let go
+        of the training state, so that nothing holds the job (its process groups, its store)
+        once the entry point returns: a warm host's next generation starts clean. torchft's
+        process-wide timeout service (two daemon threads, started on first use) stays and
+        serves the next generation."""
         self.manager.shutdown(wait=True)
         self.manager._pg.abort()
+        self._state = self._load = None

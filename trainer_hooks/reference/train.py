@@ -7,6 +7,7 @@ The step boundary is marked below: a hook added there sees `result.loss` and
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -288,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         dist.destroy_process_group()
+        if cfg.ft is not None:
+            # torchft's Manager holds itself in reference cycles: free it (its servers' runtime
+            # threads, its store client) now, not at some later collection
+            gc.collect()
     return 0
 
 
