@@ -154,14 +154,17 @@ def read_records(out: Path) -> tuple[dict[str, dict[str, Any]], set[Layout]]:
 
 
 def _branch(records: dict[str, dict[str, Any]], steps: int, v: Verdict) -> list[dict[str, Any]]:
-    """The records of the branch that ends at step `steps - 1`, oldest first."""
-    heads = {rid for rid, r in records.items() if r["step"] == steps - 1}
-    if len(heads) > 1:
-        v.problems.append(f"step {steps - 1} was committed {len(heads)} different ways")
-    if not heads:
-        last = max((r["step"] for r in records.values()), default=-1)
-        v.problems.append(f"no record of step {steps - 1} (the last recorded step is {last})")
+    """The records of the branch that ends at step `steps - 1` (or at the last step recorded,
+    when that one is missing), oldest first."""
+    last = max((r["step"] for r in records.values() if r["step"] < steps), default=None)
+    if last is None:
+        v.problems.append("no step recorded")
         return []
+    if last != steps - 1:
+        v.problems.append(f"no record of step {steps - 1} (the last recorded step is {last})")
+    heads = {rid for rid, r in records.items() if r["step"] == last}
+    if len(heads) > 1:
+        v.problems.append(f"step {last} was committed {len(heads)} different ways")
     branch: list[dict[str, Any]] = []
     rid: str | None = min(heads)
     while rid is not None:
