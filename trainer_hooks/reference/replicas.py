@@ -106,7 +106,9 @@ class Roll:
     members: list[tuple[int, int, int]]  # per quorum rank: (replica, step, batch)
 
     @staticmethod
-    def encode(plan: StepPlan, replica: int, loss: torch.Tensor | None, device: Any) -> Any:
+    def encode(
+        plan: StepPlan, replica: int, loss: torch.Tensor | None, device: torch.device | str
+    ) -> torch.Tensor:
         t = torch.zeros(1 + 3 * plan.participants, dtype=torch.float64, device=device)
         if loss is not None:
             t[0] = loss.to(torch.float64)
@@ -139,7 +141,7 @@ def _buckets(tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
 class ReplicaLink:
     """This rank's end of the replicas' link: a torchft Manager and its process group.
 
-    `state` and `load` give and take this rank's whole training state (see `TrainState`);
+    `state` and `load` give and take this rank's whole training state (`Job.replica_state`);
     torchft calls them to send it to a joining replica and to heal this one."""
 
     def __init__(
@@ -157,9 +159,9 @@ class ReplicaLink:
         self._state: Callable[[], dict[str, Any]] | None = state
         self._load: Callable[[dict[str, Any]], None] | None = load
         timeout = timedelta(seconds=settings.timeout_s)
-        pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
+        self.pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
         self.manager = Manager(
-            pg=pg,
+            pg=self.pg,
             load_state_dict=self._heal,
             state_dict=self._send,
             min_replica_size=1,
@@ -195,19 +197,24 @@ class ReplicaLink:
         return self.manager.current_step()
 
     def start(self) -> None:
-        """The step's quorum; a replica behind the others heals in it. Never raises: a failed
-        quorum request (the lighthouse unreachable, this replica left out) is asked again."""
+        """The step's quorum; a replica behind the others heals in it (`healed` then says from
+        which step, how long the quorum with the transfer took and the load). Never raises: a
+        failed quorum request (the lighthouse unreachable, this replica left out) is asked
+        again."""
         self.healed, self.plan, self.assignment = None, None, {}
         self._before = self.step
         while True:
+            t0 = time.perf_counter()
             try:
                 self.manager.start_quorum()
-                return
+                break
             except Exception as e:
                 log.warning("replica %d: quorum failed, asking again: %s", self.settings.replica, e)
                 # torchft re-raises the last quorum's error on every later request otherwise
                 self.manager._quorum_future = None
                 time.sleep(QUORUM_RETRY_S)
+        if self.healed is not None:
+            self.healed["quorum_s"] = time.perf_counter() - t0
 
     def assign(self, batch: int) -> StepPlan:
         """This replica's share of `batch` in the step's quorum."""
@@ -215,7 +222,8 @@ class ReplicaLink:
         n = self.manager.num_participants()
         assert rank is not None, "a synchronous quorum always includes the replica that asked"
         mine = shares(self.microbatches, n, self.replicas)[rank]
-        self.plan = StepPlan(self.step, batch, self.manager._quorum_id, n, rank, mine)
+        quorum = self.manager._quorum_id  # the ledger names it; torchft has no public getter
+        self.plan = StepPlan(self.step, batch, quorum, n, rank, mine)
         return self.plan
 
     @torch.no_grad()
@@ -278,5 +286,5 @@ class ReplicaLink:
         process-wide timeout service (two daemon threads, started on first use) stays and
         serves the next generation."""
         self.manager.shutdown(wait=True)
-        self.manager._pg.abort()
+        self.pg.abort()
         self._state = self._load = None
