@@ -29,6 +29,7 @@ from sentinel.exitcodes import InputError
 from sentinel.failover import parse_urls
 from sentinel.faults.blame import LemonPolicy
 from sentinel.faults.catalog import RULE_BY_NAME
+from sentinel.protocol import Recovery
 
 ENV_PREFIX = "SENTINEL_"
 
@@ -261,6 +262,17 @@ class SupervisorConfig(StrictModel):
     rank_socket_template: str | None = None
     heartbeat_s: float = Field(default=2.0, gt=0)
     poll_wait_s: float = Field(default=5.0, gt=0)
+    # warm: rank processes outlive a repair (a node host per node and spare forks them with the
+    # trainer imported; survivors leave a generation and join the next in process). cold: every
+    # generation starts new processes. Warm needs the trainer as `python -m MODULE ...` whose
+    # `main(argv)` may be called once per generation (sentinel.ranks).
+    ranks: Literal["warm", "cold"] = "warm"
+    # The repair path this job asks for every fault (live, warm_restart, restart), taken where
+    # the fault allows it (the catalog's repair table) and the job can; unset: each fault's own.
+    recovery: Recovery | None = None
+    # Warm ranks: how long a healthy gang has to leave at a step boundary before its
+    # connections are cut, and again before a rank that has not left is killed.
+    leave_grace_s: float = Field(default=2.0, gt=0, le=60.0)
     # Stopping the gang: SIGTERM, this long for every rank to end, then SIGKILL to what is left
     # and a check that nothing survived. At most 25 s, so that with SIGKILL's own wait (5 s)
     # every rank is gone within 30 s of the stop (issue #22's bound for a hung gang).

@@ -17,7 +17,9 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +84,40 @@ def spawn(
         )  # fmt: skip
 
 
+def fork_child(body: Callable[[], int | None]) -> int:
+    """Fork; the child runs `body` and ends with its exit code (`os._exit`: nothing of the
+    parent's runs in it again), 1 when it raised (the traceback printed). Returns the child's
+    pid, in the parent."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code: int | None = 1
+    try:
+        code = body()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
+
+def redirect_output(log: Path) -> None:
+    """Point this process's fds 1 and 2, and Python's streams, at `log` (appended)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
 def _signal(proc: Process, sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError):  # it ended meanwhile: nothing to signal
         if group:
@@ -104,15 +140,23 @@ class Teardown:
     # Indices of the given processes that had ended before the first signal: their codes are
     # their own, not the teardown's (a rank that crashed just as its gang was being stopped).
     ended_before: tuple[int, ...] = ()
+    # Processes that outlived the stop on purpose: warm ranks that left the generation and wait
+    # for the next one (`sentinel.supervisor.warm`).
+    kept: tuple[int, ...] = ()
 
     @property
     def verified(self) -> bool:
         return not self.survivors
 
     def as_json(self) -> dict[str, object]:
-        return {"processes": len(self.pids), "killed": self.killed,
-                "survivors": self.survivors, "seconds": round(self.seconds, 3),
-                "verified": self.verified}  # fmt: skip
+        return {
+            "processes": len(self.pids),
+            "killed": self.killed,
+            "kept": list(self.kept),
+            "survivors": self.survivors,
+            "seconds": round(self.seconds, 3),
+            "verified": self.verified,
+        }
 
 
 def proc_stat(pid: int) -> tuple[int, str, int] | None:

@@ -65,6 +65,15 @@ class Action(StrEnum):
     DRAIN_AND_INSPECT = "drain_and_inspect"
 
 
+class Recovery(StrEnum):
+    """How a repair brings the job back, from least to most disruptive (the fault catalog's
+    repair table, `sentinel.faults.repairs`, says which a fault takes)."""
+
+    LIVE = "live"  # the struck replica leaves; the others keep stepping; a spare joins
+    WARM_RESTART = "warm_restart"  # every rank stops; surviving processes reload in process
+    RESTART = "restart"  # every rank gets a new process
+
+
 ACTION_SEVERITY = {a: i for i, a in enumerate(Action)}
 VERDICT_SEVERITY = {v: i for i, v in enumerate(Verdict)}
 
@@ -549,6 +558,13 @@ class RepairPlan(BaseModel):
     exclude: list[Identifier] = Field(default_factory=list)  # nodes taken out (evicted)
     spare_map: dict[Identifier, Identifier] = Field(default_factory=dict)  # out node -> spare
     culprits: list[Identifier] = Field(default_factory=list)  # nodes a diagnosis named
+    # Nodes that stay in the gang but whose rank processes are replaced with new ones: the
+    # fault left their device or memory untrusted (the fault catalog's `process: replace`).
+    replace: list[Identifier] = Field(default_factory=list)
+    # The fault's repair path and the paths it allows (the catalog's repair table): the
+    # supervisor takes the one its job asks for if allowed, within what the job can do.
+    path: Recovery = Recovery.WARM_RESTART
+    paths: list[Recovery] = Field(default_factory=lambda: [Recovery.WARM_RESTART, Recovery.RESTART])
     resume_before_step: int | None = Field(default=None, ge=0)  # None: the newest checkpoint
     skip_batches: list[tuple[int, int]] = Field(default_factory=list)  # inclusive ranges
     lr_scale: LrScale | None = None
@@ -563,8 +579,22 @@ class RepairPlan(BaseModel):
         return ranges
 
 
+class StopPlan(BaseModel):
+    """The `job.stop` command's arguments: why, and which nodes' rank processes must not
+    outlive the stop (a hang's culprits: their processes are stuck; the others may stay warm
+    for the restart that follows)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = ""
+    replace: list[Identifier] = Field(default_factory=list)
+
+
 # Commands whose arguments have a model of their own; the others carry a small free dict.
-COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {CommandKind.JOB_RESTART: RepairPlan}
+COMMAND_ARGS: dict[CommandKind, type[BaseModel]] = {
+    CommandKind.JOB_RESTART: RepairPlan,
+    CommandKind.JOB_STOP: StopPlan,
+}
 
 
 class Command(_Strict):

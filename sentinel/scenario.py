@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
+from sentinel.faults.repairs import Recovery, allowed_for_kind
 
 NodeName = Annotated[str, Field(pattern=r"^(node|spare)-\d+$")]
 
@@ -150,6 +151,8 @@ class Scenario(_Fault):
     trainer: TrainerSpec = TrainerSpec()
     faults: list[Fault] = Field(default_factory=list)
     returns: ReturnDrill | None = None
+    # The repair path for every fault (sentinel.faults.repairs); None: each fault's own.
+    recovery: Recovery | None = None
 
     @model_validator(mode="after")
     def _faults_fit_the_fleet(self) -> Scenario:
@@ -176,6 +179,15 @@ class Scenario(_Fault):
                 out.append(f"faults.{i}.gpu: {gpu} >= gpus_per_node ({self.fleet.gpus_per_node})")
             if rank is not None and rank >= world:
                 out.append(f"faults.{i}.rank: {rank} >= world size {world}")
+        if self.recovery is not None:
+            for i, f in enumerate(self.faults):
+                allowed, why = allowed_for_kind(f.kind)
+                if self.recovery not in allowed:
+                    paths = ", ".join(p.value for p in Recovery if p in allowed)
+                    out.append(
+                        f"recovery: {self.recovery.value} is not a path for faults.{i} "
+                        f"({f.kind}): {why}; it allows {paths}"
+                    )
         if self.returns is not None:
             if self.returns.node not in names:
                 out.append(f"returns.node: {self.returns.node} is not in the fleet")

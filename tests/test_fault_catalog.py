@@ -140,3 +140,21 @@ def test_the_docs_show_the_rule_table_the_catalog_holds(page: str) -> None:
     rows = [line for line in text.splitlines() if line.startswith("| `") and line.count("|") == 8]
     assert {row.split("|")[1].strip(" `") for row in rows} == {r.name for r in RULES}
     assert len(rows) == len(RULES)  # no rule listed twice, none the catalog lacks
+
+
+def test_every_playbooks_fault_class_has_a_repair_path(tmp_path: Path) -> None:
+    """One meaning per fault for its repair too: each incident class a shipped playbook opens
+    is in the repair table, and a fault that may have reached every replica never takes the
+    live path."""
+    from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
+    from sentinel.faults.repairs import KIND_FAULTS, REPAIR_BY_FAULT, Recovery, allowed_for_kind
+
+    classes = {pb.incident.fault for pb in load_playbooks(default_playbooks_dir())}
+    assert classes <= set(REPAIR_BY_FAULT), classes - set(REPAIR_BY_FAULT)
+    assert {f for fs in KIND_FAULTS.values() for f in fs} <= classes
+    for fault in ("sdc", "loss_spike", "nan_loss", "collective_hang"):
+        assert Recovery.LIVE not in REPAIR_BY_FAULT[fault].allowed
+    for info in REPAIR_BY_FAULT.values():
+        assert info.path in info.allowed
+    assert allowed_for_kind("link_degraded") == (frozenset(Recovery), "")
+    assert Recovery.LIVE in allowed_for_kind("ecc_dbe")[0]

@@ -79,6 +79,8 @@ def test_one_failure_by_hand() -> None:
         "detection": 5.0,
         "waiting": 0.0,
         "restart": 20.0,
+        "stall": 0.0,
+        "degraded": 0.0,
     }
     # A hardware failure with no spare waits for a manual replacement (30 min).
     run = run_once([(250.0, FaultClass.NODE)], model, wall_s=5000.0, tau=100.0)

@@ -69,12 +69,15 @@ def test_the_default_run_reads_the_shipped_measurements(
     assert m["file"] == "sentinel/data/goodput_measurements.json"
     assert (m["date"], m["command"]) == (shipped.date, shipped.command)
     measured = {r["key"] for r in rep["inputs"] if r["origin"] == "measured"}
-    assert {"sentinel.detect_s.node", "sentinel.resume_s.node", "sentinel.detect_s.restart",
-            "sentinel.hang_past_watchdog_s", "sentinel.resume_s.hang"} <= measured  # fmt: skip
+    # A repair with recorded stages is given by them: the projection carries them to scale.
+    assert {"sentinel.detect_s.node", "sentinel.repair_stage_s.node.relaunch",
+            "sentinel.detect_s.restart", "sentinel.hang_past_watchdog_s",
+            "sentinel.repair_stage_s.hang.rendezvous"} <= measured  # fmt: skip
+    assert not {r["key"] for r in rep["inputs"]} & {"sentinel.resume_s.node"}
     node = next(r for r in rep["inputs"] if r["key"] == "sentinel.detect_s.node")
     assert rep["sentinel"]["detect_s"]["node"] == node["value"] == shipped.classes["node"].detect_s
     # A link fault is kept out by burn-in in the drills: its times are assumptions, said so.
-    link = [r for r in rep["inputs"] if r["key"].endswith(".link")]
+    link = [r for r in rep["inputs"] if ".link" in r["key"]]
     assert link and all(r["origin"] == "assumption" and "burn-in" in r["source"] for r in link)
     assert main(["goodput", "--runs", "1", "--days", "5"]) == 0
     out = capsys.readouterr().out
@@ -85,13 +88,16 @@ def test_the_default_run_reads_the_shipped_measurements(
 def test_inputs_come_from_the_file_and_hang_and_sdc_through_the_shipped_settings(
     capsys: pytest.CaptureFixture[str], meas_file: Path
 ) -> None:
-    rep = project(capsys, "--measurements", str(meas_file))
+    rep = project(capsys, "--measurements", str(meas_file), "--recovery", "restart")
     s = rep["sentinel"]
     step = next(r["value"] for r in rep["inputs"] if r["key"] == "step_s")
     assert s["detect_s"]["node"] == 0.3 and s["resume_s"]["node"] == 31.0
     assert s["detect_s"]["hang"] == pytest.approx(60.0 + 2.5)  # the shipped floor + past it
     assert s["detect_s"]["sdc"] == pytest.approx(13 * 4 * step)
     assert s["resume_s"]["link"] == 31.0  # the node's repair, named as an assumption
+    # This file has no stages: each repair is taken whole at any scale, said so.
+    node = next(r for r in rep["inputs"] if r["key"] == "sentinel.resume_s.node")
+    assert "taken whole at any scale" in node["source"]
     assert str(meas_file) in s["sources"]["detect_s"]
 
 
@@ -102,7 +108,7 @@ def test_overrides_replace_the_measured_inputs(
     demo.write_text(json.dumps({"time_to_detect_s": {"xid": 7.0, "hang": 95.0},
                                 "time_to_resume_s": {"crash": 45.0}}))  # fmt: skip
     rep = project(capsys, "--measurements", str(meas_file), "--from-demo", str(demo),
-                  "--detect-s", "sdc=30", "--node-repair-h", "24")  # fmt: skip
+                  "--detect-s", "sdc=30", "--node-repair-h", "24", "--recovery", "restart")  # fmt: skip
     s = rep["sentinel"]
     assert s["detect_s"] == {"node": 7.0, "restart": 0.6, "hang": 95.0, "sdc": 30.0, "link": 60.0}
     assert s["resume_s"]["restart"] == 45.0 and s["resume_s"]["node"] == 31.0
@@ -159,15 +165,20 @@ def test_sensitivity_moves_the_right_way(
     head = rep["sentinel"]["ratio_mean"]
     rows = {r["key"]: r for r in rep["sensitivity"]}
     assert set(rows) == {r["key"] for r in rep["inputs"]}
-    slower = [k for k in rows if k.startswith(("sentinel.", "hang_watchdog_s", "step_s"))]
-    slower += ["node_repair_h", "manual_replace_min", "checkpoint.coordination_s"]
+    slower = [k for k in rows if k.startswith(("sentinel.", "hang_watchdog_s", "step_s", "live."))]
+    slower += ["node_repair_h", "manual_replace_min", "checkpoint.coordination_s",
+               "scale.comm_s_per_krank", "scale.start_tail"]  # fmt: skip
     for key in slower:  # more time spent never raises goodput
         half, double = rows[key]["points"]
         assert (half["factor"], double["factor"]) == (0.5, 2.0)
         assert half["sentinel_ratio"] >= head - 1e-12 >= double["sentinel_ratio"] - 2e-12, key
-    detect = rows["sentinel.detect_s.node"]["points"]
+    for key in ("scale.read_gbps", "scale.peer_gbps"):  # (staging also sets the interval)
+        half, double = rows[key]["points"]  # more bandwidth never lowers it
+        assert half["sentinel_ratio"] <= head + 1e-12 <= double["sentinel_ratio"] + 2e-12, key
+    # A crash takes the warm restart (a full stop) in the live configuration: its detection counts.
+    detect = rows["sentinel.detect_s.restart"]["points"]
     assert detect[0]["sentinel_ratio"] > detect[1]["sentinel_ratio"]
-    for key in ("baseline.detect_s", "baseline.resume_s"):  # a slower baseline: a wider delta
+    for key in ("baseline.detect_s", "baseline.interval_s"):  # a slower baseline: a wider delta
         half, double = rows[key]["points"]
         assert half["sentinel_ratio"] == double["sentinel_ratio"] == head
         assert half["delta"] < rep["delta"] < double["delta"], key
@@ -179,36 +190,47 @@ def test_assumptions_are_listed_with_their_sources(
     rep = project(capsys, "--measurements", str(meas_file))
     assumed = {r["key"]: r["source"] for r in rep["assumptions"]}
     assert {"node_repair_h", "checkpoint.storage_tbps", "checkpoint.coordination_s", "step_s",
-            "baseline.detect_s", "baseline.resume_s", "sentinel.detect_s.link"} <= set(assumed)  # fmt: skip
+            "baseline.detect_s", "sentinel.detect_s.link", "scale.comm_s_per_krank",
+            "scale.start_tail", "scale.read_gbps", "scale.peer_gbps", "layout.replica_gpus",
+            "live.stall_s", "live.join_s"} <= set(assumed)  # fmt: skip
     assert all(len(src) > 10 for src in assumed.values())
     assert "Llama 3" in assumed["checkpoint.storage_tbps"]
     assert "Llama 3" in assumed["step_s"] and "NCCL" in assumed["baseline.detect_s"]
     assert not {r["key"] for r in rep["assumptions"]} & {"sentinel.detect_s.node"}
 
 
-def test_the_coordinator_s_recorded_stages_are_inputs_named_with_their_source(
+def test_the_coordinator_s_recorded_stages_are_the_repair_s_inputs_carried_to_scale(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A class whose samples carry the coordinator's recorded stages lists each stage's mean
-    beside its repair, measured, with the file and drills it came from; they are parts of the
-    repair (the model reads the repair), so the sensitivity table does not vary them."""
+    """A class whose samples carry the coordinator's recorded stages is given by them: each
+    stage the model reads is a measured input named with the file and drills it came from, and
+    varied in the sensitivity table; the whole repair and the drills' own checkpoint load are
+    not inputs (the read at the fleet's bandwidths replaces the load). Today's restart of a
+    node at 16,384 GPUs is then the sum of its parts at that scale."""
+    stages = {"decide": 0.5, "drain": 1.0, "relaunch": 10.0, "rendezvous": 0.4,
+              "checkpoint_load": 2.0, "build_first_step": 1.5}  # fmt: skip
     staged = [
-        SAMPLES[0].model_copy(update={"stages_s": {"decide": 0.5, "checkpoint_load": 2.0}}),
-        SAMPLES[1].model_copy(update={"stages_s": {"decide": 1.5}}),
+        SAMPLES[0].model_copy(update={"stages_s": stages}),
+        SAMPLES[1].model_copy(update={"stages_s": {**stages, "decide": 1.5}}),
         *SAMPLES[2:],
     ]
     f = tmp_path / "m.json"
     f.write_text(dump(measurements(staged)))
-    rep = project(capsys, "--measurements", str(f))
-    stages = {r["key"]: r for r in rep["inputs"] if r.get("part_of")}
-    assert set(stages) == {"sentinel.repair_stage_s.node.decide",
-                           "sentinel.repair_stage_s.node.checkpoint_load"}  # fmt: skip
-    decide = stages["sentinel.repair_stage_s.node.decide"]
+    rep = project(capsys, "--measurements", str(f), "--recovery", "restart")
+    inputs = {r["key"]: r for r in rep["inputs"]}
+    node = {k for k in inputs if k.startswith("sentinel.repair_stage_s.node.")}
+    assert node == {f"sentinel.repair_stage_s.node.{n}" for n in stages if n != "checkpoint_load"}
+    assert "sentinel.resume_s.node" not in inputs
+    decide = inputs["sentinel.repair_stage_s.node.decide"]
     assert decide["value"] == 1.0 and decide["origin"] == "measured"
-    assert decide["part_of"] == "sentinel.resume_s.node"
     assert str(f) in decide["source"] and "coordinator-recorded stage decide" in decide["source"]
-    assert not set(stages) & {r["key"] for r in rep["sensitivity"]}
-    assert rep["sentinel"]["resume_s"]["node"] == 31.0  # the model still reads the repair
+    assert node <= {r["key"] for r in rep["sensitivity"]}
+    # Today's restart at 16,384 GPUs (2,048 nodes): decision and drain, the slowest node's start,
+    # the communicator at 16,384 ranks, the read of 5.67 TB at 2 TB/s, the build.
+    start = 10.0 * (1 + 0.1 * sum(1 / i for i in range(1, 2049)))
+    comm = 0.4 + 265 / 96 * 16.384
+    want = 1.0 + 1.0 + start + comm + 405e9 * 14 / 2e12 + 1.5
+    assert rep["sentinel"]["resume_s"]["node"] == pytest.approx(want, rel=1e-4)
 
 
 def _fault(kind: str, detect: float | None, resume: float | None, **extra: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = {"sentinel.protocol"}
+LIBRARY = {"sentinel.protocol", "sentinel.ranks.current"}
 REFERENCE = LIBRARY | {"sentinel.processes", "sentinel.scenario", "sentinel.exitcodes"}
 
 

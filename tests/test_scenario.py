@@ -41,6 +41,13 @@ def test_design_example_parses(tmp_path: Path) -> None:
         ("faults: [{kind: hang, rank: 99, at_step: 1}]", "faults.0.rank: 99 >= world size 8"),
         ("trainer: {tp: 3}", "must equal the fleet's GPUs"),
         ("fleet: {nodes: 4, gpus: 2}", "fleet.gpus: Extra inputs are not permitted"),
+        # the catalog's repair table: SDC may have reached every replica, never the live path
+        (
+            "recovery: live\nfaults: [{kind: sdc, rank: 3, at_step: 5}]",
+            r"recovery: live is not a path for faults.0 \(sdc\): corrupt gradients spread to "
+            "every replica through the all-reduce.*it allows warm_restart, restart",
+        ),
+        ("recovery: sideways", "recovery: Input should be 'live', 'warm_restart' or 'restart'"),
     ],
 )
 def test_bad_scenarios_are_rejected_precisely(tmp_path: Path, text: str, message: str) -> None:
@@ -128,3 +135,10 @@ def test_the_validation_scenario_returns_a_node_of_its_fleet() -> None:
         Scenario.model_validate(doc)
     assert "returns.node: node-7 is not in the fleet" in str(e.value)
     assert "returns.gpu: 2 >= gpus_per_node (2)" in str(e.value)
+
+
+def test_a_recovery_every_fault_allows_is_taken() -> None:
+    ecc = {"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 5}
+    doc = {"recovery": "live", "faults": [ecc, {"kind": "crash", "rank": 2, "at_step": 9}]}
+    assert Scenario.model_validate(doc).recovery == "live"
+    assert Scenario.model_validate({**doc, "recovery": "restart"}).recovery == "restart"

@@ -35,7 +35,7 @@ class Recorded(Supervisor):
 def test_a_rank_dead_before_a_stop_arrives_is_still_reported(tmp_path: Path) -> None:
     cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
     sup = Recorded(cfg, TRAINER, LocalLauncher(tmp_path), "t", tmp_path / "control")
-    sup._launch()
+    asyncio.run(sup._launch())
     assert sup.gang is not None
     sup.gang.procs[0].wait(timeout=30)  # type: ignore[attr-defined]
     # the stop lands before the watch loop's next poll would have seen rank 0's exit
@@ -59,9 +59,9 @@ class _BeforeStop(LocalLauncher):
         if plan.generation == 0:
             stop = gang.stop
 
-            def stop_after_before(grace_s: float = 5.0) -> Any:
+            def stop_after_before(grace_s: float = 5.0, keep: frozenset[str] = frozenset()) -> Any:
                 self.before(gang)
-                return stop(grace_s)
+                return stop(grace_s, keep)
 
             gang.stop = stop_after_before  # type: ignore[method-assign]
         return gang
@@ -75,7 +75,7 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
     # rank 0 dies after the supervisor's last poll but before the stop's first signal
     launcher = _BeforeStop(tmp_path, lambda gang: gang.procs[0].wait(timeout=30))
     sup = Recorded(cfg, late, launcher, "t", tmp_path / "control")
-    sup._launch()
+    asyncio.run(sup._launch())
     asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
     crashes = [e for e in sup.posted if e.kind == "rank.crash"]
     # rank 0's exit is its own; rank 1 ended by the stop's SIGTERM and is no crash
@@ -95,7 +95,7 @@ def test_a_restart_during_the_watchs_stop_keeps_the_next_gang_running(tmp_path: 
     sup = Recorded(cfg, first_dies, launcher, "t", tmp_path / "control")
 
     async def crash_then_restart() -> None:
-        sup._launch()
+        await sup._launch()
         watch = asyncio.create_task(sup._watch())
         await asyncio.to_thread(stopping.wait, 30)  # the watch loop saw rank 0 die
         await sup._execute(CommandKind.JOB_RESTART, {})

@@ -3,12 +3,17 @@
 The recorder keeps the last N collectives of every process group in a ring buffer
 (`TORCH_FR_BUFFER_SIZE=N`, read when a process group is created, so it must be set before
 `init_process_group`: call `enable_flight_recorder()` first or export it in the launcher).
-`FlightRecorder.dump()` writes `torch._C._distributed_c10d._dump_fr_trace(...)`'s pickle as is,
+`FlightRecorder.dump()` writes `torch._C._distributed_c10d._dump_fr_trace(...)`'s pickle,
 one file per rank named `<prefix><rank>` — the layout `python -m
 torch.distributed.flight_recorder.fr_trace DIR` reads — and next to it a JSON sidecar
 `sentinel_fr_meta.<rank>.json` with what the dump lacks: gloo dumps carry an empty `pg_config`,
 so the sidecar lists the global ranks of every process group this rank belongs to, plus job,
 node, step and why the dump was taken.
+
+The recorder's ring buffer is process-wide and outlives process groups. In a warm rank process,
+which runs one gang generation after another (`sentinel.ranks`), it also holds the entries of
+earlier generations, whose process groups had the same names and sequence numbers: a dump leaves
+them out, keeping only what the current generation recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sentinel.ranks.current import began_ns
 
 log = logging.getLogger("trainer_hooks.flight")
 
@@ -84,7 +91,14 @@ class FlightRecorder:
         raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
             includeCollectives=True, includeStackTraces=False, onlyActive=False
         )
-        entries = len(pickle.loads(raw).get("entries", []))  # our own bytes, just produced
+        trace = pickle.loads(raw)  # our own bytes, just produced
+        since = began_ns()
+        if since is not None:  # a warm rank process: this generation's entries only
+            trace["entries"] = [
+                e for e in trace.get("entries", []) if e.get("time_created_ns", 0) >= since
+            ]
+            raw = pickle.dumps(trace)
+        entries = len(trace.get("entries", []))
         with self._lock:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.path, raw)

@@ -11,7 +11,13 @@ from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 if TYPE_CHECKING:
-    from sentinel.goodput.inputs import Input
+    from sentinel.goodput.origin import Input
+
+# `sentinel.goodput.paths.Recovery`'s values (a test checks), here so that `sentinel --help`
+# does not load the simulator.
+RECOVERY = ("catalog", "restart", "warm_restart")
+COMPARE_GPUS = (16384, 100000)
+GOAL = 0.90
 
 
 def _positive(
@@ -34,14 +40,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         "goodput",
         help="fleet-scale failure-trace projection of the effective training time ratio",
         description="Replay a failure trace (default: Llama 3's 419 interruptions in 54 days on "
-        "16,384 GPUs) against Sentinel's recovery times and a no-Sentinel baseline.",
+        "16,384 GPUs) against Sentinel's recovery times and a no-Sentinel baseline, with each "
+        "repair's parts carried to the fleet's size; then today's restart, the warm restart and "
+        "the live path side by side at 16,384 and 100,000 GPUs.",
     )
     p.add_argument("--trace", type=Path, help="trace file (YAML/JSON); default: Llama 3")
     p.add_argument("--gpus", type=_positive(int, 0, True), help="fleet size (default: trace's)")
     p.add_argument("--days", type=_positive(float, 0, True), help="window (default: trace's)")
-    p.add_argument(
-        "--spares", type=_positive(int, 0, False), default=8, help="hot spare nodes (default 8)"
-    )
+    p.add_argument("--spares", type=_positive(int, 0, False), metavar="K",
+                   help="hot spare nodes at every fleet size (default: by the rule, for the "
+                   "fleet's failure rate over a node's repair; 8 was the old fixed default)")  # fmt: skip
+    p.add_argument("--recovery", choices=RECOVERY, default="catalog",
+                   help="the headline's repair path for every fault: restart (today's), "
+                   "warm_restart, or catalog (default: each fault the catalog's path, live "
+                   "where it is confined to one replica)")  # fmt: skip
+    p.add_argument("--recovery-bench", type=Path, metavar="FILE",
+                   help="benchmarks/recovery.py's output: its live way's worst survivors' stall "
+                   "and join become the live path's measured times")  # fmt: skip
+    p.add_argument("--replica-gpus", type=_positive(int, 0, True), metavar="N",
+                   help="GPUs per data-parallel replica on the live path (default 128)")  # fmt: skip
+    p.add_argument("--shrink-batch", action="store_true",
+                   help="the live path drops a missing replica's samples instead of keeping the "
+                   "global batch (the survivors' step does not grow)")  # fmt: skip
+    p.add_argument("--compare-gpus", type=_sizes, default=COMPARE_GPUS, metavar="N[,N...]",
+                   help="fleet sizes for the paths side by side (default 16384,100000)")  # fmt: skip
+    p.add_argument("--goal", type=_positive(float, 0, True), default=GOAL,
+                   help="the live path's goal at the largest --compare-gpus (default 0.90)")  # fmt: skip
     ckpt = p.add_mutually_exclusive_group()
     ckpt.add_argument(
         "--checkpoint-interval",
@@ -49,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="fixed seconds of training between checkpoints",
     )
-    ckpt.add_argument("--young-daly", action="store_true", help="√(2·cost·MTBF) (the default)")
+    ckpt.add_argument(
+        "--young-daly",
+        action="store_true",
+        help="√(2·cost·MTBF of the failures that roll back) (the default)",
+    )
     p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), metavar="S",
                    help="seconds a save blocks training (default: derived from the flags below)")  # fmt: skip
     state = p.add_argument_group(
@@ -73,7 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Sentinel detection time, for all classes or one (node, restart, hang, "
                    "sdc, link); repeatable")  # fmt: skip
     p.add_argument("--repair-s", action="append", default=[], metavar="[CLASS=]S",
-                   help="Sentinel time from detection to resumed training; same form")  # fmt: skip
+                   help="Sentinel time from detection to resumed training after a full stop, "
+                   "taken whole at any fleet size; same form")  # fmt: skip
     p.add_argument("--node-repair-h", type=_positive(float, 0, False), default=12.0,
                    help="hours until a swapped-out node is back in the spare pool (default 12)")  # fmt: skip
     p.add_argument("--measurements", type=Path, metavar="FILE",
@@ -94,6 +123,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_json_option(p, "the projection")
     p.set_defaults(handler=run_goodput)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected GPU counts like 16384,100000, got {text!r}"
+        ) from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError("every size must be > 0")
+    return tuple(sorted(set(sizes)))
 
 
 def _overrides(items: list[str], flag: str) -> dict[str, float]:
@@ -125,6 +166,7 @@ CHECKPOINT_FLAGS = {
     "coordination_s": "checkpoint.coordination_s",
     "storage_tbps": "checkpoint.storage_tbps",
     "node_repair_h": "node_repair_h",
+    "replica_gpus": "layout.replica_gpus",
 }
 
 
@@ -134,9 +176,13 @@ def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, 
     from sentinel.goodput.inputs_report import measurements_dict
     from sentinel.goodput.measurements import read_measurements
     from sentinel.goodput.model import load_demo_times
+    from sentinel.goodput.recovery_bench import read_recovery_bench
 
     meas, where = read_measurements(args.measurements)
-    rows = default_rows(meas, where)
+    bench, bench_where = (
+        read_recovery_bench(args.recovery_bench) if args.recovery_bench else (None, None)
+    )
+    rows = default_rows(meas, where, bench, bench_where)
     if args.checkpoint_cost is not None:
         cost = args.checkpoint_cost
         rows = override(rows, "checkpoint.cost_s", cost, "--checkpoint-cost", "checkpoint blocking")
@@ -153,7 +199,7 @@ def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, 
         rows = override(rows, f"sentinel.resume_s.{name}", v, "--repair-s")
     for dest, key in CHECKPOINT_FLAGS.items():
         value = getattr(args, dest)
-        if value != next(r.value for r in rows if r.key == key):
+        if value is not None and value != next(r.value for r in rows if r.key == key):
             rows = override(rows, key, value, "--" + dest.replace("_", "-"))
     return rows, measurements_dict(meas, where)
 
@@ -166,9 +212,11 @@ def _sources(rows: list[Input], prefix: str) -> str:
 
 
 def run_goodput(args: argparse.Namespace) -> int:
+    from sentinel.goodput.compare import compare, compare_dict, render_compare, rule_spares
     from sentinel.goodput.inputs import Plan, build_models
     from sentinel.goodput.inputs_report import inputs_json, render_inputs
     from sentinel.goodput.levers import lever_rows
+    from sentinel.goodput.paths import Recovery
     from sentinel.goodput.report import build_report, render_text
     from sentinel.goodput.sensitivity import sensitivity
     from sentinel.goodput.simulate import Fleet
@@ -177,21 +225,25 @@ def run_goodput(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace) if args.trace else LLAMA3
     gpus = args.gpus or trace.gpus
     rows, meas = projection_inputs(args)
-    plan = Plan(gpus, args.spares, args.checkpoint_interval, not args.sync_checkpoint)
-    model, baseline, spec = build_models({r.key: r.value for r in rows}, plan)
+    values = {r.key: r.value for r in rows}
+    spares = rule_spares(trace, gpus, values) if args.spares is None else args.spares
+    plan = Plan(gpus, spares, args.checkpoint_interval, not args.sync_checkpoint,
+                Recovery(args.recovery), not args.shrink_batch)  # fmt: skip
+    model, baseline, spec = build_models(values, plan)
     model = model.replace(sources={
         "detect_s": _sources(rows, "sentinel.detect_s") + "; " + _sources(rows, "sentinel.hang")
         + "; " + _sources(rows, "sentinel.sdc"),
-        "resume_s": _sources(rows, "sentinel.resume_s"),
+        "resume_s": _sources(rows, "sentinel.re"),
+        "live": _sources(rows, "live.") + "; " + _sources(rows, "scale."),
     })  # fmt: skip
-    baseline = baseline.replace(sources={"detect_s": _sources(rows, "baseline.detect_s"),
-                                         "resume_s": _sources(rows, "baseline.resume_s")})  # fmt: skip
-    fleet = Fleet(
-        trace,
-        gpus=gpus,
-        days=args.days or trace.days,
-        seeds=[args.seed + i for i in range(args.runs)],
-    )
+    baseline = baseline.replace(sources={
+        "detect_s": _sources(rows, "baseline.detect_s"),
+        "resume_s": "today's restart at this size without Sentinel's decision and drain: the "
+        "node class's measured stages carried to scale, as Sentinel's restart",
+    })  # fmt: skip
+    days = args.days or trace.days
+    seeds = [args.seed + i for i in range(args.runs)]
+    fleet = Fleet(trace, gpus=gpus, days=days, seeds=seeds)
     sen, base = fleet.evaluate(model), fleet.evaluate(baseline)
     checkpoint = spec.describe(gpus) | {
         "blocking_s_used": model.checkpoint_cost_s,
@@ -199,8 +251,12 @@ def run_goodput(args: argparse.Namespace) -> int:
     }
     levers = lever_rows(fleet, model, sen, spec)
     rep = build_report(fleet, sen, base, levers, args.target, args.seed, checkpoint)
+    points = compare(trace, values, plan, args.compare_gpus, days, seeds, args.spares)
+    counts = trace.counts_by_class()
+    rep["compare"] = compare_dict(points, values, plan.keep_batch, args.goal, counts)
     rep |= inputs_json(rows, meas, sensitivity(fleet, rows, plan, sen.mean, base.mean))
     emit_json(args, rep)
     if not json_to_stdout(args):
-        print(render_text(rep) + "\n\n" + render_inputs(rep))
+        text = [render_text(rep), render_compare(rep["compare"]), render_inputs(rep)]
+        print("\n\n".join(text))
     return ExitCode.OK

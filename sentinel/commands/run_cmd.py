@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sentinel.exitcodes import InputError
+
+log = logging.getLogger("sentinel.supervisor")
 
 if TYPE_CHECKING:
     from sentinel.config import SupervisorConfig
@@ -26,6 +29,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["local", "slurm"],
         help="local: ranks as local processes; slurm: a job step per generation in this Slurm "
         "allocation (or one asked for with salloc)",
+    )
+    p.add_argument(
+        "--ranks",
+        choices=["warm", "cold"],
+        help="warm (default): rank processes outlive a repair and a spare's wait with the "
+        "trainer imported; cold: new processes for every generation (supervisor.ranks)",
+    )
+    p.add_argument(
+        "--recovery",
+        choices=["live", "warm_restart", "restart"],
+        help="the repair path for every fault where the fault allows it (default: each "
+        "fault's own, from the fault catalog; supervisor.recovery)",
     )
     p.add_argument("--job-id", help="job id (default from config)")
     p.add_argument(
@@ -75,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         k: v
         for k, v in {
             "launcher": args.launcher,
+            "ranks": args.ranks,
+            "recovery": args.recovery,
             "job_id": args.job_id,
             "coordinator_url": args.coordinator,
             "token_file": args.token_file,
@@ -101,6 +118,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no token: pass --token-file FILE or set SENTINEL_TOKEN")
     exclude = read_exclude(args.exclude_file)
     control = (args.log_dir or Path(".")) / f"{cfg.job_id}.control.jsonl"
+    if cfg.ranks == "warm" and not warm_capable(argv):
+        log.warning(
+            "warm ranks run a trainer given as `python -m MODULE ...`; this job's ranks are "
+            "started anew for every generation (supervisor.ranks: cold)"
+        )
+        cfg = cfg.model_copy(update={"ranks": "cold"})
     with make_launcher(cfg, args.log_dir) as launcher:
         try:
             sup = Supervisor(cfg, argv, launcher, token, control.resolve(), exclude)
@@ -109,17 +132,38 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(sup.run())
 
 
+def warm_capable(argv: list[str]) -> bool:
+    """A trainer warm ranks can run: `[python] -m MODULE ...` (its `main(argv)` is called once
+    per generation in a process that outlives it)."""
+    from sentinel.ranks.host import trainer_module
+
+    try:
+        trainer_module(argv)
+    except ValueError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def make_launcher(cfg: SupervisorConfig, log_dir: Path | None) -> Iterator[Launcher]:
-    """The configured launcher; for Slurm, in the current allocation or in one asked for here
-    (and given back when the job ends)."""
+    """The configured launcher (warm or cold ranks); for Slurm, in the current allocation or in
+    one asked for here (and given back when the job ends). Whatever it keeps is ended after."""
     from sentinel.supervisor.launcher import LocalLauncher
+    from sentinel.supervisor.warm import LocalHosts, WarmLauncher
 
     if cfg.launcher == "local":
-        yield LocalLauncher(log_dir)
+        launcher: Launcher = (
+            WarmLauncher(LocalHosts(log_dir), log_dir, cfg.leave_grace_s)
+            if cfg.ranks == "warm"
+            else LocalLauncher(log_dir)
+        )
+        try:
+            yield launcher
+        finally:
+            launcher.close()
         return
     from sentinel.slurm.allocation import Allocation, SlurmError
-    from sentinel.supervisor.slurm_launcher import SlurmLauncher
+    from sentinel.supervisor.slurm_launcher import SlurmHosts, SlurmLauncher
 
     try:
         alloc = Allocation.current() or Allocation.request(
@@ -128,7 +172,15 @@ def make_launcher(cfg: SupervisorConfig, log_dir: Path | None) -> Iterator[Launc
     except SlurmError as e:
         raise InputError(f"--launcher slurm: no allocation to run in: {e}") from None
     try:
-        yield SlurmLauncher(alloc, log_dir)
+        launcher = (
+            WarmLauncher(SlurmHosts(alloc, log_dir), log_dir, cfg.leave_grace_s)
+            if cfg.ranks == "warm"
+            else SlurmLauncher(alloc, log_dir)
+        )
+        try:
+            yield launcher
+        finally:
+            launcher.close()
     finally:
         alloc.release()
 

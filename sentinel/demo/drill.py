@@ -18,7 +18,14 @@ from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings
 from sentinel.demo.quick import quick, summary
 from sentinel.demo.reference import reference_run
-from sentinel.demo.result import Evidence, Generation, build_result, goodput_input
+from sentinel.demo.repairs import repair_costs, restarts
+from sentinel.demo.result import (
+    Evidence,
+    Generation,
+    build_result,
+    goodput_input,
+    incident_ranks,
+)
 from sentinel.demo.run import (
     AGENT_INTERVAL_S,
     DRILL_COMPRESSION,
@@ -147,6 +154,17 @@ def run_drill(
         reference_has_lr_scale=lr is not None,
         generations=generations(out / "supervisor.log", demo.rec.t0),
         returns=demo.rec.returns,
+        repairs=repair_costs(
+            restarts(out / "supervisor.log", demo.rec.t0),
+            [(ln.t, ln.step, g) for ln, g in demo.rec.lines],
+            tail.launches,
+            {
+                int(i["id"]): incident_ranks(i)
+                for i in incidents
+                if i["fault"].startswith("rank_crash")
+            },
+            scenario.fleet.gpus_per_node,
+        ),
         timing=dataclasses.replace(
             demo.timing,
             hang_timeout_s=hang_timeout_s(out / "coordinator" / "coordinator.db", HANG_FLOOR_S),

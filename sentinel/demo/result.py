@@ -23,22 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sentinel.coordinator.stages import MILESTONES, segments
+from sentinel.faults.repairs import KIND_FAULTS
 from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
 
 NODE_PREFIXES = ("node-", "spare-")
 # Strike times come from file mtimes and metrics lines; allow for their granularity.
 STRIKE_SLACK_S = 1.0
 # Incident classes (playbook `incident.fault`) that correctly explain each fault kind.
-EXPLAINS: dict[str, frozenset[str]] = {
-    "ecc_dbe": frozenset({"gpu_hardware"}),
-    "xid": frozenset({"gpu_hardware"}),
-    "thermal": frozenset({"thermal", "thermal_degraded"}),
-    "corrupt_batch": frozenset({"loss_spike", "nan_loss"}),
-    "sdc": frozenset({"sdc"}),
-    "straggler": frozenset({"straggler"}),
-    "hang": frozenset({"collective_hang"}),
-    "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
-}
+EXPLAINS = KIND_FAULTS
 # Faults of the hardware: repaired only once the node they struck no longer trains.
 HARDWARE_FAULTS = frozenset({"ecc_dbe", "xid", "thermal", "sdc", "straggler"})
 # Faults detected from a training step's own numbers: detected at the step that produced them.
@@ -102,6 +94,9 @@ class Evidence:
     timing: Timing = field(default_factory=Timing)
     # The operator's returns of the scenario's `returns` drill (demo/returns.py).
     returns: dict[str, Any] | None = None
+    # What each restart cost (demo/repairs.py): path, stall, join, checkpoint reads, survivors
+    # restarted.
+    repairs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def incident_nodes(inc: dict[str, Any]) -> set[str]:
@@ -353,6 +348,7 @@ def build_result(ev: Evidence) -> dict[str, Any]:
         "reference_digest": ev.reference_digest,
         "bit_identical": bit_identical,
         "bit_identity_required": must_match,
+        "repairs": ev.repairs,
         **({"returns": returns} if returns is not None else {}),
     }
 
@@ -425,6 +421,12 @@ def _problems(
                 out.append(
                     f"{where}: missed '{c['target']}' (limit {c['limit']} {c['unit']}, got {got})"
                 )
+    for r in ev.repairs:
+        if r["path"] == "live" and r["survivors_restarted"]:
+            out.append(
+                f"repair of incident #{r['incident']} on the live path restarted "
+                f"{r['survivors_restarted']} survivor process(es)"
+            )
     out += [f"false incident #{i['id']} {i['fault']} on {incident_target(i)}" for i in false]
     if not completed:
         out.append(

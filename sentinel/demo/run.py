@@ -25,6 +25,7 @@ from sentinel.demo.observe import CoordinatorClient, Observer
 from sentinel.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
 from sentinel.demo.result import Strike, Timing
 from sentinel.demo.returns import Operator, damage_lines, record_baseline, validation_env
+from sentinel.protocol import Recovery
 from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
 from sentinel.sim.fleet import SimFleet
 from sentinel.sim.inject import (
@@ -84,6 +85,15 @@ def trainer_args(scenario: Scenario) -> list[str]:
     return [*MODEL_FLAGS, "--tp", str(t.tp), "--pp", str(t.pp), "--dp", str(t.dp),
             "--steps", str(t.steps), "--checkpoint-every", str(t.checkpoint_every),
             "--seed", str(t.seed)]  # fmt: skip
+
+
+def recovery_args(scenario: Scenario) -> list[str]:
+    """`sentinel run`'s flags for the scenario's `recovery:`: `restart` is today's path, every
+    rank a new process (cold ranks); the others are asked of the catalog's allowed paths."""
+    if scenario.recovery is None:
+        return []
+    cold = ["--ranks", "cold"] if scenario.recovery == Recovery.RESTART else []
+    return [*cold, "--recovery", scenario.recovery.value]
 
 
 @dataclass
@@ -258,7 +268,7 @@ class Demo:
                 str(o / "fleet" / "{node}" / "agent.sock"), "--fr-dir", str(o / "fr")]  # fmt: skip
         if exclude is not None:
             argv += ["--exclude-file", str(exclude)]
-        return [*argv, "--", *trainer]
+        return [*argv, *recovery_args(self.scenario), "--", *trainer]
 
     def train(self, timeout_s: float, stall_s: float) -> tuple[Observer, MetricsTail]:
         """Coordinator, agents, supervisor; follow and observe until the job ends."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sentinel.goodput.inputs import Input
 from sentinel.goodput.measurements import Measurements
+from sentinel.goodput.origin import Input
 from sentinel.goodput.sensitivity import Row
 
 
 def _input_dict(r: Input) -> dict[str, Any]:
-    part = {"part_of": r.part_of} if r.part_of is not None else {}
     return {"key": r.key, "label": r.label, "value": r.value, "unit": r.unit,
-            "origin": r.origin, "source": r.source, **part}  # fmt: skip
+            "origin": r.origin, "source": r.source}  # fmt: skip
 
 
 def measurements_dict(m: Measurements, where: str) -> dict[str, Any]:

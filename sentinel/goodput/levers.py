@@ -35,6 +35,9 @@ def variants(
         ("checkpoint cost", f"{c:g} s", base.replace(checkpoint_cost_s=c))
         for c in CHECKPOINT_COSTS_S
     ]
+    if base.live is not None and base.live.keep_batch:
+        shrink = dataclasses.replace(base.live, keep_batch=False)
+        out.append(("live path", "shrink the batch", base.replace(live=shrink)))
     sync = dataclasses.replace(checkpoint, asynchronous=False)
     out.append((
         "checkpoint",

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from sentinel.exitcodes import InputError
 from sentinel.goodput.checkpoint import CheckpointSpec
 from sentinel.goodput.jsonfile import read_json
+from sentinel.goodput.scaling import throughput
 from sentinel.goodput.trace import LLAMA3, FaultClass
 
 # Demo fault kinds (DESIGN.md vocabulary) → the class whose times they measure. Kinds that do
@@ -62,10 +64,45 @@ CHECKPOINT_COST_S = DEFAULT_CHECKPOINT.blocking_s(LLAMA3.gpus)
 CHECKPOINT_COMMIT_LAG_S = DEFAULT_CHECKPOINT.commit_lag_s()
 
 
+class RepairPath(StrEnum):
+    """How a fault is repaired (`paths.py` says which class takes which)."""
+
+    LIVE = "live"  # the replica holding it leaves; the others keep stepping; a spare joins
+    WARM_RESTART = "warm_restart"  # every rank stops, the surviving processes stay alive
+    RESTART = "restart"  # every rank process is started again (today's path)
+
+
+@dataclass(frozen=True)
+class LiveSpec:
+    """The live path's times and the job's replicas (`scaling.py` says how they grow)."""
+
+    # The survivors' stall when a replica leaves, as measured on the simulated fleet (its
+    # detection included); at least the class's own detection at scale (no quorum changes before
+    # the fault is known), then the cross-replica groups re-formed (`regroup_s`).
+    stall_s: float
+    regroup_s: float  # re-forming the cross-replica groups: at the fault, and again at the join
+    join_s: float  # a spare in place -> its replica back at full width
+    replicas: int
+    microbatches: int  # per replica per step
+    keep_batch: bool = True  # the survivors take over a missing replica's microbatches
+
+    def throughput(self, missing: int) -> float:
+        return throughput(self.replicas, missing, self.microbatches, self.keep_batch)
+
+    def stall_for(self, detect_s: float) -> float:
+        return max(self.stall_s, detect_s) + self.regroup_s
+
+
+def full_stop_paths() -> dict[FaultClass, RepairPath]:
+    return dict.fromkeys(FaultClass, RepairPath.RESTART)
+
+
 @dataclass(frozen=True)
 class RecoveryModel:
     name: str
     detect_s: dict[FaultClass, float]
+    # Detection -> training resumed, for a class whose path stops every rank (restart, warm
+    # restart), once its replacement node is in place.
     resume_s: dict[FaultClass, float]
     spares: int
     checkpoint_cost_s: float  # seconds each save blocks training
@@ -76,6 +113,15 @@ class RecoveryModel:
     node_repair_s: float = 12 * 3600.0
     manual_replace_s: float = 1800.0
     sources: dict[str, str] = field(default_factory=dict)
+    path: dict[FaultClass, RepairPath] = field(default_factory=full_stop_paths)
+    live: LiveSpec | None = None  # None: no class can take the live path
+
+    def path_of(self, cls: FaultClass) -> RepairPath:
+        """The class's path; live only where the job has replicas to lose one of."""
+        path = self.path[cls]
+        if path == RepairPath.LIVE and (self.live is None or self.live.replicas < 2):
+            return RepairPath.WARM_RESTART
+        return path
 
     def replace(self, **changes: object) -> RecoveryModel:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

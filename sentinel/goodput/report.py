@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sentinel.goodput.levers import LeverRow
+from sentinel.goodput.model import RepairPath
 from sentinel.goodput.simulate import CATEGORIES, Fleet, Summary
 
 
@@ -22,7 +24,10 @@ def summary_dict(s: Summary) -> dict[str, Any]:
         "checkpoint_cost_s": m.checkpoint_cost_s,
         "checkpoint_commit_lag_s": m.checkpoint_commit_lag_s,
         "detect_s": {str(k): v for k, v in m.detect_s.items()},
-        "resume_s": {str(k): v for k, v in m.resume_s.items()},
+        "paths": {str(k): str(m.path_of(k)) for k in m.detect_s},
+        # A class the live path repairs has no full stop to resume from.
+        "resume_s": {str(k): v for k, v in m.resume_s.items() if m.path_of(k) != RepairPath.LIVE},
+        "live": dataclasses.asdict(m.live) if m.live is not None else None,
         "node_repair_h": m.node_repair_s / 3600.0,
         "manual_replace_min": m.manual_replace_s / 60.0,
         "sources": dict(m.sources),

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sentinel.goodput.inputs import Input, Plan, build_models
+from sentinel.goodput.inputs import Plan, build_models
+from sentinel.goodput.origin import Input
 from sentinel.goodput.simulate import Fleet
 
 FACTORS = (0.5, 2.0)
@@ -38,8 +39,6 @@ def sensitivity(
     sen0, base0, _spec = build_models(values, plan)
     out = []
     for row in rows:
-        if row.part_of is not None:
-            continue  # shown with the input it is a part of, which the table varies
         points = []
         for factor in FACTORS:
             sen, base, _spec = build_models({**values, row.key: row.value * factor}, plan)

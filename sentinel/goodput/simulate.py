@@ -4,9 +4,12 @@ Failures arrive on the wall clock as a Poisson process per category (rate = coun
 scaled by fleet size), whether the job is training or recovering: one that strikes during a
 recovery restarts it (its own detection, then whichever replacement node is ready last).
 Between failures the job trains in cycles of `interval` training then `cost` checkpointing;
-a failure loses the training since the last committed checkpoint: an async save commits
-`commit lag` seconds into the next cycle, so a failure in that window loses the cycle before
-too. Every second of wall time lands in exactly one category of `CATEGORIES`.
+a failure whose path stops every rank (restart, warm restart) loses the training since the last
+committed checkpoint: an async save commits `commit lag` seconds into the next cycle, so a
+failure in that window loses the cycle before too. A failure on the live path loses nothing:
+the survivors stall (`stall`), then step without the lost replica until a spare joins, at the
+rate `LiveSpec.throughput` gives (the rest of that time is `degraded`). Every second of wall
+time lands in exactly one category of `CATEGORIES`.
 
 The stream of failures depends only on the seed, so every model sees the same failures
 (common random numbers): differences between models are the models', not the dice's.
@@ -15,16 +18,26 @@ The stream of failures depends only on the seed, so every model sees the same fa
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import statistics
 from dataclasses import dataclass
 from itertools import accumulate
 
-from sentinel.goodput.model import RecoveryModel
+from sentinel.goodput.model import LiveSpec, RecoveryModel, RepairPath
 from sentinel.goodput.trace import NEEDS_NODE, FaultClass, Trace
 from sentinel.goodput.youngdaly import young_daly_interval
 
-CATEGORIES = ("useful", "rollback", "checkpoint", "detection", "waiting", "restart")
+CATEGORIES = (
+    "useful",
+    "rollback",
+    "checkpoint",
+    "detection",
+    "waiting",
+    "restart",
+    "stall",
+    "degraded",
+)
 MIN_INTERVAL_S = 1.0
 
 Failure = tuple[float, FaultClass]
@@ -75,51 +88,156 @@ class _Pool:
         return max(t, back)
 
 
-def _train(
-    acc: dict[str, float], elapsed: float, tau: float, model: RecoveryModel, failed: bool
-) -> None:
-    cost = model.checkpoint_cost_s
-    cycles, rest = divmod(elapsed, tau + cost)
-    acc["useful"] += cycles * tau
-    acc["checkpoint"] += cycles * cost + max(0.0, rest - tau)
-    done = min(rest, tau)  # training since the last completed save
-    acc["rollback" if failed else "useful"] += done
-    if failed and cycles and rest < model.checkpoint_commit_lag_s:
-        # The last save was still being written: back to the one before it.
-        acc["useful"] -= tau
-        acc["rollback"] += tau
+class _Cycles:
+    """Training in cycles of `tau` seconds then a `cost`-second save, with the work a failure
+    would roll back: the training since the last save (`current`) and, until the last save
+    commits (`lag` seconds after its blocking part), the cycle it saved (`pending`). Each bucket
+    holds (useful, degraded) seconds: training while a replica is out is part useful, part lost.
+    """
+
+    def __init__(self, acc: dict[str, float], tau: float, cost: float, lag: float) -> None:
+        self.acc, self.tau, self.cost, self.lag = acc, tau, cost, lag
+        self.pos = 0.0  # seconds into the cycle: [0, tau) training, then the save
+        self.current = (0.0, 0.0)
+        self.pending = (0.0, 0.0)
+        self.commit_in = 0.0
+
+    def _tick(self, dt: float) -> None:
+        self.commit_in -= dt
+        if self.commit_in <= 0:
+            self.pending = (0.0, 0.0)
+
+    def _within(self, dt: float, rate: float) -> None:
+        """Advance inside the current cycle (no save completes)."""
+        trained = min(dt, max(0.0, self.tau - self.pos))
+        useful, degraded = rate * trained, (1 - rate) * trained
+        self.acc["useful"] += useful
+        self.acc["degraded"] += degraded
+        self.acc["checkpoint"] += dt - trained
+        self.current = (self.current[0] + useful, self.current[1] + degraded)
+        self._tick(dt)
+        self.pos += dt
+
+    def _saved(self) -> None:
+        u, d = self.pending  # uncommitted still (a lag longer than a cycle): both go back
+        self.pending = (u + self.current[0], d + self.current[1])
+        self.current, self.pos, self.commit_in = (0.0, 0.0), 0.0, self.lag
+        self._tick(0.0)
+
+    def train(self, dt: float, rate: float) -> None:
+        period = self.tau + self.cost
+        to_save = period - self.pos
+        if dt < to_save:
+            self._within(dt, rate)
+            return
+        self._within(to_save, rate)
+        self._saved()
+        cycles, rest = divmod(dt - to_save, period)
+        if cycles:
+            self.acc["useful"] += cycles * self.tau * rate
+            self.acc["degraded"] += cycles * self.tau * (1 - rate)
+            self.acc["checkpoint"] += cycles * self.cost
+            # Every save but the last has committed (the interval is at least the lag).
+            self.pending = (0.0, 0.0)
+            self.current = (self.tau * rate, self.tau * (1 - rate))
+            self._saved()
+        self._within(rest, rate)
+
+    def idle(self, dt: float) -> None:
+        """Time the job is up but no step completes (a stall): the write goes on."""
+        self._tick(dt)
+
+    def fail(self) -> None:
+        """Roll back to the last committed save."""
+        lost_u = self.current[0] + self.pending[0]
+        lost_d = self.current[1] + self.pending[1]
+        self.acc["useful"] -= lost_u
+        self.acc["degraded"] -= lost_d
+        self.acc["rollback"] += lost_u + lost_d
+        self.current, self.pending, self.pos, self.commit_in = (0.0, 0.0), (0.0, 0.0), 0.0, 0.0
 
 
-def _down(acc: dict[str, float], phases: Phases, until: float) -> None:
-    for name, start, end in phases:
-        acc[name] += max(0.0, min(end, until) - start)
+Window = tuple[float, float]
+
+
+class _Run:
+    """One failure stream replayed against one model, booking every second of wall time."""
+
+    def __init__(self, model: RecoveryModel, tau: float) -> None:
+        self.model = model
+        self.acc = dict.fromkeys(CATEGORIES, 0.0)
+        self.cycles = _Cycles(self.acc, tau, model.checkpoint_cost_s, model.checkpoint_commit_lag_s)
+        self.pool = _Pool(model)
+        self.cursor = 0.0  # booked up to here
+        self.up_at, self.pending_node = 0.0, 0.0
+        self.phases: Phases = []  # the current full stop's detection, waiting, restart
+        self.stalls: list[Window] = []  # the survivors' stalls (live path)
+        self.missing: list[Window] = []  # a replica out, from its fault to its spare's join
+
+    def advance(self, t: float) -> None:
+        if self.cursor < self.up_at:
+            until = min(t, self.up_at)
+            for name, start, end in self.phases:
+                self.acc[name] += max(0.0, min(end, until) - max(start, self.cursor))
+            self.cursor = until
+        if self.cursor < t:
+            self._up(self.cursor, t)
+            self.cursor = t
+
+    def _up(self, a: float, b: float) -> None:
+        edges = {x for w in (*self.stalls, *self.missing) for x in w if a < x < b}
+        cuts = sorted({a, b, *edges})
+        for lo, hi in itertools.pairwise(cuts):
+            mid = (lo + hi) / 2
+            if any(s <= mid < e for s, e in self.stalls):
+                self.acc["stall"] += hi - lo
+                self.cycles.idle(hi - lo)
+                continue
+            out = sum(s <= mid < e for s, e in self.missing)
+            rate = 1.0 if not out or self.model.live is None else self.model.live.throughput(out)
+            self.cycles.train(hi - lo, rate)
+        self.stalls = [w for w in self.stalls if w[1] > b]
+        self.missing = [w for w in self.missing if w[1] > b]
+
+    def full_stop(self, at: float, cls: FaultClass) -> None:
+        """Every rank stops: the work since the last committed save is lost, then detection,
+        a replacement node where the class needs one, and the restart (or warm restart)."""
+        self.advance(at)
+        if at >= self.up_at:
+            self.cycles.fail()
+        self.stalls = [(s, min(e, at)) for s, e in self.stalls if s < at]
+        detected = at + self.model.detect_s[cls]
+        if cls in NEEDS_NODE:
+            self.pending_node = max(self.pending_node, self.pool.take(detected))
+        ready = max(detected, self.pending_node)
+        self.up_at = ready + self.model.resume_s[cls]
+        self.phases = [
+            ("detection", at, detected),
+            ("waiting", detected, ready),
+            ("restart", ready, self.up_at),
+        ]
+
+    def live(self, at: float, cls: FaultClass, live: LiveSpec) -> None:
+        """One replica leaves: the survivors stall, then step without it until a spare has
+        joined (they stall again as it joins); nothing is rolled back."""
+        self.advance(at)
+        detect = self.model.detect_s[cls]
+        joined = max(at + detect, self.pool.take(at + detect)) + live.join_s
+        self.missing.append((at, joined))
+        if at >= self.up_at:
+            self.stalls.append((at, at + live.stall_for(detect)))
+        self.stalls.append((joined, joined + live.regroup_s))
 
 
 def run_once(failures: list[Failure], model: RecoveryModel, wall_s: float, tau: float) -> RunResult:
-    acc = dict.fromkeys(CATEGORIES, 0.0)
-    pool = _Pool(model)
-    up_at, pending = 0.0, 0.0
-    phases: Phases = []
+    run = _Run(model, tau)
     for at, cls in failures:
-        if at >= up_at:
-            _down(acc, phases, up_at)
-            _train(acc, at - up_at, tau, model, failed=True)
+        if model.path_of(cls) == RepairPath.LIVE and model.live is not None:
+            run.live(at, cls, model.live)
         else:
-            _down(acc, phases, at)
-        detected = at + model.detect_s[cls]
-        if cls in NEEDS_NODE:
-            pending = max(pending, pool.take(detected))
-        ready = max(detected, pending)
-        up_at = ready + model.resume_s[cls]
-        phases = [
-            ("detection", at, detected),
-            ("waiting", detected, ready),
-            ("restart", ready, up_at),
-        ]
-    _down(acc, phases, min(up_at, wall_s))
-    if up_at < wall_s:
-        _train(acc, wall_s - up_at, tau, model, failed=False)
-    return RunResult(seconds=acc, interruptions=len(failures))
+            run.full_stop(at, cls)
+    run.advance(wall_s)
+    return RunResult(seconds=run.acc, interruptions=len(failures))
 
 
 @dataclass(frozen=True)
@@ -165,13 +283,22 @@ class Fleet:
     def expected_interruptions(self) -> float:
         return self.wall_s / self.mtbf_s
 
+    def rollback_mtbf_s(self, model: RecoveryModel) -> float:
+        """Mean time between the failures that roll back (those a live path repairs do not);
+        the fleet's MTBF if every class takes the live path."""
+        counts = self.trace.counts_by_class()
+        full_stop = sum(n for c, n in counts.items() if model.path_of(c) != RepairPath.LIVE)
+        return self.mtbf_s * self.trace.total / full_stop if full_stop else self.mtbf_s
+
     def interval_for(self, model: RecoveryModel) -> float:
-        """Seconds of training between saves; never shorter than a save takes to commit, as
-        the next save waits for the previous write."""
+        """Seconds of training between saves: Young/Daly over the failures that roll back;
+        never shorter than a save takes to commit, as the next save waits for the previous
+        write."""
         floor = max(MIN_INTERVAL_S, model.checkpoint_commit_lag_s)
         if model.checkpoint_interval_s is not None:
             return max(floor, model.checkpoint_interval_s)
-        return max(floor, young_daly_interval(model.checkpoint_cost_s, self.mtbf_s))
+        mtbf = self.rollback_mtbf_s(model)
+        return max(floor, young_daly_interval(model.checkpoint_cost_s, mtbf))
 
     def evaluate(self, model: RecoveryModel) -> Summary:
         tau = self.interval_for(model)

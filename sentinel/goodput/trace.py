@@ -14,6 +14,7 @@ A trace file (YAML or JSON) looks like the built-in reference:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
@@ -56,9 +57,18 @@ class Trace(_Strict):
     def total(self) -> int:
         return sum(c.count for c in self.categories)
 
-    def rate_per_s(self, gpus: int) -> float:
-        """Fleet-wide interruption rate, scaled linearly with the number of GPUs."""
-        return self.total / (self.days * 86400.0) * (gpus / self.gpus)
+    def counts_by_class(self) -> dict[FaultClass, int]:
+        out = dict.fromkeys(FaultClass, 0)
+        for c in self.categories:
+            out[c.fault_class] += c.count
+        return out
+
+    def rate_per_s(self, gpus: int, classes: Iterable[FaultClass] | None = None) -> float:
+        """Fleet-wide interruption rate (of `classes` only, if given), scaled linearly with the
+        number of GPUs."""
+        wanted = set(FaultClass if classes is None else classes)
+        count = sum(c.count for c in self.categories if c.fault_class in wanted)
+        return count / (self.days * 86400.0) * (gpus / self.gpus)
 
 
 _N, _R, _H, _S, _L = (FaultClass.NODE, FaultClass.RESTART, FaultClass.HANG, FaultClass.SDC,

@@ -9,13 +9,16 @@ only the launcher differs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sentinel.processes import Teardown, spawn, teardown
+from sentinel.protocol import Recovery
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class GangPlan:
     master_port: int = 29500
     env: dict[str, str] = field(default_factory=dict)
     rank_socket_template: str | None = None  # "{node}" is replaced by the rank's node
+    spares: list[str] = field(default_factory=list)  # hot spares: warm launchers keep them ready
 
     @property
     def world_size(self) -> int:
@@ -36,12 +40,42 @@ class GangPlan:
     def node_of_rank(self, rank: int) -> str:
         return self.nodes[rank // self.gpus_per_node]
 
+    def with_master(self, addr: str) -> GangPlan:
+        return dataclasses.replace(self, master_addr=addr)
+
+    def rank_env(self, rank: int, inherited: Mapping[str, str]) -> dict[str, str]:
+        """The job's environment and torchrun's variables for `rank`, with its node's identity
+        and its node agent's socket; a per-node path in the `inherited` environment (the flight
+        recorder's dump directory with `{node}` in it) made the node's own."""
+        node = self.node_of_rank(rank)
+        env = {
+            **self.env,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(rank % self.gpus_per_node),
+            "LOCAL_WORLD_SIZE": str(self.gpus_per_node),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "SENTINEL_NODE": node,
+            "SENTINEL_GENERATION": str(self.generation),
+        }
+        if self.rank_socket_template:
+            sock = self.rank_socket_template.format(node=node)
+            # the foundation's name and the trainer hooks' name for the same socket
+            env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
+        fr_dir = inherited.get("SENTINEL_HOOKS_FR_DIR", "")
+        if "{node}" in fr_dir:  # one dump directory per node, never a shared one
+            env["SENTINEL_HOOKS_FR_DIR"] = fr_dir.format(node=node)
+        return env
+
 
 @dataclass(frozen=True)
 class RankExit:
     rank: int
     node: str
     returncode: int
+    # An error caused by another rank's end (a collective failing on a dead peer), not a crash.
+    collateral: bool = False
 
     @property
     def signal(self) -> int | None:
@@ -58,10 +92,12 @@ class Gang(ABC):
         """How many ranks are still alive."""
 
     @abstractmethod
-    def stop(self, grace_s: float = 5.0) -> Teardown:
-        """End every rank, bounded: SIGTERM, one grace period, SIGKILL to what is left; then
+    def stop(self, grace_s: float = 5.0, keep: frozenset[str] = frozenset()) -> Teardown:
+        """End the generation, bounded: SIGTERM, one grace period, SIGKILL to what is left; then
         verify that no rank survived (`Teardown.survivors`). A rank seen to have ended on its
-        own before the stop signalled it, and not polled yet, is left for the next `poll`."""
+        own before the stop signalled it, and not polled yet, is left for the next `poll`.
+        `keep`: nodes whose rank processes may outlive the generation, where the launcher keeps
+        processes warm (`sentinel.supervisor.warm`); the others end every rank process."""
 
 
 class Launcher(ABC):
@@ -72,6 +108,14 @@ class Launcher(ABC):
         """The names of the first `count` nodes it launches on (gang, then spares), where the
         launcher decides them (a Slurm allocation); None: the simulated `node-K`/`spare-K`."""
         return None
+
+    @property
+    def paths(self) -> frozenset[Recovery]:
+        """The repair paths this launcher can take: new processes for every rank."""
+        return frozenset({Recovery.RESTART})
+
+    def close(self) -> None:  # noqa: B027 - most launchers keep nothing between generations
+        """End whatever the launcher keeps between generations (warm processes)."""
 
 
 class LocalGang(Gang):
@@ -92,7 +136,7 @@ class LocalGang(Gang):
     def running(self) -> int:
         return sum(p.poll() is None for p in self.procs)
 
-    def stop(self, grace_s: float = 5.0) -> Teardown:
+    def stop(self, grace_s: float = 5.0, keep: frozenset[str] = frozenset()) -> Teardown:
         """Each rank leads a process group of its own: the group is signalled, and so is every
         process below a rank in the tree (a helper that left the group), then checked gone."""
         result = teardown(self.procs, grace_s, group=True)
@@ -107,23 +151,7 @@ class LocalLauncher(Launcher):
     def launch(self, plan: GangPlan) -> Gang:
         procs = []
         for rank in range(plan.world_size):
-            env = {
-                **os.environ,
-                **plan.env,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(plan.world_size),
-                "LOCAL_RANK": str(rank % plan.gpus_per_node),
-                "LOCAL_WORLD_SIZE": str(plan.gpus_per_node),
-                "MASTER_ADDR": plan.master_addr,
-                "MASTER_PORT": str(plan.master_port),
-                "SENTINEL_NODE": plan.node_of_rank(rank),
-                "SENTINEL_GENERATION": str(plan.generation),
-            }
-            if plan.rank_socket_template:
-                node = plan.node_of_rank(rank)
-                sock = plan.rank_socket_template.format(node=node)
-                # the foundation's name and the trainer hooks' name for the same socket
-                env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
+            env = {**os.environ, **plan.rank_env(rank, os.environ)}
             log = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)

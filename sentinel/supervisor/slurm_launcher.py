@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from pathlib import Path
 from sentinel.processes import Teardown
 from sentinel.slurm.allocation import Allocation
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
+from sentinel.supervisor.warm import HostStarter
 
 log = logging.getLogger("sentinel.supervisor.slurm")
 _TASK = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
@@ -97,7 +99,7 @@ class SlurmGang(Gang):
     def running(self) -> int:
         return 0 if self.proc.poll() is not None else self.plan.world_size - len(self._reported)
 
-    def stop(self, grace_s: float = 5.0) -> Teardown:
+    def stop(self, grace_s: float = 5.0, keep: frozenset[str] = frozenset()) -> Teardown:
         """SIGTERM to srun (it forwards it to every task); past the grace period SIGKILL to the
         step's tasks on every node (`scancel --signal=KILL`), then to srun itself. Verified
         with Slurm's own view: a step still listed by `squeue --steps` is a survivor (its
@@ -186,3 +188,62 @@ class SlurmLauncher(Launcher):
             start_new_session=True,
         )
         return SlurmGang(plan, proc, step_name, self.allocation.job_id)
+
+
+def local_addr_towards(addr: str) -> str:
+    """This host's address on the route to `addr` (a UDP socket's source after connect: no
+    packet is sent): where the nodes reach the supervisor's rank pool."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((addr, 9))
+        return str(s.getsockname()[0])
+
+
+class SlurmHosts(HostStarter):
+    """Node hosts as Slurm steps of the allocation, one step of one task per node, so a node's
+    host and every rank process it forked end together (`scancel` of its step). The rank pool
+    listens on every interface and tells the hosts the address this host has towards them."""
+
+    pool_bind = "0.0.0.0"
+
+    def __init__(self, allocation: Allocation, log_dir: Path | None = None) -> None:
+        self.allocation, self.log_dir = allocation, log_dir
+        self.pool_advertise = local_addr_towards(allocation.addr(allocation.nodes[0]))
+        self.steps: dict[str, subprocess.Popen[bytes]] = {}
+
+    def node_names(self, count: int) -> list[str]:
+        return SlurmLauncher(self.allocation).node_names(count)
+
+    def master_addr(self, plan: GangPlan) -> str:
+        return self.allocation.addr(plan.nodes[0])
+
+    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
+        srun = ["srun", f"--jobid={self.allocation.job_id}", f"--job-name=sentinel-host-{node}",
+                "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--export=ALL",
+                "--kill-on-bad-exit=0", "--unbuffered"]  # fmt: skip
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            srun.append(f"--output={self.log_dir}/host-{node}.log")
+        self.steps[node] = subprocess.Popen(
+            [*srun, *argv],
+            env={**os.environ, **env},
+            stdin=subprocess.DEVNULL,
+            stdout=None if self.log_dir is not None else subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def stop(self, node: str) -> None:
+        proc = self.steps.pop(node, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)  # srun forwards it to the host's task
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            subprocess.run(["scancel", "--signal=KILL", "--name", f"sentinel-host-{node}",
+                            self.allocation.job_id], capture_output=True, timeout=30)  # fmt: skip
+            try:
+                proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -41,8 +41,10 @@ from sentinel.protocol import (
     JobStatusPayload,
     RankCrashEvent,
     RankCrashPayload,
+    Recovery,
     RepairPlan,
     Source,
+    StopPlan,
     encode,
 )
 from sentinel.protocol import JobState as ReportedState
@@ -272,25 +274,35 @@ class Supervisor:
 
     async def _execute(self, kind: str, args: dict[str, Any]) -> None:
         if kind == CommandKind.JOB_STOP:
-            await self._stop_and_report()
+            stop = StopPlan.model_validate(args)  # the coordinator sent it through the model
+            await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
             self.job.state = "stopped"
         elif kind == CommandKind.JOB_RESTART:
-            await self._stop_and_report()
             try:
-                self.job.apply_restart(
-                    RepairPlan.model_validate(args),
-                    find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker),
-                )
-            except GangError as e:  # never shrink the job: wait, visibly, for a person
-                log.error("cannot restart the job, waiting for nodes: %s", e)
-                self.job.state = "waiting_for_nodes"
+                plan = RepairPlan.model_validate(args)
             except ValidationError as e:  # a plan that is not one: fail the job, loudly
+                await self._stop_and_report()
                 log.error("cannot restart the job: %s", e)
                 self.job.state = "failed"
                 self.exit_code = 1
                 self.done.set()
+                return
+            path = self.repair_path(plan)
+            log.info("restart by %s", path.value, extra={"path": path.value})
+            # The nodes that stay in the gang keep their rank processes warm on a warm restart,
+            # unless the plan says their processes cannot be trusted again.
+            out = {*plan.exclude, *plan.spare_map, *plan.replace}
+            keep = frozenset(self.job.nodes) - out if path != Recovery.RESTART else frozenset()
+            await self._stop_and_report(keep=keep)
+            try:
+                self.job.apply_restart(
+                    plan, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+                )
+            except GangError as e:  # never shrink the job: wait, visibly, for a person
+                log.error("cannot restart the job, waiting for nodes: %s", e)
+                self.job.state = "waiting_for_nodes"
             else:
-                self._launch()
+                await self._launch()
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
@@ -299,6 +311,17 @@ class Supervisor:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         await self.report_status()
+
+    def repair_path(self, plan: RepairPlan) -> Recovery:
+        """The path of this repair: the one the job asks for (`supervisor.recovery`) where the
+        fault allows it, else the fault's own; then the nearest one the launcher can take
+        (live is only for jobs whose replicas are fault domains)."""
+        wanted = self.cfg.recovery if self.cfg.recovery in plan.paths else plan.path
+        order = list(Recovery)  # least to most disruptive
+        for path in order[order.index(wanted) :]:
+            if path in self.launcher.paths:
+                return path
+        return Recovery.RESTART
 
     async def _analyze_fr(self, check_id: str | None, since: float) -> None:
         """Wait for the ranks' dumps, run the analyzer, report what it found."""
@@ -371,8 +394,10 @@ class Supervisor:
 
     # --- the gang ----------------------------------------------------------------------------
 
-    def _launch(self) -> None:
-        self.plan = GangPlan(
+    async def _launch(self) -> None:
+        """Launch the job's next generation, off the event loop (a warm launcher waits for
+        its node hosts the first time, and for new rank processes after a loss)."""
+        plan = GangPlan(
             argv=[*self.argv, *self.job.trainer_flags()],
             nodes=list(self.job.nodes),
             gpus_per_node=self.job.gpus_per_node,
@@ -385,32 +410,38 @@ class Supervisor:
             ),
             env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
             rank_socket_template=self.cfg.rank_socket_template,
+            spares=list(self.job.spares),
         )
         log.info(
             "launching generation %d on %s",
             self.job.generation,
-            self.plan.nodes,
-            extra={
-                "argv": self.plan.argv,
-                "generation": self.job.generation,
-                "nodes": list(self.plan.nodes),
-            },
+            plan.nodes,
+            extra={"argv": plan.argv, "generation": self.job.generation, "nodes": list(plan.nodes)},
         )
-        self.gang = self.launcher.launch(self.plan)
+        try:
+            gang = await asyncio.to_thread(self.launcher.launch, plan)
+        except (OSError, RuntimeError, ValueError) as e:  # hosts that never came, a bad command
+            log.error("cannot launch generation %d: %s", self.job.generation, e)
+            self.job.state = "failed"
+            self.exit_code = 1
+            self.done.set()
+            return
+        self.plan, self.gang = plan, gang
         self.job.state = "running"
 
-    async def _stop_gang(self) -> list[RankExit]:
+    async def _stop_gang(self, keep: frozenset[str] = frozenset()) -> list[RankExit]:
         """Stop the gang, bounded and verified (`Gang.stop`), off the event loop (a rank that
         ignores SIGTERM holds it for the grace period); return the ranks that had already died
         on their own (since the last poll, up to the stop's first signal): a rank that crashed
         just as a stop or restart arrived is still a crash, and losing it would hide a flaky
         node from `rank_crash_repeat`. Polled before the stop (what the launcher has seen: a
-        Slurm step's task exits) and after it (what died while the stop began, `Gang.stop`)."""
+        Slurm step's task exits) and after it (what died while the stop began, `Gang.stop`).
+        `keep`: nodes whose rank processes may stay warm for the next generation."""
         gang, self.gang = self.gang, None  # detached first: the watcher must not see it end
         if gang is None:
             return []
         died = gang.poll()
-        result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s)
+        result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s, keep)
         died = [e for e in died + gang.poll() if e.returncode != 0]
         self.teardown = result
         detail = {"generation": self.job.generation, **result.as_json()}
@@ -445,11 +476,14 @@ class Supervisor:
         ]
         await self._post(events)
 
-    async def _stop_and_report(self, dead: Sequence[RankExit] = ()) -> None:
+    async def _stop_and_report(
+        self, dead: Sequence[RankExit] = (), keep: frozenset[str] = frozenset()
+    ) -> None:
         """Stop the gang, reporting `dead` and any other rank that had died on its own as
-        crashes of the generation that was running."""
+        crashes of the generation that was running; `keep` as for `_stop_gang`."""
         generation, resumed = self.job.generation, self.job.resume_step
-        await self._report_crashes([*dead, *await self._stop_gang()], generation, resumed)
+        died = await self._stop_gang(keep)
+        await self._report_crashes([*dead, *died], generation, resumed)
 
     def _progress(self, resumed: int | None) -> dict[str, Any]:
         """What a crash report says of the generation's progress: the newest committed
@@ -473,8 +507,8 @@ class Supervisor:
                 continue
             exits = self.gang.poll()
             failed = [e for e in exits if e.returncode != 0]
-            if failed:
-                await self._stop_and_report(failed)  # a gang with a dead rank cannot progress
+            if failed:  # a gang with a dead rank cannot progress; the others may stay warm
+                await self._stop_and_report(failed, keep=frozenset(self.job.nodes))
                 if self.gang is None:  # else a restart arrived meanwhile: its gang runs
                     self.job.state = "crashed"
                 await self.report_status()
@@ -496,15 +530,16 @@ class Supervisor:
         )
         headers = {"Authorization": f"Bearer {self.token}"}
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as self.session:
-            self._launch()
-            tasks = [
-                asyncio.create_task(c) for c in (self._heartbeat(), self._commands(), self._watch())
-            ]
-            for t in tasks:
-                t.add_done_callback(self._task_ended)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._terminate, sig)
+            tasks = [asyncio.create_task(c) for c in (self._heartbeat(), self._watch())]
+            # Heartbeats flow while the first generation starts (a warm launcher's node hosts
+            # import the trainer first); commands are taken once it runs.
+            await self._launch()
+            tasks.append(asyncio.create_task(self._commands()))
+            for t in tasks:
+                t.add_done_callback(self._task_ended)
             await self.done.wait()
             for t in tasks:
                 t.cancel()

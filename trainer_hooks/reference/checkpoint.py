@@ -217,6 +217,9 @@ class _ReusedBufferStager(AsyncStager):
     def close(self) -> None:
         return None
 
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
 
 def _clone_tree(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -371,6 +374,13 @@ class CheckpointManager:
         if self._copier is not None:
             self._copier.join()
             self._copier = None
+
+    def close(self) -> None:
+        """End of the generation: the staging thread goes and a save still in flight is
+        abandoned (never committed, so no restart resumes from it). After `finish` nothing is
+        in flight; after a failure a durable copy may still run, on a daemon thread that
+        touches files only."""
+        self._stager.shutdown()
 
     def _commit(self) -> None:
         p = self._pending

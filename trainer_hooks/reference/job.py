@@ -66,6 +66,10 @@ class Job:
     def replica(self) -> int | None:
         return None if self.cfg.ft is None else self.cfg.ft.replica
 
+    def tag(self, line: dict[str, Any]) -> dict[str, Any]:
+        """A metrics line, with the replica that wrote it in the replica mode."""
+        return line if self.replica is None else line | {"replica": self.replica}
+
     def train_state(self, step: int) -> dict[str, Any]:
         return {
             "step": step,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -26,7 +27,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sentinel.processes import free_rendezvous_port, spawn, stop_process, wait_ready
+from sentinel.processes import (
+    fork_child,
+    free_rendezvous_port,
+    redirect_output,
+    spawn,
+    stop_process,
+    wait_ready,
+)
 
 TRAIN_MODULE = "trainer_hooks.reference.train"
 # The lighthouse settings the replica mode (--replicas ft) is measured with. A killed replica
@@ -75,32 +83,16 @@ class ForkedRank:
 def _forked_rank(
     main: Callable[[list[str]], int], args: list[str], env: dict[str, str], log: Path
 ) -> int:
-    """In the child: point fds 1/2 at the log, take the rank's environment, run main, _exit."""
-    code = 1
-    try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM):
-            signal.signal(sig, signal.SIG_DFL)
-        os.environ.clear()
-        os.environ.update(env)
-        import torch
+    """In the child: point fds 1/2 at the log, take the rank's environment, run main."""
+    redirect_output(log)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
 
-        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        code = main(args)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    return main(args)
 
 
 class Gang:
@@ -172,11 +164,7 @@ def launch(
         log = log_dir / f"rank-{rank}.log"
         logs.append(log)
         if main is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                _forked_rank(main, list(args), e, log)
+            pid = fork_child(functools.partial(_forked_rank, main, list(args), e, log))
             procs.append(ForkedRank(pid))
             continue
         procs.append(spawn([sys.executable, "-m", module, *args], env=e, log=log))

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from sentinel.exitcodes import InputError
+from sentinel.ranks.current import leave_requested
 from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
@@ -99,8 +100,9 @@ def train_replica(job: Job, out: list[TextIO]) -> Trained:
     return Trained(batch, lr, result, len(plan.mine) * cfg.mbs * cfg.model.seq, ft)
 
 
-def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> None:
-    """One step; `hooks=None` runs it without a single hook call (the bare trainer's step)."""
+def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> bool:
+    """One step; `hooks=None` runs it without a single hook call (the bare trainer's step).
+    True when the gang agreed to leave this generation after it (a warm restart)."""
     global _checkpoint_requested
     cfg = job.cfg
     t0 = time.perf_counter()
@@ -115,9 +117,11 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     # whole batch's (its peers' summed in).
     share = 1.0 if job.link else 1 / cfg.dp
     mine = result.loss * share if job.reports_loss and result.loss is not None else 0.0
-    flags = [float(mine), float(_checkpoint_requested)]
+    flags = [float(mine), float(_checkpoint_requested), float(leave_requested())]
     stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
-    dist.all_reduce(stats)  # the global loss on every rank, and "a rank got SIGUSR1"
+    # The global loss on every rank, "a rank got SIGUSR1", and "a rank was asked to leave":
+    # every rank learns the last two in the same step, so all of them act on it together.
+    dist.all_reduce(stats)
     step_s = time.perf_counter() - t0
     job.injector.after_step()
     if hooks:
@@ -138,14 +142,19 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     ):
         _checkpoint_requested = False
         _emit(job.save(job.step), out)
+    return stats[2].item() > 0
 
 
-def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
+def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> bool:
+    """Train to the last step; True when the gang left the generation before it."""
     if job.cfg.hooks_interleave:
         interleaved_loop(job, out, hooks)
-        return
+        return False
     while job.step < job.cfg.steps:  # a healing replica jumps to its peers' step
-        run_step(job, out, hooks, job.step)
+        if run_step(job, out, hooks, job.step):
+            _emit(job.tag({"left": job.step}), out)
+            return True
+    return False
 
 
 def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
@@ -221,42 +230,49 @@ def interleaved_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> None:
 
 def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, float]) -> None:
     job = build_job(cfg, resume, faults)
-    out: list[TextIO] = []
-    if dist.get_rank() == 0:
-        cfg.out.mkdir(parents=True, exist_ok=True)
-        out = [(cfg.out / "metrics.jsonl").open("a")] + ([] if cfg.quiet else [sys.stdout])
-    hooks = build_hooks(job)
-    # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed), not
-    # when a save starts: only a committed checkpoint can be resumed from, so "steps since the
-    # last checkpoint" counts the steps a restart now would really lose.
-    job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
-        step, blocked_s=blocked_s, path=str(path)
-    )
-    # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on the
-    # same clock can place them): the process was running its code from `main_at`, the
-    # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step begins
-    # at `ready_at`.
-    launch = {**started, "load_s": job.load_s, "ready_at": time.time(), "resume_step": job.start}
-    _emit({"launch": launch | ({} if job.replica is None else {"replica": job.replica})}, out)
-    if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
-        hooks.launched(**launch)
-    try:
-        try:
-            train_loop(job, out, hooks)
-            job.ckpt.finish()  # commits the last save while the hooks can still report it
-        finally:
-            hooks.close()
+    # Everything the generation opened is closed when it ends, whichever way: a warm rank
+    # process runs the next generation in this same process.
+    with contextlib.ExitStack() as generation:
+        generation.callback(job.close)  # last: a replica leaves its peers
+        generation.callback(job.ckpt.close)
+        out: list[TextIO] = []
+        if dist.get_rank() == 0:
+            cfg.out.mkdir(parents=True, exist_ok=True)
+            metrics = generation.enter_context((cfg.out / "metrics.jsonl").open("a"))
+            out = [metrics] + ([] if cfg.quiet else [sys.stdout])
+        hooks = build_hooks(job)
+        generation.callback(hooks.close)
+        # Reported at the commit (rank 0 writes COMMITTED once every rank's write has landed),
+        # not when a save starts: only a committed checkpoint can be resumed from, so "steps
+        # since the last checkpoint" counts the steps a restart now would really lose.
+        job.ckpt.on_commit = lambda step, blocked_s, path: hooks.checkpoint_saved(
+            step, blocked_s=blocked_s, path=str(path)
+        )
+        # Where this launch's start-up went (wall-clock epochs, so a supervisor or a drill on
+        # the same clock can place them): the process was running its code from `main_at`, the
+        # rendezvous took `rendezvous_s`, the checkpoint load `load_s`, and the first step
+        # begins at `ready_at`.
+        launch = {
+            **started,
+            "load_s": job.load_s,
+            "ready_at": time.time(),
+            "resume_step": job.start,
+        }
+        _emit({"launch": job.tag(launch)}, out)
+        if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
+            hooks.launched(**launch)
+        left = train_loop(job, out, hooks)
+        job.ckpt.finish()  # commits the last save while the hooks can still report it
+        if left:
+            return
         digest = param_digest(job.model, job.mesh)
-    finally:
-        job.close()  # a replica leaves its peers: nothing of it outlives this call
-    final = {"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}
-    _emit(final | ({} if job.replica is None else {"replica": job.replica}), out)
-    if out and cfg.digest_out:
-        cfg.digest_out.write_text(digest + "\n")
+        _emit(job.tag({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}), out)
+        if out and cfg.digest_out:
+            cfg.digest_out.write_text(digest + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One run of this rank; a warm host may call it again in the same process."""
+    """One generation of one rank; a warm rank process calls it once per generation."""
     global _checkpoint_requested
     _checkpoint_requested = False
     main_at = time.time()

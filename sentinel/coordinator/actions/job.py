@@ -22,7 +22,8 @@ from sentinel.coordinator.actions.base import (
 )
 from sentinel.coordinator.effects import EffectKind
 from sentinel.coordinator.lifecycle import EffectState
-from sentinel.protocol import CommandKind, JobState
+from sentinel.faults.repairs import repair
+from sentinel.protocol import CommandKind, JobState, Recovery
 from sentinel.protocol import LrScale as LrScalePlan
 
 
@@ -109,6 +110,7 @@ class Resume(BaseAction[ResumeParams], name="resume"):
         if job is None:
             return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
         ctx.plan.reason = f"incident {ctx.incident.id} ({ctx.incident.fault})"
+        _plan_the_path(ctx)
         plan = ctx.plan.model_dump(mode="json")
         newest = max(job.status.checkpoints, default=None)
         key = f"generation_before:{ctx.key}"
@@ -138,6 +140,21 @@ class Resume(BaseAction[ResumeParams], name="resume"):
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
             )
         return StepResult(StepStatus.WAIT, {"command": cid})
+
+
+def _plan_the_path(ctx: ActionContext) -> None:
+    """The fault's repair path from the catalog, and the struck nodes whose rank processes
+    cannot stay (a node-scoped incident's node, a job-scoped one's culprits), unless they
+    leave the job anyway."""
+    info = repair(ctx.incident.fault)
+    ctx.plan.path = info.path
+    ctx.plan.paths = [p for p in Recovery if p in info.allowed]
+    if info.process == "replace":
+        struck = (
+            ctx.plan.culprits if ctx.incident.target.startswith("job:") else [ctx.incident.target]
+        )
+        leaving = {*ctx.plan.exclude, *ctx.plan.spare_map}
+        ctx.plan.replace = sorted(n for n in struck if n not in leaving)
 
 
 def _budget_spent(
@@ -170,6 +187,10 @@ def _budget_spent(
 
 class WaitCheckpointParams(WaitParams):
     timeout_s: float = Field(default=900.0, gt=0)
+    # Ask the job to save at its next step boundary (`checkpoint.now`) rather than wait for its
+    # periodic save: a hot GPU or a slow node is taken out a step later, not up to a
+    # checkpoint interval later, and still no work is lost.
+    save_now: bool = False
 
 
 class WaitCheckpoint(
@@ -177,12 +198,15 @@ class WaitCheckpoint(
     name="wait_checkpoint",
     dry_run="would wait for a checkpoint",
 ):
-    """Wait for the job's next checkpoint (act then, losing no work)."""
+    """Wait for the job's next checkpoint (act then, losing no work), asking for one now if
+    `save_now`."""
 
     def act(self, ctx: ActionContext, params: WaitCheckpointParams) -> StepResult:
         job = ctx.job()
         newest = max(job.status.checkpoints, default=-1) if job else -1
         floor = ctx.context.marks.setdefault(f"ckpt_floor:{ctx.key}", newest)
+        if params.save_now and not ctx.dry_run:  # the same id each tick: queued once
+            ctx.issue_command(CommandKind.CHECKPOINT_NOW, {"reason": f"incident {ctx.incident.id}"})
         if newest > floor:
             return StepResult(StepStatus.DONE, {"checkpoint": newest})
         if ctx.waited_past(params.timeout_s):

@@ -21,7 +21,7 @@ from sentinel.coordinator.actions.base import (
     StepStatus,
     WaitParams,
 )
-from sentinel.protocol import CommandKind
+from sentinel.protocol import CommandKind, StopPlan
 
 # Earlier steps whose end is a stage of the hang's repair, by the stage's name.
 STAGE_STEPS = {"fr_dump": "dumps_saved_s", "stacks": "stacks_saved_s"}
@@ -49,7 +49,9 @@ class Teardown(BaseAction[TeardownParams], name="teardown", dry_run="would stop 
     """Stop the gang (signal, grace, SIGKILL) and wait until no rank survives."""
 
     def act(self, ctx: ActionContext, params: TeardownParams) -> StepResult:
-        cid = ctx.issue_command(CommandKind.JOB_STOP, {"reason": params.reason})
+        # The diagnosis's culprits are stuck: their processes end; the others may stay warm.
+        stop = StopPlan(reason=params.reason, replace=list(ctx.plan.culprits))
+        cid = ctx.issue_command(CommandKind.JOB_STOP, stop.model_dump(mode="json"))
         row = ctx.store.command(cid)
         if row is None or row.acked_at is None:
             if ctx.waited_past(params.timeout_s):

@@ -1,0 +1,189 @@
+"""Warm ranks on real processes: node hosts fork rank processes with the trainer imported, a
+generation runs in them over real gloo, and a stop keeps the survivors for the next one.
+
+The trainer is `tests/helpers/warm_trainer.py` (one gloo all_reduce per step, leaving when
+asked); the reference trainer's own warm restarts are in test_supervised_reference.py and the
+drills."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from coord_util import ROOT
+
+from sentinel.processes import free_rendezvous_port
+from sentinel.ranks import wire
+from sentinel.ranks.pool import RankPool
+from sentinel.supervisor.launcher import GangPlan
+from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
+
+pytestmark = pytest.mark.slow
+NODES = ["node-0", "node-1"]
+
+
+@pytest.fixture
+def launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WarmLauncher]:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests/helpers"), str(ROOT)]))
+    warm = WarmLauncher(LocalHosts(tmp_path / "logs"), tmp_path / "logs", leave_grace_s=2.0)
+    yield warm
+    warm.close()
+
+
+def _plan(
+    tmp_path: Path, generation: int, *flags: str, spares: list[str] | None = None
+) -> GangPlan:
+    return GangPlan(
+        argv=[sys.executable, "-m", "warm_trainer", "--out", str(tmp_path), *flags],
+        nodes=NODES,
+        gpus_per_node=2,
+        generation=generation,
+        master_port=free_rendezvous_port(),
+        spares=spares or [],
+    )
+
+
+def _pids(gang: WarmGang) -> dict[int, int]:
+    return {rank: proc.pid for rank, proc in gang.procs.items()}
+
+
+def _steps(tmp_path: Path, generation: int) -> int:
+    path = tmp_path / "steps.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(1 for ln in lines if ln.split()[0] == str(generation))
+
+
+def _wait(predicate: object, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_healthy_gang_leaves_together_and_the_next_generation_reuses_its_processes(
+    launcher: WarmLauncher, tmp_path: Path
+) -> None:
+    gang = launcher.launch(_plan(tmp_path, 0, spares=["spare-0"]))
+    assert isinstance(gang, WarmGang)
+    _wait(lambda: _steps(tmp_path, 0) >= 20)
+    before = _pids(gang)
+    stop = gang.stop(5.0, keep=frozenset(NODES))
+    assert stop.verified and not stop.killed and sorted(stop.kept) == sorted(before.values())
+    assert gang.poll() == []  # a rank that left is no crash
+    assert stop.seconds < 2.0  # a step boundary, not the grace period
+    nxt = launcher.launch(_plan(tmp_path, 1, "--steps", "5", spares=["spare-0"]))
+    assert isinstance(nxt, WarmGang) and _pids(nxt) == before
+    _wait(lambda: nxt.running() == 0)
+    assert [e.returncode for e in nxt.poll()] == [0, 0, 0, 0]
+    # the spare's slots have warm processes too, waiting for a rank
+    assert launcher.pool.process("spare-0", 0) is not None
+    assert launcher.pool.process("spare-0", 1) is not None
+
+
+def test_a_crashed_rank_is_reported_alone_and_only_its_slot_gets_a_new_process(
+    launcher: WarmLauncher, tmp_path: Path
+) -> None:
+    gang = launcher.launch(_plan(tmp_path, 0, "--crash", "1:10"))
+    before = _pids(gang)
+    deadline = time.monotonic() + 60
+    exits = []
+    while not exits:
+        assert time.monotonic() < deadline
+        exits = gang.poll()
+        time.sleep(0.05)
+    time.sleep(1.0)  # its peers' collectives fail meanwhile: none of them is a crash
+    assert [(e.rank, e.node, e.returncode) for e in exits + gang.poll()] == [(1, "node-0", 3)]
+    stop = gang.stop(5.0, keep=frozenset(NODES))
+    assert stop.verified and not stop.killed
+    assert sorted(stop.kept) == sorted(p for r, p in before.items() if r != 1)
+    nxt = launcher.launch(_plan(tmp_path, 1, "--steps", "5"))
+    after = _pids(nxt)
+    assert after[1] != before[1] and {r: after[r] for r in (0, 2, 3)} == {
+        r: before[r] for r in (0, 2, 3)
+    }
+    _wait(lambda: nxt.running() == 0)
+    assert [e.returncode for e in nxt.poll()] == [0, 0, 0, 0]
+
+
+def test_a_hung_rank_is_killed_with_its_node_and_the_others_leave_at_once(
+    launcher: WarmLauncher, tmp_path: Path
+) -> None:
+    gang = launcher.launch(_plan(tmp_path, 0, "--hang", "3:10"))
+    before = _pids(gang)
+    _wait(lambda: _steps(tmp_path, 0) >= 10 * 3)
+    time.sleep(1.0)  # ranks 0-2 wait in their step-10 collective on rank 3
+    assert gang.poll() == [] and gang.running() == 4
+    stop = gang.stop(5.0, keep=frozenset({"node-0"}))  # node-1 holds the culprit
+    assert stop.verified and sorted(stop.killed) == sorted([before[2], before[3]])
+    assert sorted(stop.kept) == sorted([before[0], before[1]])
+    # the culprit's death ends its peers' collective: no grace period spent on them
+    assert stop.seconds < 2.0
+    assert gang.poll() == []
+
+
+def test_a_rank_that_fails_on_its_own_is_reported_and_not_used_again(
+    launcher: WarmLauncher, tmp_path: Path
+) -> None:
+    gang = launcher.launch(_plan(tmp_path, 0, "--fail", "2:10"))
+    before = _pids(gang)
+    deadline = time.monotonic() + 60
+    exits = []
+    while not exits:
+        assert time.monotonic() < deadline
+        exits = gang.poll()
+        time.sleep(0.05)
+    # its process lives on, but the error is its own (no process died): a crash of rank 2
+    assert [(e.rank, e.returncode, e.collateral) for e in exits] == [(2, 1, False)]
+    stop = gang.stop(5.0, keep=frozenset(NODES))
+    assert before[2] in stop.killed and before[2] not in stop.kept and stop.verified
+    assert sorted(stop.kept) == sorted(p for r, p in before.items() if r != 2)
+
+
+def test_the_pool_takes_only_connections_that_know_the_jobs_secret() -> None:
+    pool = RankPool("the-secret")
+    try:
+        for secret in ("wrong", ""):
+            sock = wire.connect(pool.address)
+            sock.sendall(wire.encode(wire.Hello(secret=secret, node="node-0", pid=1)))
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # closed by the pool
+            sock.close()
+        sock = wire.connect(pool.address)
+        sock.sendall(b'{"op": "ended", "generation": 0, "code": 0}\n')  # no hello first
+        sock.settimeout(5)
+        assert sock.recv(1) == b""
+        sock.close()
+        good = wire.connect(pool.address)
+        good.sendall(wire.encode(wire.Hello(secret="the-secret", node="node-0", pid=1)))
+        assert pool.wait(lambda: pool.host_ready("node-0"), 5)
+        good.close()
+    finally:
+        pool.close()
+
+
+def test_wire_lines_are_checked() -> None:
+    with pytest.raises(wire.WireError, match="op"):
+        wire.decode_to_pool(b'{"op": "spawn", "slot": 0}')
+    with pytest.raises(wire.WireError, match="slot"):
+        wire.decode_from_pool(b'{"op": "kill", "slot": -1}')
+    reader = wire.LineReader()
+    assert reader.feed(b'{"a": 1}\n{"b"') == [b'{"a": 1}']
+    with pytest.raises(wire.WireError, match="longer than"):
+        reader.feed(b"x" * (wire.MAX_LINE + 1))
+    message = wire.Run(generation=3, rank=1, module="m", argv=["--x"], env={"A": "1"})
+    assert wire.decode_from_pool(wire.encode(message).strip()) == message
+    assert "secret" not in repr(wire.Hello(secret="s3cr3t", node="n", pid=1))
+
+
+def test_a_node_host_refuses_a_trainer_that_is_not_a_module(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sentinel.ranks.host", "--connect", "127.0.0.1:1", "--node", "n",
+         "--", sys.executable, "train.py"],
+        env={**os.environ, wire.SECRET_ENV: "s"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "python -m MODULE" in done.stderr
