@@ -155,8 +155,8 @@ def test_killed_replica_leaves_survivors_stepping_and_a_spare_heals_from_a_peer(
     assert [p.pid for r in (0, 2) for p in gangs[r].procs] == survivors  # never restarted
     narrow = [c for c in commits(out, 0) if killed_at < c["t"] < spare_at]
     assert narrow and {(c["participants"], c["microbatches"]) for c in narrow} == {(2, 3)}
-    heals = [r["heal"] for r in records(out) if "heal" in r]
-    assert [h["replica"] for h in heals] == [1] and heals[0]["step"] > narrow[0]["step"]
+    heals = [r for r in records(out) if "heal" in r]
+    assert [h["replica"] for h in heals] == [1] and heals[0]["heal"]["step"] > narrow[0]["step"]
     spare = [c for c in commits(out, 1) if c["t"] > spare_at]
     assert spare[0]["participants"] == REPLICAS, "the spare's first step is at full width"
     assert commits(out, 0)[-1]["participants"] == REPLICAS
@@ -243,7 +243,7 @@ def test_peer_dying_while_it_sends_makes_the_joiner_heal_from_another(
     gangs[0].kill(signal.SIGKILL)
     assert next(p.returncode for p in gangs[0].procs) == -signal.SIGKILL
     assert finish([gangs[1], gangs[2]]) == [[0, 0], [0, 0]]
-    heals = [r["heal"] for r in records(out) if "heal" in r]
+    heals = [r for r in records(out) if "heal" in r]
     assert heals and all(h["replica"] == 1 for h in heals)
     assert len({final(out)[r]["digest"] for r in (1, 2)}) == 1
     verdict = check(out, STEPS)
@@ -273,8 +273,8 @@ def test_stuck_replica_is_left_behind_after_the_torchft_timeout(
     stall = max(stall_s(out, r) for r in (0, 1))
     print(f"\nsurvivors' stall with a stuck replica and no one to kill it: {stall:.2f}s")
     assert stall >= timeout_s
-    late = [r["uncommitted"] for r in records(out) if "uncommitted" in r]
-    assert any(u["step"] == 6 and u["replica"] in (0, 1) for u in late)
+    late = [r for r in records(out) if "uncommitted" in r]
+    assert any(u["uncommitted"]["step"] == 6 and u["replica"] in (0, 1) for u in late)
     assert check(out, STEPS).exact
 
 

@@ -196,11 +196,11 @@ class ReplicaLink:
     def step(self) -> int:
         return self.manager.current_step()
 
-    def start(self) -> None:
+    def start(self, leave: Callable[[], bool]) -> bool:
         """The step's quorum; a replica behind the others heals in it (`healed` then says from
-        which step, how long the quorum with the transfer took and the load). Never raises: a
-        failed quorum request (the lighthouse unreachable, this replica left out) is asked
-        again."""
+        which step, how long the quorum with the transfer took and the load). A failed quorum
+        request (the lighthouse unreachable, this replica left out) is asked again, until
+        `leave()` says this replica is to leave its generation: then False."""
         self.healed, self.plan, self.assignment = None, None, {}
         self._before = self.step
         while True:
@@ -209,12 +209,15 @@ class ReplicaLink:
                 self.manager.start_quorum()
                 break
             except Exception as e:
-                log.warning("replica %d: quorum failed, asking again: %s", self.settings.replica, e)
+                log.warning("replica %d: quorum failed: %s", self.settings.replica, e)
                 # torchft re-raises the last quorum's error on every later request otherwise
                 self.manager._quorum_future = None
+                if leave():
+                    return False
                 time.sleep(QUORUM_RETRY_S)
         if self.healed is not None:
             self.healed["quorum_s"] = time.perf_counter() - t0
+        return True
 
     def assign(self, batch: int) -> StepPlan:
         """This replica's share of `batch` in the step's quorum."""

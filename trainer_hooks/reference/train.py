@@ -69,16 +69,18 @@ def train_gang(job: Job, step: int) -> Trained:
     return Trained(batch, lr, result, cfg.accum * cfg.mbs * cfg.model.seq)
 
 
-def train_replica(job: Job, out: list[TextIO]) -> Trained:
-    """A replica (--replicas ft): the quorum's share of the global batch, until a commit."""
+def train_replica(job: Job, out: list[TextIO]) -> Trained | None:
+    """A replica (--replicas ft): the quorum's share of the global batch, until a commit.
+    None when the replica was asked to leave its generation before the step committed."""
     cfg, link = job.cfg, job.link
     assert link is not None
     attempts = 0
     while True:
         attempts += 1
-        link.start()  # a replica behind its peers heals here
+        if not link.start(leave_requested):  # a replica behind its peers heals here
+            return None
         if link.healed is not None:
-            _emit({"heal": link.healed | {"replica": job.replica, "step": job.step}}, out)
+            _emit(job.tag({"heal": link.healed | {"step": job.step}}), out)
         batch = job.loader.peek()
         plan = link.assign(batch)
         job.injector.before_step(job.step)  # after the quorum: a stuck rank stalls its peers
@@ -88,16 +90,18 @@ def train_replica(job: Job, out: list[TextIO]) -> Trained:
         result = job.step_fn(toks, len(plan.mine), cfg.microbatches)
         if result.committed:
             break
-        line = {"step": job.step, "replica": job.replica, "quorum": plan.quorum}
-        _emit({"uncommitted": line | {"error": link.error(), "t": time.time()}}, out)
+        line = {"step": job.step, "quorum": plan.quorum, "error": link.error(), "t": time.time()}
+        _emit(job.tag({"uncommitted": line}), out)
+        if leave_requested():  # told to leave at once: the links this step needed are cut
+            return None
     job.committed(batch, plan.quorum, link.assignment)
     ft: dict[str, Any] = {
-        "replica": job.replica,
         "quorum": plan.quorum,
         "participants": plan.participants,
+        "microbatches": len(plan.mine),
     }
-    ft |= {"microbatches": len(plan.mine), "attempts": attempts, "t": time.time()}
-    return Trained(batch, lr, result, len(plan.mine) * cfg.mbs * cfg.model.seq, ft)
+    ft |= {"attempts": attempts, "t": time.time()}
+    return Trained(batch, lr, result, len(plan.mine) * cfg.mbs * cfg.model.seq, job.tag(ft))
 
 
 def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> bool:
@@ -109,6 +113,8 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     if hooks:
         hooks.begin_step(step, tokens=cfg.mbs * cfg.accum * cfg.model.seq)
     done = train_replica(job, out) if job.link else train_gang(job, step)
+    if done is None:
+        return True
     result = done.result
     if hooks:
         loss = result.loss if job.step_fn.last else None
