@@ -184,14 +184,6 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
     if cfg.ft is not None:
         from trainer_hooks.reference.replicas import ReplicaLink  # torchft: only in this mode
 
-        job.link = ReplicaLink(
-            cfg.ft,
-            replicas=cfg.dp,
-            microbatches=cfg.microbatches,
-            device=device,
-            state=job.replica_state,
-            load=job.load_replica_state,
-            step=job.step,
-        )
+        job.link = ReplicaLink(cfg, device, job.replica_state, job.load_replica_state, job.step)
         job.step_fn.sync = job.link
     return job

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 LEDGER_DIR = "ledger"
+TOKEN_KEYS = ("expected", "consumed", "duplicated", "skipped")
 
 
 def assignment_key(assignment: Mapping[int, Sequence[int]]) -> dict[str, list[int]]:
@@ -106,10 +107,12 @@ class LedgerWriter:
 
 @dataclass
 class Verdict:
-    expected: int = 0
-    consumed: int = 0
-    duplicated: int = 0
-    skipped: int = 0
+    """What `check` found; the four counts are tokens (rows x sequence length)."""
+
+    expected: int = 0  # every micro-batch of every step of the run
+    consumed: int = 0  # on the counted branch, each time a micro-batch was trained
+    duplicated: int = 0  # consumed beyond once
+    skipped: int = 0  # expected and never consumed (a missing step counts whole)
     steps: int = 0  # steps on the counted branch
     abandoned: int = 0  # records off it (a branch a restart or a lost commit left)
     problems: list[str] = field(default_factory=list)
@@ -120,12 +123,7 @@ class Verdict:
 
     def tokens(self) -> dict[str, int]:
         """The `tokens` object of a drill's result.json."""
-        return {
-            "expected": self.expected,
-            "consumed": self.consumed,
-            "duplicated": self.duplicated,
-            "skipped": self.skipped,
-        }
+        return {key: getattr(self, key) for key in TOKEN_KEYS}
 
     def to_json(self) -> dict[str, Any]:
         return self.tokens() | {

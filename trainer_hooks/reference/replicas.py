@@ -35,7 +35,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
-from trainer_hooks.reference.config import ReplicaSettings
+from trainer_hooks.reference.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -146,15 +146,15 @@ class ReplicaLink:
 
     def __init__(
         self,
-        settings: ReplicaSettings,
-        replicas: int,
-        microbatches: int,
+        cfg: TrainConfig,
         device: torch.device,
         state: Callable[[], dict[str, Any]],
         load: Callable[[dict[str, Any]], None],
         step: int,
     ) -> None:
-        self.settings, self.replicas, self.microbatches = settings, replicas, microbatches
+        assert cfg.ft is not None, "the replica mode's settings"
+        self.settings = settings = cfg.ft
+        self.replicas, self.microbatches = cfg.dp, cfg.microbatches
         self.device = device
         self._state: Callable[[], dict[str, Any]] | None = state
         self._load: Callable[[dict[str, Any]], None] | None = load
