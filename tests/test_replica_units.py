@@ -36,13 +36,15 @@ def test_full_width_shares_are_the_gangs_and_fewer_replicas_take_more() -> None:
 
 
 def test_roll_carries_each_quorum_ranks_replica_step_and_batch() -> None:
+    big = (1 << 36) - 2  # the largest step or batch the fp32 roll carries exactly
+    cpu = torch.device("cpu")
     rolls = [
-        Roll.encode(StepPlan(7, 11, 4, 3, rank, ()), replica, torch.tensor(0.5), "cpu")
+        Roll.encode(StepPlan(7, big, 4, 3, rank, ()), replica, torch.tensor(0.5), cpu)
         for rank, replica in enumerate([0, 2, 5])
     ]
     summed = Roll.decode(torch.stack(rolls).sum(0))
     assert summed.loss == 1.5
-    assert summed.members == [(0, 7, 11), (2, 7, 11), (5, 7, 11)]
+    assert summed.members == [(0, 7, big), (2, 7, big), (5, 7, big)]
 
 
 def test_replica_microbatches_are_the_rows_a_gang_rank_trains(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -39,7 +39,6 @@ from trainer_hooks.reference.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-BUCKET_BYTES = 25 << 20  # gradients per cross-replica all-reduce (DDP's default bucket)
 HEARTBEAT = timedelta(milliseconds=100)  # how often a replica tells the lighthouse it lives
 QUORUM_RETRY_S = 0.5  # pause before asking again after a quorum request failed
 
@@ -97,45 +96,43 @@ class StepPlan:
 
 @dataclass
 class Roll:
-    """The small all-reduced record that rides with the gradients: the global loss, and per
-    quorum rank the replica, step and batch it trained (each quorum rank fills its own slot,
-    the sum fills them all), so every replica learns who took which share and checks that all
-    trained the same step on the same batch."""
+    """The small record that rides at the end of the gradients' all-reduce: the global loss,
+    and per quorum rank the replica, step and batch it trained (each quorum rank fills its own
+    slot, the sum fills them all), so every replica learns who took which share and checks that
+    all trained the same step on the same batch. In the gradients' dtype (fp32): an integer
+    travels as two parts under 2**12 and 2**24, so each slot's sum (one value and zeros) is
+    exact for integers under 2**36."""
 
     loss: float
     members: list[tuple[int, int, int]]  # per quorum rank: (replica, step, batch)
 
-    @staticmethod
+    SLOT = 5  # replica + 1, then step + 1 and batch + 1 in two parts each
+
+    @classmethod
+    def size(cls, participants: int) -> int:
+        return 1 + cls.SLOT * participants
+
+    @classmethod
     def encode(
-        plan: StepPlan, replica: int, loss: torch.Tensor | None, device: torch.device | str
+        cls, plan: StepPlan, replica: int, loss: torch.Tensor | None, device: torch.device
     ) -> torch.Tensor:
-        t = torch.zeros(1 + 3 * plan.participants, dtype=torch.float64, device=device)
+        t = torch.zeros(cls.size(plan.participants), device=device)
         if loss is not None:
-            t[0] = loss.to(torch.float64)
-        slot = 1 + 3 * plan.rank
-        t[slot : slot + 3] = torch.tensor([replica + 1, plan.step + 1, plan.batch + 1])
+            t[0] = loss.detach()  # stays on the device: no host sync
+        step, batch = plan.step + 1, plan.batch + 1
+        slot = 1 + cls.SLOT * plan.rank
+        ints = [replica + 1, step >> 12, step & 4095, batch >> 12, batch & 4095]
+        t[slot : slot + cls.SLOT] = torch.tensor(ints, dtype=torch.float32, device=device)
         return t
 
     @classmethod
     def decode(cls, t: torch.Tensor) -> Roll:
-        values = t.cpu().tolist()
-        triples = [values[i : i + 3] for i in range(1, len(values), 3)]
-        return cls(values[0], [(int(r) - 1, int(s) - 1, int(b) - 1) for r, s, b in triples])
-
-
-def _buckets(tensors: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for t in tensors:
-        if bucket and (
-            size + t.numel() * t.element_size() > BUCKET_BYTES or t.dtype != bucket[0].dtype
-        ):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += t.numel() * t.element_size()
-    if bucket:
-        yield bucket
+        values = [round(v) for v in t.cpu().tolist()[1:]]
+        members = []
+        for i in range(0, len(values), cls.SLOT):
+            r, s_hi, s_lo, b_hi, b_lo = values[i : i + cls.SLOT]
+            members.append((r - 1, (s_hi << 12) + s_lo - 1, (b_hi << 12) + b_lo - 1))
+        return cls(float(t[0]), members)
 
 
 class ReplicaLink:
@@ -231,24 +228,28 @@ class ReplicaLink:
 
     @torch.no_grad()
     def reduce(self, model: nn.Module, loss: torch.Tensor | None) -> torch.Tensor | None:
-        """Sum every gradient's local shard and the loss over the quorum's replicas."""
+        """Sum every gradient's local shard and the loss over the quorum's replicas.
+
+        One all-reduce per step, of every gradient and the roll in one flat fp32 buffer: with
+        several, a replica whose first one failed (a peer died) would give up on the rest while
+        a peer whose first one failed later, or not at all, waits in the next on the one that
+        gave up, until the torchft timeout."""
         plan = self.plan
         assert plan is not None, "assign() before reduce()"
         for p in model.parameters():
             if p.grad is None:  # a replica with no share computed no gradient
                 p.grad = torch.zeros_like(p)
         grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
-        flats = [torch._utils._flatten_dense_tensors(b) for b in _buckets(grads)]
         roll = Roll.encode(plan, self.settings.replica, loss, self.device)
-        works = [self.manager.allreduce(t, reduce_op=dist.ReduceOp.SUM) for t in [*flats, roll]]
-        if not all([w.wait() for w in works]) or self.manager.errored():
+        flat = torch.cat([*(g.reshape(-1).float() for g in grads), roll])
+        work = self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM)
+        if not work.wait() or self.manager.errored():
             return loss  # not committed: the gradients are dropped
-        for bucket, flat in zip(_buckets(grads), flats, strict=True):
-            for g, summed in zip(
-                bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True
-            ):
-                g.copy_(summed)
-        seen = Roll.decode(roll)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+        seen = Roll.decode(flat[offset:])
         if any((s, b) != (plan.step, plan.batch) for _, s, b in seen.members):
             self.manager.report_error(
                 RuntimeError(f"replicas disagree on step {plan.step}: {seen.members}")
