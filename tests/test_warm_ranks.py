@@ -20,7 +20,7 @@ from coord_util import ROOT
 from sentinel.processes import free_rendezvous_port
 from sentinel.ranks import wire
 from sentinel.ranks.pool import RankPool
-from sentinel.supervisor.launcher import GangPlan
+from sentinel.supervisor.launcher import GangPlan, GangStartError
 from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
 
 pytestmark = pytest.mark.slow
@@ -187,3 +187,34 @@ def test_a_node_host_refuses_a_trainer_that_is_not_a_module(tmp_path: Path) -> N
         env={**os.environ, wire.SECRET_ENV: "s"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "python -m MODULE" in done.stderr
+
+
+class _NoHostOn(LocalHosts):
+    """A node whose host never comes up (its machine is broken)."""
+
+    def __init__(self, log_dir: Path, broken: str) -> None:
+        super().__init__(log_dir)
+        self.broken = broken
+
+    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
+        if node != self.broken:
+            super().start(node, argv, env)
+
+
+def test_a_node_whose_processes_never_come_fails_the_start_and_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests/helpers"), str(ROOT)]))
+    warm = WarmLauncher(_NoHostOn(tmp_path / "logs", "node-1"), tmp_path, start_timeout_s=10.0)
+    try:
+        with pytest.raises(GangStartError) as failed:
+            warm.launch(_plan(tmp_path, 0))
+        assert [(e.rank, e.node) for e in failed.value.ranks] == [(2, "node-1"), (3, "node-1")]
+        # node-0's processes came up and wait, idle: none of them runs the generation
+        assert warm.pool.wait(lambda: warm.pool.process("node-0", 1) is not None, 60)
+        assert not any(
+            p.busy for p in (warm.pool.process("node-0", 0), warm.pool.process("node-0", 1))
+        )
+        assert not (tmp_path / "steps.txt").exists()
+    finally:
+        warm.close()

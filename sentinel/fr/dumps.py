@@ -20,12 +20,21 @@ import os
 import pickle
 import re
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SIDECAR_RE = re.compile(r"^sentinel_fr_meta\.(\d+)\.json$")
+
+
+def dumped_ranks(names: Iterable[str]) -> set[int]:
+    """The ranks whose dump is complete among these file names: a rank's sidecar is written
+    after its dump (trainer_hooks.flight), so a sidecar means the dump beside it is whole."""
+    return {int(m.group(1)) for n in names if (m := SIDECAR_RE.match(n))}
+
+
 DUMP_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.\-]*?)(?P<rank>\d+)$")
 
 # op, input sizes, input dtypes of one collective entry (sizes and dtypes as their repr)

@@ -25,7 +25,11 @@ _HELLO_WITHIN_S = 10.0  # a connection that has not said hello by then is droppe
 
 
 class PoolError(RuntimeError):
-    """A node host or rank process did not answer in time."""
+    """Rank processes that could not be had: `missing` (node, slot) pairs."""
+
+    def __init__(self, message: str, missing: list[tuple[str, int]]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 @dataclass
@@ -91,6 +95,7 @@ class RankPool:
         self._cond = threading.Condition()
         self._hosts: dict[str, _Host] = {}
         self._procs: dict[tuple[str, int], RankProcess] = {}  # the live one per (node, slot)
+        self._forking: set[tuple[str, int]] = set()  # asked of a host, no hello yet
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="sentinel-rank-pool", daemon=True)
         self._thread.start()
@@ -154,11 +159,13 @@ class RankPool:
                 else:
                     key = (message.node, message.slot)
                     self._procs[key] = RankProcess(message.node, message.slot, message.pid, conn)
+                    self._forking.discard(key)
                 self._cond.notify_all()
             return True
         hello = conn.hello
         with self._cond:
             if isinstance(message, wire.Exited) and hello.slot is None:  # from a node host
+                self._forking.discard((hello.node, message.slot))  # died before its hello
                 proc = self._procs.get((hello.node, message.slot))
                 if proc is not None and proc.pid == message.pid:
                     proc.exit_code = message.code
@@ -182,6 +189,7 @@ class RankPool:
                 host = self._hosts.get(hello.node)
                 if host is not None and host.pid == hello.pid:
                     host.gone = True
+                    self._forking -= {k for k in self._forking if k[0] == hello.node}
             else:
                 proc = self._procs.get((hello.node, hello.slot))
                 if proc is not None and proc.pid == hello.pid:
@@ -198,6 +206,17 @@ class RankPool:
         host = self._hosts.get(node)
         return host is not None and not host.gone
 
+    def host_lost(self, node: str) -> bool:
+        """The node's host connected once and is gone (the process died)."""
+        host = self._hosts.get(node)
+        return host is not None and host.gone
+
+    def prefork(self, slots: list[tuple[str, int]]) -> None:
+        """Ask for a rank process on each slot that has none, where its host is up; no wait."""
+        for node, slot in slots:
+            if self.process(node, slot) is None:
+                self._fork(node, slot)
+
     def process(self, node: str, slot: int) -> RankProcess | None:
         """The live, idle rank process of a slot, if there is one."""
         proc = self._procs.get((node, slot))
@@ -208,14 +227,24 @@ class RankPool:
     ) -> dict[tuple[str, int], RankProcess]:
         """A live idle rank process for every (node, slot), forking where there is none."""
         need = [s for s in slots if self.process(*s) is None]
-        for node, slot in need:
-            host = self._hosts.get(node)
-            if host is None or host.gone or not host.conn.send(wire.Spawn(slot=slot)):
-                raise PoolError(f"no node host on {node} to fork a rank process for slot {slot}")
+        hostless = [(n, s) for n, s in need if not self._fork(n, s)]
+        if hostless:
+            raise PoolError(f"no node host to fork rank processes on {hostless}", hostless)
         if not self.wait(lambda: all(self.process(*s) for s in need), timeout_s):
-            missing = [f"{n}:{s}" for n, s in need if self.process(n, s) is None]
-            raise PoolError(f"rank processes did not start within {timeout_s:.0f}s: {missing}")
+            missing = [(n, s) for n, s in need if self.process(n, s) is None]
+            raise PoolError(f"rank processes did not start within {timeout_s:.0f}s", missing)
         return {s: p for s in slots if (p := self.process(*s)) is not None}
+
+    def _fork(self, node: str, slot: int) -> bool:
+        """Ask the node's host for a process on `slot`, once until it says hello; False when
+        the node has no host."""
+        host = self._hosts.get(node)
+        if host is None or host.gone:
+            return False
+        if (node, slot) in self._forking:
+            return True
+        self._forking.add((node, slot))
+        return host.conn.send(wire.Spawn(slot=slot))
 
     def run(self, proc: RankProcess, run: wire.Run) -> None:
         with self._cond:

@@ -82,6 +82,15 @@ class RankExit:
         return -self.returncode if self.returncode < 0 else None
 
 
+class GangStartError(RuntimeError):
+    """A generation that could not start: `ranks` never ran (their node's processes did not
+    come up). Nothing of it was started: no rank is left half-joined."""
+
+    def __init__(self, message: str, ranks: list[RankExit]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 class Gang(ABC):
     @abstractmethod
     def poll(self) -> list[RankExit]:

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
+from sentinel.fr.dumps import dumped_ranks
 from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
@@ -48,7 +49,7 @@ from sentinel.protocol import (
     encode,
 )
 from sentinel.protocol import JobState as ReportedState
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
+from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor")
 # Events and acknowledgements: a replica that has not answered in this long (paused, or its
@@ -253,7 +254,7 @@ class Supervisor:
             self.job.seen_commands.add(cid)
             log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
             self.teardown = None
-            await self._execute(cmd["kind"], cmd["args"])
+            await self._execute(cmd["kind"], cmd["args"], issued_at=float(cmd.get("ts") or 0))
             self._teardowns[cid] = self.teardown
         detail: dict[str, Any] = {"generation": self.job.generation, "state": self.job.state}
         done = self._teardowns.get(cid)
@@ -272,7 +273,7 @@ class Supervisor:
         if r.status != 200:
             log.warning("ack of %s refused: %s", cid, r.error())
 
-    async def _execute(self, kind: str, args: dict[str, Any]) -> None:
+    async def _execute(self, kind: str, args: dict[str, Any], issued_at: float = 0.0) -> None:
         if kind == CommandKind.JOB_STOP:
             stop = StopPlan.model_validate(args)  # the coordinator sent it through the model
             await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
@@ -307,7 +308,11 @@ class Supervisor:
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
             if kind == CommandKind.FR_DUMP and (self.cfg.fr_dir or self.cfg.fr_from_coordinator):
-                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), time.time()))
+                # Ranks may have the command from their node's agent before this copy came:
+                # their dumps count from when it was issued (the coordinator's clock; not later
+                # than now).
+                since = min(issued_at or time.time(), time.time())
+                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), since))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         await self.report_status()
@@ -336,20 +341,18 @@ class Supervisor:
             return
         fr_dir = self.cfg.fr_dir
         assert fr_dir is not None
-        deadline, last = since + self.cfg.fr_wait_s, (-1, 0.0)
+        deadline = since + self.cfg.fr_wait_s
         while time.time() < deadline:
-            fresh = [p for p in fr_dir.glob("*") if p.is_file() and p.stat().st_mtime >= since]
-            if len(fresh) != last[0]:
-                last = (len(fresh), time.time())
-            elif len(fresh) >= world and time.time() - last[1] >= 1.0:
-                break  # every rank dumped and nothing new for a second
-            await asyncio.sleep(0.25)
+            fresh = [p.name for p in fr_dir.glob("*") if p.stat().st_mtime >= since]
+            if len(dumped_ranks(fresh)) >= world:
+                break  # a rank's sidecar lands after its dump: every dump is whole
+            await asyncio.sleep(0.1)
         await self._run_fr_analyzer(fr_dir, check_id)
 
     async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
-        """The dumps the nodes' agents carried to the coordinator: until every rank's is there
-        and nothing new came for two seconds, or fr_wait_s."""
-        deadline, last = time.time() + self.cfg.fr_wait_s, (-1, 0.0)
+        """The dumps the nodes' agents carried to the coordinator: until every rank's dump and
+        sidecar are there (an agent carries a node's files together), or fr_wait_s."""
+        deadline = time.time() + self.cfg.fr_wait_s
         files: list[dict[str, Any]] = []
         while time.time() < deadline:
             try:
@@ -357,11 +360,9 @@ class Supervisor:
                 files = r.json()["files"] if r.status == 200 else files
             except (Unreachable, ValueError) as e:
                 log.warning("cannot read carried dumps (%s); retrying", e)
-            if len(files) != last[0]:
-                last = (len(files), time.time())
-            elif len(files) >= world and time.time() - last[1] >= 2.0:
+            if len(dumped_ranks(Path(f["name"]).name for f in files)) >= world:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
         for f in files:  # one directory, as the analyzer reads it; names are per rank
             (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
         log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
@@ -420,6 +421,13 @@ class Supervisor:
         )
         try:
             gang = await asyncio.to_thread(self.launcher.launch, plan)
+        except GangStartError as e:  # a node's processes did not come up: its ranks crashed
+            log.error("generation %d did not start: %s", self.job.generation, e)
+            self.job.state = "crashed"
+            await self._report_crashes(
+                e.ranks, self.job.generation, self.job.resume_step, reason=f"did not start: {e}"
+            )
+            return
         except (OSError, RuntimeError, ValueError) as e:  # hosts that never came, a bad command
             log.error("cannot launch generation %d: %s", self.job.generation, e)
             self.job.state = "failed"
@@ -454,7 +462,11 @@ class Supervisor:
         return died
 
     async def _report_crashes(
-        self, failed: list[RankExit], generation: int, resumed: int | None
+        self,
+        failed: list[RankExit],
+        generation: int,
+        resumed: int | None,
+        reason: str | None = None,
     ) -> None:
         """Report `failed` as crashes of `generation`, which resumed from step `resumed` (both
         read before its gang was stopped: a restart may have launched the next one since)."""
@@ -466,10 +478,12 @@ class Supervisor:
             RankCrashEvent(
                 source=Source(node=e.node, rank=e.rank, job=self.cfg.job_id),
                 payload=RankCrashPayload(
-                    exit_code=e.returncode if e.returncode >= 0 else None,
+                    exit_code=None if reason or e.returncode < 0 else e.returncode,
                     signal=e.signal,
                     generation=generation,
-                    **progress,
+                    reason=reason,
+                    # a node whose processes did not start is at fault, progress or not
+                    **(progress | {"no_progress": None} if reason else progress),
                 ),
             )
             for e in failed

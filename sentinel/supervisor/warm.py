@@ -33,8 +33,8 @@ from sentinel.processes import Teardown, spawn, teardown
 from sentinel.protocol import Recovery
 from sentinel.ranks import wire
 from sentinel.ranks.host import trainer_module
-from sentinel.ranks.pool import RankPool, RankProcess
-from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
+from sentinel.ranks.pool import PoolError, RankPool, RankProcess
+from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
 
 log = logging.getLogger("sentinel.supervisor.warm")
 _GONE_CODE_WAIT_S = 1.0  # after a process vanished, how long its host's exit code may take
@@ -254,16 +254,17 @@ class WarmLauncher(Launcher):
         python = trainer_module(plan.argv)[0] or sys.executable
         argv = [python, "-m", "sentinel.ranks.host", "--connect", self.pool.address, "--node"]
         for node in wanted:
+            if node in self._hosts and self.pool.host_lost(node):  # it died: start it again
+                self.starter.stop(node)
+                self._hosts.discard(node)
             if node not in self._hosts:
                 env = {**plan.env, wire.SECRET_ENV: self._secret}
                 self.starter.start(node, [*argv, node, "--", *plan.argv], env)
                 self._hosts.add(node)
-        if not self.pool.wait(lambda: all(self.pool.host_ready(n) for n in wanted),
-                              self.start_timeout_s):  # fmt: skip
-            late = [n for n in wanted if not self.pool.host_ready(n)]
-            raise RuntimeError(
-                f"node hosts did not start within {self.start_timeout_s:.0f}s: {late}"
-            )
+        # The gang's nodes are waited for (one whose host does not come has its ranks fail to
+        # start: launch says which); a spare's host joins when it is ready.
+        gang = plan.nodes
+        self.pool.wait(lambda: all(self.pool.host_ready(n) for n in gang), self.start_timeout_s)
 
     def launch(self, plan: GangPlan) -> Gang:
         plan = plan.with_master(self.starter.master_addr(plan))
@@ -272,7 +273,16 @@ class WarmLauncher(Launcher):
         per_node = plan.gpus_per_node
         slots = [(plan.node_of_rank(r), r % per_node) for r in range(plan.world_size)]
         standby = [(n, s) for n in plan.spares for s in range(per_node)]  # warm spares
-        procs = self.pool.spawn(slots + standby, self.start_timeout_s)
+        self.pool.prefork(standby)  # warm spares: a process per slot, waiting for a rank
+        try:  # all of the gang's processes, or none of them runs the generation
+            procs = self.pool.spawn(slots, self.start_timeout_s)
+        except PoolError as e:
+            failed = [
+                RankExit(r, node, 1)
+                for r, (node, slot) in enumerate(slots)
+                if (node, slot) in e.missing
+            ]
+            raise GangStartError(str(e), failed) from None
         ranks = {r: procs[slot] for r, slot in enumerate(slots)}
         for r, proc in ranks.items():
             log_file = None
