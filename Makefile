@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# Pinned: the CPU wheel on disk. An unpinned torch pulls gigabytes of CUDA packages.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,demo,dev]'
+	$(PY) -m pip install -q -e '.[torch,demo,ft,dev]'
 	# The oldest pynvml the agent allows, beside the venv: a test runs the agent's NVML backend on it.
 	$(PY) -m pip install -q --upgrade --target $(VENV)/pynvml-oldest nvidia-ml-py==12.535.161
 	touch $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,34 @@ from trainer_hooks.reference.model import ModelArgs
 
 class ConfigError(ValueError):
     """Bad flags: the message says which and why; the entry point exits 2."""
+
+
+# The replica mode's torchft timeouts (seconds), each overridden by torchft's own variable.
+# `timeout`: a cross-replica collective, the commit vote and a state transfer; a replica whose
+# device stopped answering (alive, still heartbeating) is seen only when it runs out.
+# `quorum`: how long a step waits for the lighthouse's quorum (a spare's first quorum included).
+# `connect`: reaching the lighthouse and the replicas' managers.
+FT_TIMEOUT_S = 30.0
+FT_QUORUM_TIMEOUT_S = 120.0
+FT_CONNECT_TIMEOUT_S = 10.0
+FT_TIMEOUT_ENV = {
+    "timeout": "TORCHFT_TIMEOUT_SEC",
+    "quorum_timeout": "TORCHFT_QUORUM_TIMEOUT_SEC",
+    "connect_timeout": "TORCHFT_CONNECT_TIMEOUT_SEC",
+}
+REPLICA_ENV = "SENTINEL_REPLICA"  # this process's replica index, 0 .. dp-1
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # the lighthouse's address, http://HOST:PORT
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """`--replicas ft`: this process's replica, the lighthouse, torchft's timeouts."""
+
+    replica: int
+    lighthouse: str
+    timeout_s: float = FT_TIMEOUT_S
+    quorum_timeout_s: float = FT_QUORUM_TIMEOUT_S
+    connect_timeout_s: float = FT_CONNECT_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -51,10 +80,16 @@ class TrainConfig:
     cpu_threads: int = 1
     hooks_interleave: int = 0  # steps per hooks-on / hooks-off block; 0: hooks on throughout
     hooks_interleave_seed: int = 0
+    ft: ReplicaSettings | None = None  # None: one gang; set: this gang is one of dp replicas
 
     @property
     def global_batch(self) -> int:
         return self.mbs * self.accum * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per global batch (each `mbs` rows), however many replicas are live."""
+        return self.accum * self.dp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +102,35 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp", type=int, default=1, help="tensor-parallel width")
     a("--pp", type=int, default=1, help="pipeline stages")
     a("--dp", type=int, default=None, help="data-parallel width (default: world / (tp*pp))")
+    a(
+        "--replicas",
+        choices=["gang", "ft"],
+        default="gang",
+        help="gang: one world of tp*pp*dp ranks; ft: each data-parallel replica is its own "
+        f"tp*pp world joined to the others by torchft (needs --dp, {REPLICA_ENV} and "
+        f"{LIGHTHOUSE_ENV}); a lost replica leaves, the others keep stepping",
+    )
+    a(
+        "--ft-timeout",
+        type=float,
+        default=None,
+        help=f"seconds: cross-replica collective, commit vote, state transfer (default "
+        f"{FT_TIMEOUT_S:g}, or {FT_TIMEOUT_ENV['timeout']})",
+    )
+    a(
+        "--ft-quorum-timeout",
+        type=float,
+        default=None,
+        help=f"seconds a step waits for its quorum (default {FT_QUORUM_TIMEOUT_S:g}, or "
+        f"{FT_TIMEOUT_ENV['quorum_timeout']})",
+    )
+    a(
+        "--ft-connect-timeout",
+        type=float,
+        default=None,
+        help=f"seconds to reach the lighthouse and managers (default {FT_CONNECT_TIMEOUT_S:g}, "
+        f"or {FT_TIMEOUT_ENV['connect_timeout']})",
+    )
     a("--layers", type=int, default=4)
     a("--dim", type=int, default=64)
     a("--heads", type=int, default=4)
@@ -168,10 +232,56 @@ def _lr_scale(text: str | None) -> tuple[tuple[float, int] | None, int | None]:
     return (factor, steps), first
 
 
-def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
+def _timeout(flag: float | None, key: str, default: float, env: Mapping[str, str]) -> float:
+    name = FT_TIMEOUT_ENV[key]
+    text = env.get(name)
+    try:
+        # torchft's own variable wins inside its Manager, so it wins here too
+        value = float(text) if text else (default if flag is None else flag)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r}: want seconds") from None
+    if value <= 0:
+        raise ConfigError(f"--ft-{key.replace('_', '-')} / {name}: want seconds > 0, got {value}")
+    return value
+
+
+def _replica_settings(ns: argparse.Namespace, dp: int, env: Mapping[str, str]) -> ReplicaSettings:
+    text, lighthouse = env.get(REPLICA_ENV, ""), env.get(LIGHTHOUSE_ENV, "")
+    if not text.isdigit() or int(text) >= dp:
+        raise ConfigError(f"--replicas ft: {REPLICA_ENV}={text!r}, want 0 .. {dp - 1} (--dp {dp})")
+    if not lighthouse:
+        raise ConfigError(f"--replicas ft: {LIGHTHOUSE_ENV} is not set (http://HOST:PORT)")
+    if ns.dp_mode != "allreduce":
+        raise ConfigError(
+            "--replicas ft: replicas reduce gradients across; --dp-mode must be allreduce"
+        )
+    if ns.hooks_interleave:
+        raise ConfigError("--hooks-interleave measures one gang; not with --replicas ft")
+    return ReplicaSettings(
+        replica=int(text),
+        lighthouse=lighthouse,
+        timeout_s=_timeout(ns.ft_timeout, "timeout", FT_TIMEOUT_S, env),
+        quorum_timeout_s=_timeout(ns.ft_quorum_timeout, "quorum_timeout", FT_QUORUM_TIMEOUT_S, env),
+        connect_timeout_s=_timeout(
+            ns.ft_connect_timeout, "connect_timeout", FT_CONNECT_TIMEOUT_S, env
+        ),
+    )
+
+
+def parse_config(
+    argv: list[str] | None, world: int, env: Mapping[str, str] | None = None
+) -> TrainConfig:
+    """`env` (the process environment by default) names the replica and the lighthouse."""
     ns = build_parser().parse_args(argv)
+    env = {} if env is None else env
+    ft = ns.replicas == "ft"
+    if ft and ns.dp is None:
+        raise ConfigError("--replicas ft: give --dp, the number of replicas")
+    gang = ns.tp * ns.pp if ft else None  # one replica's world
     dp = ns.dp if ns.dp is not None else world // max(1, ns.tp * ns.pp)
-    if min(ns.tp, ns.pp, dp) < 1 or ns.tp * ns.pp * dp != world:
+    if gang is not None and (min(ns.tp, ns.pp, dp) < 1 or gang != world):
+        raise ConfigError(f"--replicas ft: tp*pp = {ns.tp}*{ns.pp} must equal WORLD_SIZE={world}")
+    if gang is None and (min(ns.tp, ns.pp, dp) < 1 or ns.tp * ns.pp * dp != world):
         raise ConfigError(f"tp*pp*dp = {ns.tp}*{ns.pp}*{dp} must equal WORLD_SIZE={world}")
     if ns.heads % ns.tp or ns.dim % ns.heads:
         raise ConfigError(f"--heads {ns.heads} must divide --dim {ns.dim} and be divisible by --tp")
@@ -197,6 +307,12 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         raise ConfigError(f"--skip-batches: {e}") from None
     lr_scale, lr_scale_from = _lr_scale(ns.lr_scale)
     out: Path = ns.out
+    settings = _replica_settings(ns, dp, env) if ft else None
+    ckpt_dir: Path = ns.ckpt_dir or out / "ckpt"
+    durable_dir: Path | None = ns.durable_dir
+    if settings is not None:  # each replica saves its own copy; a lost one heals from a peer
+        ckpt_dir = ckpt_dir / f"replica-{settings.replica}"
+        durable_dir = durable_dir / f"replica-{settings.replica}" if durable_dir else None
     return TrainConfig(
         model=ModelArgs(vocab=ns.vocab, dim=ns.dim, layers=ns.layers, heads=ns.heads, seq=ns.seq),
         corpus=CorpusSpec(vocab=ns.vocab, tokens=ns.corpus_tokens, seed=ns.corpus_seed),
@@ -217,8 +333,8 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         dtype=ns.dtype,
         out=out,
         data_dir=ns.data_dir or out / "data",
-        ckpt_dir=ns.ckpt_dir or out / "ckpt",
-        durable_dir=ns.durable_dir,
+        ckpt_dir=ckpt_dir,
+        durable_dir=durable_dir,
         checkpoint_every=ns.checkpoint_every,
         keep=ns.keep,
         checkpoint_mode=ns.checkpoint_mode,
@@ -233,4 +349,5 @@ def parse_config(argv: list[str] | None, world: int) -> TrainConfig:
         cpu_threads=ns.cpu_threads,
         hooks_interleave=ns.hooks_interleave,
         hooks_interleave_seed=ns.hooks_interleave_seed,
+        ft=settings,
     )

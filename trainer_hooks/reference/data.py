@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,15 +128,37 @@ class BatchLoader:
             [self.corpus.shards[s][o : o + self.seq + 1] for s, o in zip(shard, start, strict=True)]
         ).astype(np.int64)
 
+    def peek(self) -> int:
+        """The global batch the next step trains on (the skip list applied); nothing moves."""
+        b = self.next_batch
+        while b in self.skip:
+            b += 1
+        return b
+
+    def jumped(self, batch: int) -> tuple[int, ...]:
+        """The batches the skip list steps over before `batch` (the ledger names them)."""
+        return tuple(range(self.next_batch, batch))
+
+    def take(self, batch: int) -> None:
+        """`batch` is consumed (its step committed): the position moves past it."""
+        self.next_batch = batch + 1
+
+    def microbatches(self, batch: int, indices: Sequence[int]) -> torch.Tensor:
+        """Micro-batches `indices` of global batch `batch`, in order: (len*mbs, seq+1) tokens.
+        Micro-batch m is rows [m*mbs, (m+1)*mbs) of the batch."""
+        rows = self.rows(batch)
+        parts = [rows[m * self.mbs : (m + 1) * self.mbs] for m in indices]
+        return torch.from_numpy(np.concatenate(parts) if parts else rows[:0])
+
+    def share(self) -> range:
+        """This data-parallel rank's micro-batches of every global batch (one gang)."""
+        return range(self.dp_rank * self.accum, (self.dp_rank + 1) * self.accum)
+
     def next(self) -> tuple[int, torch.Tensor]:
         """(global batch index, this rank's (accum*mbs, seq+1) tokens); advances the position."""
-        while self.next_batch in self.skip:
-            self.next_batch += 1
-        b = self.next_batch
-        self.next_batch += 1
-        per_rank = self.accum * self.mbs
-        mine = self.rows(b)[self.dp_rank * per_rank : (self.dp_rank + 1) * per_rank]
-        return b, torch.from_numpy(mine)
+        b = self.peek()
+        self.take(b)
+        return b, self.microbatches(b, self.share())
 
     def state_dict(self) -> dict[str, int]:
         return {"next_batch": self.next_batch, "global_batch": self.global_batch}

@@ -48,6 +48,6 @@ def build_hooks(job: Job) -> SentinelHooks:
     hooks.register_rank(
         tp=mesh["tp"].get_local_rank(),
         pp=mesh["pp"].get_local_rank(),
-        dp=mesh["dp"].get_local_rank(),
+        dp=mesh["dp"].get_local_rank() if job.replica is None else job.replica,
     )
     return hooks

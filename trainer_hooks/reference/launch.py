@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,9 +27,29 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sentinel.processes import fork_child, free_rendezvous_port, redirect_output, spawn
+from sentinel.processes import (
+    fork_child,
+    free_rendezvous_port,
+    redirect_output,
+    spawn,
+    stop_process,
+    wait_ready,
+)
 
 TRAIN_MODULE = "trainer_hooks.reference.train"
+# The lighthouse settings the replica mode (--replicas ft) is measured with. A killed replica
+# stops heartbeating: the survivors' next quorum leaves it out once `heartbeat_timeout_ms` has
+# passed (their collective with it fails at once, the quorum waits this long for it), which is
+# most of their stall. Heartbeats go every 100 ms from a thread of torchft's own (not held up by
+# the training loop), so 1 s is ten missed beats. A replica that stops answering but keeps
+# heartbeating (a stuck device) is left out `join_timeout_ms` after its peers asked for a
+# quorum without it. torchft's defaults are 5 s and 60 s.
+LIGHTHOUSE_FLAGS: dict[str, int] = {
+    "min_replicas": 1,
+    "heartbeat_timeout_ms": 1000,
+    "join_timeout_ms": 5000,
+    "quorum_tick_ms": 50,
+}
 
 
 class ForkedRank:
@@ -148,6 +169,40 @@ def launch(
             continue
         procs.append(spawn([sys.executable, "-m", module, *args], env=e, log=log))
     return Gang(procs, logs)
+
+
+class Lighthouse:
+    """torchft's lighthouse as a local process (`torchft_lighthouse`), for tests and drills;
+    `address` is what the replicas get as TORCHFT_LIGHTHOUSE."""
+
+    def __init__(self, log: Path, **flags: int) -> None:
+        port = free_rendezvous_port()
+        self.address = f"http://127.0.0.1:{port}"
+        argv = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"[::]:{port}"]
+        for key, value in (LIGHTHOUSE_FLAGS | flags).items():
+            argv += [f"--{key}", str(value)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = spawn(argv, env={**os.environ, "RUST_LOG": "warn"}, log=log)
+        wait_ready(lambda: _accepts(port), self.proc, what="lighthouse", log=log, timeout_s=30)
+
+    def close(self) -> None:
+        stop_process(self.proc, grace_s=5)
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def launch_replica(
+    replica: int, nproc: int, args: Sequence[str], *, lighthouse: str, log_dir: Path, **kw: Any
+) -> Gang:
+    """One replica of the replica mode (--replicas ft): its own gang of `nproc` ranks (its own
+    rendezvous) that finds its peers through the lighthouse; logs in log_dir/replica-R/."""
+    env = dict(kw.pop("env", None) or os.environ)
+    env.update(SENTINEL_REPLICA=str(replica), TORCHFT_LIGHTHOUSE=lighthouse)
+    return launch(nproc, args, log_dir=log_dir / f"replica-{replica}", env=env, **kw)
 
 
 class GangFailed(RuntimeError):

@@ -73,17 +73,40 @@ def build_stage_model(
     return model, stage, stages
 
 
-def build_schedule(
-    model: Transformer, mesh: DeviceMesh, device: torch.device, microbatches: int, kind: str
-) -> PipelineScheduleSingle | None:
-    """The pipeline schedule for this rank's stage, or None when pp == 1 (plain accumulation)."""
-    pp_mesh = mesh["pp"]
-    if pp_mesh.size() == 1:
-        return None
-    stage = PipelineStage(
-        model, pp_mesh.get_local_rank(), pp_mesh.size(), device, group=pp_mesh.get_group()
-    )
-    return SCHEDULES[kind](stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=True)
+class PipelineSchedules:
+    """This rank's stage's pipeline schedule for each micro-batch count, built on first use.
+
+    A replica of the fault-tolerant mode runs as many micro-batches as its share of the global
+    batch (more while a replica is missing); a schedule and its stage hold per-micro-batch
+    buffers, so each count gets its own. Gradients come back summed over the micro-batches
+    (`scale_grads=False`): the step divides them by the micro-batches of the whole batch.
+    """
+
+    def __init__(self, model: Transformer, mesh: DeviceMesh, device: torch.device, kind: str):
+        self.model, self.device, self.kind = model, device, kind
+        self.pp = mesh["pp"]
+        self._built: dict[int, PipelineScheduleSingle] = {}
+
+    def __call__(self, microbatches: int) -> PipelineScheduleSingle:
+        if microbatches not in self._built:
+            stage = PipelineStage(
+                self.model,
+                self.pp.get_local_rank(),
+                self.pp.size(),
+                self.device,
+                group=self.pp.get_group(),
+            )
+            self._built[microbatches] = SCHEDULES[self.kind](
+                stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=False
+            )
+        return self._built[microbatches]
+
+
+def build_schedules(
+    model: Transformer, mesh: DeviceMesh, device: torch.device, kind: str
+) -> PipelineSchedules | None:
+    """The pipeline schedules of this rank's stage, or None when pp == 1 (plain accumulation)."""
+    return None if mesh["pp"].size() == 1 else PipelineSchedules(model, mesh, device, kind)
 
 
 def local_grad(p: nn.Parameter) -> torch.Tensor | None:

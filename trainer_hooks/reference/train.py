@@ -7,11 +7,13 @@ The step boundary is marked below: a hook added there sees `result.loss` and
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
@@ -23,6 +25,7 @@ from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
 from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
+from trainer_hooks.reference.engine import StepResult
 from trainer_hooks.reference.faults import load_faults
 from trainer_hooks.reference.instrument import build_hooks
 from trainer_hooks.reference.job import Job, build_job, device_and_backend
@@ -41,49 +44,110 @@ def _emit(line: dict[str, Any], files: list[TextIO]) -> None:
         print(text, file=f, flush=True)
 
 
+@dataclass
+class Trained:
+    """A committed step: what it trained on and how (`ft`: the replica mode's extras)."""
+
+    batch: int
+    lr: float
+    result: StepResult
+    tokens: int  # this rank's gang's trained tokens in the step
+    ft: dict[str, Any] = field(default_factory=dict)
+
+
+def train_gang(job: Job, step: int) -> Trained:
+    """One gang: this dp rank's share of the step's global batch."""
+    cfg = job.cfg
+    job.injector.before_step(step)
+    batch = job.loader.peek()
+    toks = job.loader.microbatches(batch, job.loader.share())
+    toks = job.injector.corrupt_batch(batch, toks).to(job.device)
+    lr = job.lr.apply(job.opt, step)
+    result = job.step_fn(toks, cfg.accum, cfg.accum)
+    shares = {r: range(r * cfg.accum, (r + 1) * cfg.accum) for r in range(cfg.dp)}
+    job.committed(batch, None, shares)
+    return Trained(batch, lr, result, cfg.accum * cfg.mbs * cfg.model.seq)
+
+
+def train_replica(job: Job, out: list[TextIO]) -> Trained | None:
+    """A replica (--replicas ft): the quorum's share of the global batch, until a commit.
+    None when the replica was asked to leave its generation before the step committed."""
+    cfg, link = job.cfg, job.link
+    assert link is not None
+    attempts = 0
+    while True:
+        attempts += 1
+        if not link.start(leave_requested):  # a replica behind its peers heals here
+            return None
+        if link.healed is not None:
+            _emit(job.tag({"heal": link.healed | {"step": job.step}}), out)
+        batch = job.loader.peek()
+        plan = link.assign(batch)
+        job.injector.before_step(job.step)  # after the quorum: a stuck rank stalls its peers
+        toks = job.loader.microbatches(batch, plan.mine)
+        toks = job.injector.corrupt_batch(batch, toks).to(job.device)
+        lr = job.lr.apply(job.opt, job.step)
+        result = job.step_fn(toks, len(plan.mine), cfg.microbatches)
+        if result.committed:
+            break
+        line = {"step": job.step, "quorum": plan.quorum, "error": link.error(), "t": time.time()}
+        _emit(job.tag({"uncommitted": line}), out)
+        if leave_requested():  # told to leave at once: the links this step needed are cut
+            return None
+    job.committed(batch, plan.quorum, link.assignment)
+    ft: dict[str, Any] = {
+        "quorum": plan.quorum,
+        "participants": plan.participants,
+        "microbatches": len(plan.mine),
+    }
+    ft |= {"attempts": attempts, "t": time.time()}
+    return Trained(batch, lr, result, len(plan.mine) * cfg.mbs * cfg.model.seq, job.tag(ft))
+
+
 def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int) -> bool:
     """One step; `hooks=None` runs it without a single hook call (the bare trainer's step).
     True when the gang agreed to leave this generation after it (a warm restart)."""
     global _checkpoint_requested
     cfg = job.cfg
-    replica_tokens = cfg.mbs * cfg.accum * cfg.model.seq  # what this rank's replica processes
     t0 = time.perf_counter()
     if hooks:
-        hooks.begin_step(step, tokens=replica_tokens)
-    job.injector.before_step(step)
-    batch, toks = job.loader.next()
-    toks = job.injector.corrupt_batch(batch, toks).to(job.device)
-    lr = job.lr.apply(job.opt, step)
-    result = job.step_fn(toks)
+        hooks.begin_step(step, tokens=cfg.mbs * cfg.accum * cfg.model.seq)
+    done = train_replica(job, out) if job.link else train_gang(job, step)
+    if done is None:
+        return True
+    result = done.result
     if hooks:
-        hooks.observe(loss=result.loss if job.step_fn.last else None, grad_norm=result.grad_norm)
-    mine = result.loss / cfg.dp if job.reports_loss and result.loss is not None else 0.0
+        loss = result.loss if job.step_fn.last else None
+        hooks.observe(loss=loss, grad_norm=result.grad_norm, tokens=done.tokens)
+    # The global loss: a gang's dp ranks each hold their share's mean; a replica holds the
+    # whole batch's (its peers' summed in).
+    share = 1.0 if job.link else 1 / cfg.dp
+    mine = result.loss * share if job.reports_loss and result.loss is not None else 0.0
     flags = [float(mine), float(_checkpoint_requested), float(leave_requested())]
     stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
     # The global loss on every rank, "a rank got SIGUSR1", and "a rank was asked to leave":
     # every rank learns the last two in the same step, so all of them act on it together.
     dist.all_reduce(stats)
-    job.tokens += cfg.global_batch * cfg.model.seq
     step_s = time.perf_counter() - t0
     job.injector.after_step()
     if hooks:
         hooks.end_step()
-    done = step + 1
     # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
-    line = {"step": done, "loss": stats[0].item(), "lr": lr, "batch": batch}
+    line = {"step": job.step, "loss": stats[0].item(), "lr": done.lr, "batch": done.batch}
     line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
     stall = job.ckpt.take_stall()  # this step's wait for the last save's staging copy
-    _emit(line if stall is None else line | {"ckpt_stall_s": stall}, out)
+    line |= done.ft | ({} if stall is None else {"ckpt_stall_s": stall})
+    _emit(line, out)
     job.ckpt.poll()
     # a coordinator `checkpoint.now`, the same step everywhere (hook-less steps cannot see it)
     on_command = hooks.should_checkpoint() if hooks else False
     if (
-        (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+        (cfg.checkpoint_every and job.step % cfg.checkpoint_every == 0)
         or stats[1].item() > 0
         or on_command
     ):
         _checkpoint_requested = False
-        _emit(job.save(done), out)
+        _emit(job.save(job.step), out)
     return stats[2].item() > 0
 
 
@@ -92,9 +156,9 @@ def train_loop(job: Job, out: list[TextIO], hooks: SentinelHooks) -> bool:
     if job.cfg.hooks_interleave:
         interleaved_loop(job, out, hooks)
         return False
-    for step in range(job.start, job.cfg.steps):
-        if run_step(job, out, hooks, step):
-            _emit({"left": step + 1}, out)
+    while job.step < job.cfg.steps:  # a healing replica jumps to its peers' step
+        if run_step(job, out, hooks, job.step):
+            _emit(job.tag({"left": job.step}), out)
             return True
     return False
 
@@ -175,6 +239,7 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
     # Everything the generation opened is closed when it ends, whichever way: a warm rank
     # process runs the next generation in this same process.
     with contextlib.ExitStack() as generation:
+        generation.callback(job.close)  # last: a replica leaves its peers
         generation.callback(job.ckpt.close)
         out: list[TextIO] = []
         if dist.get_rank() == 0:
@@ -199,7 +264,7 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
             "ready_at": time.time(),
             "resume_step": job.start,
         }
-        _emit({"launch": launch}, out)
+        _emit({"launch": job.tag(launch)}, out)
         if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
             hooks.launched(**launch)
         left = train_loop(job, out, hooks)
@@ -207,7 +272,7 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
         if left:
             return
         digest = param_digest(job.model, job.mesh)
-        _emit({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}, out)
+        _emit(job.tag({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}), out)
         if out and cfg.digest_out:
             cfg.digest_out.write_text(digest + "\n")
 
@@ -219,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     main_at = time.time()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     try:
-        cfg = parse_config(argv, world)
+        cfg = parse_config(argv, world, os.environ)
         faults = load_faults(cfg.fault_file, cfg.fault_flags)
         tiers = [expand_node(cfg.ckpt_dir, this_node())]
         tiers += [cfg.durable_dir] if cfg.durable_dir else []
@@ -246,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         dist.destroy_process_group()
+        if cfg.ft is not None:
+            # torchft's Manager holds itself in reference cycles: free it (its servers' runtime
+            # threads, its store client) now, not at some later collection
+            gc.collect()
     return 0
 
 
