@@ -267,6 +267,10 @@ class SupervisorConfig(StrictModel):
     # generation starts new processes. Warm needs the trainer as `python -m MODULE ...` whose
     # `main(argv)` may be called once per generation (sentinel.ranks).
     ranks: Literal["warm", "cold"] = "warm"
+    # Data-parallel replicas as fault domains (the trainer's `--replicas ft --dp N`): the nodes
+    # are N replicas of nodes/N each, met at a torchft lighthouse this supervisor runs; a fault
+    # confined to one replica is repaired live (the others never stop). 1: one gang.
+    replicas: int = Field(default=1, ge=1)
     # The repair path this job asks for every fault (live, warm_restart, restart), taken where
     # the fault allows it (the catalog's repair table) and the job can; unset: each fault's own.
     recovery: Recovery | None = None
@@ -287,6 +291,14 @@ class SupervisorConfig(StrictModel):
     fr_analyze_command: list[str] = Field(
         default_factory=lambda: ["sentinel", "fr", "analyze"], min_length=1
     )
+
+    @model_validator(mode="after")
+    def _replicas_split_the_nodes(self) -> SupervisorConfig:
+        if self.nodes % self.replicas:
+            raise ValueError(
+                f"replicas: {self.replicas} replicas cannot split {self.nodes} nodes evenly"
+            )
+        return self
 
 
 class SentinelConfig(StrictModel):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
-from sentinel.faults.repairs import Recovery, allowed_for_kind
+from sentinel.faults.repairs import Recovery, allowed_for_kind, path_for_kind
 
 NodeName = Annotated[str, Field(pattern=r"^(node|spare)-\d+$")]
 
@@ -179,6 +179,13 @@ class Scenario(_Fault):
                 out.append(f"faults.{i}.gpu: {gpu} >= gpus_per_node ({self.fleet.gpus_per_node})")
             if rank is not None and rank >= world:
                 out.append(f"faults.{i}.rank: {rank} >= world size {world}")
+        if self.recovery == Recovery.LIVE and t.dp < 2:
+            out.append("recovery: live needs data-parallel replicas (trainer.dp >= 2)")
+        if self.runs_replicas and self.fleet.nodes % t.dp:
+            out.append(
+                f"trainer: dp {t.dp} replicas as fault domains cannot split "
+                f"{self.fleet.nodes} nodes evenly"
+            )
         if self.recovery is not None:
             for i, f in enumerate(self.faults):
                 allowed, why = allowed_for_kind(f.kind)
@@ -196,6 +203,18 @@ class Scenario(_Fault):
                     f"returns.gpu: {self.returns.gpu} >= gpus_per_node ({self.fleet.gpus_per_node})"
                 )
         return out
+
+    @property
+    def runs_replicas(self) -> bool:
+        """Its data-parallel replicas are fault domains (the trainer's replica mode), so that a
+        fault confined to one can take the live path: with `recovery: live`, or with none when
+        any fault's own path is live (and there are replicas: dp >= 2)."""
+        if self.trainer.dp < 2:
+            return False
+        if self.recovery is not None:
+            return self.recovery == Recovery.LIVE
+        during = [f for f in self.faults if not isinstance(f, LinkDegradedFault)]  # burn-in's
+        return any(path_for_kind(f.kind) == Recovery.LIVE for f in during)
 
     def faults_of(self, *kinds: type[_Fault]) -> list[_Fault]:
         return [f for f in self.faults if isinstance(f, kinds)]

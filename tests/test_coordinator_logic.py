@@ -197,7 +197,7 @@ def test_a_spare_whose_agent_reported_first_is_still_a_spare(
 
 
 def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> None:
-    from sentinel.supervisor.supervisor import JobState, find_checkpoints
+    from sentinel.supervisor.job import JobRecord, find_checkpoints
 
     for name in ("step-00000010", "step-00000020", "step-00000030"):
         (tmp_path / name).mkdir()
@@ -206,7 +206,7 @@ def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> N
     (tmp_path / "step_40.json.tmp").touch()
     ckpts = find_checkpoints(tmp_path)
     assert sorted(ckpts) == [10, 20]
-    job = JobState(nodes=["node-0", "node-1"], spares=["spare-0"], gpus_per_node=2)
+    job = JobRecord(nodes=["node-0", "node-1"], spares=["spare-0"], gpus_per_node=2)
     plan = {
         "exclude": ["node-1"],
         "spare_map": {"node-1": "spare-0"},
@@ -227,9 +227,9 @@ def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> N
 
 
 def test_a_plan_that_shrinks_the_gang_is_refused_and_changes_nothing() -> None:
-    from sentinel.supervisor.supervisor import GangError, JobState
+    from sentinel.supervisor.job import GangError, JobRecord
 
-    job = JobState(nodes=["node-0", "node-1"], spares=[], gpus_per_node=2)
+    job = JobRecord(nodes=["node-0", "node-1"], spares=[], gpus_per_node=2)
     with pytest.raises(GangError, match="node-1 out with no spare in its place: 1 of 2 nodes"):
         job.apply_restart({"exclude": ["node-1"], "spare_map": {}}, {})
     assert (job.nodes, job.generation, job.resume_from) == (["node-0", "node-1"], 0, None)

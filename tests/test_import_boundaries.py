@@ -17,7 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = {"sentinel.protocol", "sentinel.ranks.current"}
-REFERENCE = LIBRARY | {"sentinel.processes", "sentinel.scenario", "sentinel.exitcodes"}
+REFERENCE = LIBRARY | {
+    "sentinel.processes",
+    "sentinel.scenario",
+    "sentinel.exitcodes",
+    "sentinel.lighthouse",
+}
 
 
 def _sentinel_imports(path: Path) -> set[str]:

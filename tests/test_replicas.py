@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
+from sentinel.lighthouse import Lighthouse
 from sentinel.processes import free_rendezvous_port
-from trainer_hooks.reference.launch import Gang, Lighthouse, launch_replica
+from trainer_hooks.reference.launch import Gang, launch_replica
 from trainer_hooks.reference.ledger import check
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from coord_util import SENTINEL, Coordinator
 
-from sentinel.supervisor.supervisor import initial_job
+from sentinel.supervisor.job import initial_job
 
 
 def test_excluded_nodes_are_replaced_by_spares_in_order() -> None:

@@ -98,12 +98,19 @@ class SentinelHooks:
         peer_groups: list[list[int]] | None = None,
         transport: AgentTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
+        world: str | None = None,
+        rank_offset: int = 0,
     ) -> None:
+        """`world`, `rank_offset`: this process group's world is one of several in the job (a
+        data-parallel replica of its own): the hooks report the job's rank (the world's rank
+        plus `rank_offset`) and label the flight recorder's dumps with the world."""
         self.config = cfg = config or HooksConfig()
         self.errors = 0
         self._logged: set[str] = set()
         self._clock = clock
-        self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        self.world, self.rank_offset = world, rank_offset
+        local = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        self.rank = local + rank_offset
         self.source = Source(node=cfg.node, rank=self.rank, job=cfg.job or "local")
         self.device = device or _default_device()
         self.model = model
@@ -477,7 +484,7 @@ class SentinelHooks:
                 check_id=check_id,
                 mismatch=me in bad,
                 check="matmul",
-                mismatched_ranks=bad,
+                mismatched_ranks=[b + self.rank_offset for b in bad],
                 suspect_since=since if me in bad else None,
             ),
         )
@@ -515,7 +522,7 @@ class SentinelHooks:
                     check_id=f"{check_id}-params",
                     mismatch=me in bad,
                     check="params",
-                    mismatched_ranks=bad,
+                    mismatched_ranks=[b + self.rank_offset for b in bad],
                     suspect_since=since if me in bad else None,
                 ),
             )
@@ -563,8 +570,11 @@ class SentinelHooks:
         self.transport.flush(timeout_s=1.0)  # the process is about to end: deliver the news
 
     def _fr_meta(self) -> dict[str, Any]:
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return {"world_size": world, "job": self.config.job, "node": self.config.node}
+        size = dist.get_world_size() if dist.is_initialized() else 1
+        meta = {"world_size": size, "job": self.config.job, "node": self.config.node}
+        if self.world is not None:  # one of several worlds: its ranks start at the offset
+            meta |= {"world": self.world, "rank_offset": self.rank_offset}
+        return meta
 
 
 def _default_device() -> torch.device:

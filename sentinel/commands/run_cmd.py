@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the repair path for every fault where the fault allows it (default: each "
         "fault's own, from the fault catalog; supervisor.recovery)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        help="data-parallel replicas as fault domains (the trainer's --replicas ft --dp N): a "
+        "fault confined to one is repaired live, the others never stop (supervisor.replicas)",
+    )
     p.add_argument("--job-id", help="job id (default from config)")
     p.add_argument(
         "--coordinator",
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             "launcher": args.launcher,
             "ranks": args.ranks,
             "recovery": args.recovery,
+            "replicas": args.replicas,
             "job_id": args.job_id,
             "coordinator_url": args.coordinator,
             "token_file": args.token_file,

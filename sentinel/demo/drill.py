@@ -7,6 +7,8 @@ import dataclasses
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -136,7 +138,8 @@ def run_drill(
         demo.note("info", None, f"clean reference run of the same configuration{note}")
         started = time.monotonic()
         args = trainer_args(scenario) + (["--lr-scale", lr] if lr else [])
-        ref = reference_run(scenario.fleet.world_size, args, skip, out / "data")
+        replicas = scenario.trainer.dp if scenario.runs_replicas else 1
+        ref = reference_run(scenario.fleet.world_size, args, skip, out / "data", replicas=replicas)
         how = "cached" if ref.cached else f"{time.monotonic() - started:.0f}s"
         demo.note("info", None, f"reference digest {ref.digest[:12]} ({how})")
         reference, ref_steps = ref.digest, ref.steps
@@ -149,6 +152,9 @@ def run_drill(
         steps=[(ln.t, ln.step, g) for ln, g in demo.rec.lines],
         completed_steps=tail.final_step or (max(steps) if steps else 0),
         final_digest=tail.digest,
+        final_loss=demo.rec.lines[-1][0].loss if demo.rec.lines else None,
+        reference_final_loss=dict(ref_steps).get(max(steps)) if steps and ref_steps else None,
+        tokens=token_ledger(out / "run", scenario.trainer.steps),
         reference_digest=reference,
         burnin_exclude=demo.rec.burnin_exclude,
         reference_has_lr_scale=lr is not None,
@@ -164,6 +170,7 @@ def run_drill(
                 if i["fault"].startswith("rank_crash")
             },
             scenario.fleet.gpus_per_node,
+            [(ln.t, ln.participants) for ln, _g in demo.rec.lines if ln.participants],
         ),
         timing=dataclasses.replace(
             demo.timing,
@@ -185,6 +192,18 @@ def run_drill(
     (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
     write_report_for(out, demo, result, ref_steps, tail.saves, evidence.generations)
     return result
+
+
+def token_ledger(run: Path, steps: int) -> dict[str, Any] | None:
+    """The trainer's ledger checker on the run (every sample of every step consumed once);
+    None when the run kept no ledger. A subprocess: `sentinel` never imports the trainer."""
+    argv = [sys.executable, "-m", "trainer_hooks.reference.ledger", str(run)]
+    argv += ["--steps", str(steps), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if done.returncode not in (0, 1):
+        return None
+    verdict: dict[str, Any] = json.loads(done.stdout)
+    return verdict
 
 
 def account_of(demo: Demo, tail: MetricsTail, ev: Evidence) -> dict[str, Any]:
@@ -298,6 +317,25 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     lines += return_lines(result.get("returns"))
     if result["final_digest"] is None and not result["bit_identity_required"]:
         lines.append("  no final model: the job was stopped for a person, as the drill expects")
+        return lines
+    tokens = result.get("tokens")
+    if tokens is not None:
+        exact = "exact" if result["ledger_exact"] else "NOT EXACT"
+        lines.append(
+            f"  token ledger {exact}: {tokens['consumed']} of {tokens['expected']} tokens "
+            f"consumed, {tokens['duplicated']} twice, {tokens['skipped']} skipped"
+        )
+    if result.get("final_loss_within_tolerance") is not None:
+        final, ref, tol = (
+            result["final_loss"],
+            result["reference_final_loss"],
+            result["loss_tolerance"],
+        )
+        within = "within" if result["final_loss_within_tolerance"] else "NOT within"
+        lines.append(
+            f"  final loss {final}: {within} {tol:g} of the reference's {ref} "
+            "(repaired live: the same samples, summed in another order)"
+        )
         return lines
     same = "bit-identical" if result["bit_identical"] else "NOT bit-identical"
     lines.append(f"  final digest {str(result['final_digest'])[:16]}: {same} to the reference")

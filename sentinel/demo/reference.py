@@ -56,8 +56,10 @@ def reference_run(
     skip: list[tuple[int, int]],
     data_dir: Path,
     timeout_s: float = 1800.0,
+    replicas: int = 1,
 ) -> Reference:
-    """`train_args` are the model/parallelism flags (no --out/--ckpt-dir/--faults)."""
+    """`train_args` are the model/parallelism flags (no --out/--ckpt-dir/--faults); with
+    `replicas`, the run is the replica mode's (`world` ranks in that many gangs, a lighthouse)."""
     key = cache_key(world, train_args, skip)
     done = cache_root() / key
     digest, steps = read_run(done / "metrics.jsonl")
@@ -68,8 +70,9 @@ def reference_run(
     work.mkdir(parents=True)
     argv = [*train_args, *skip_flag(skip), "--out", str(work), "--data-dir", str(data_dir),
             "--ckpt-dir", str(work / "ckpt"), "--quiet"]  # fmt: skip
-    cmd = [sys.executable, "-m", "trainer_hooks.reference.launch", "--nproc", str(world),
-           "--fork", "--log-dir", str(work / "logs"), "--timeout", str(timeout_s), "--", *argv]  # fmt: skip
+    cmd = [sys.executable, "-m", "trainer_hooks.reference.launch", "--nproc",
+           str(world // replicas), "--replicas", str(replicas), "--fork", "--log-dir",
+           str(work / "logs"), "--timeout", str(timeout_s), "--", *argv]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
     if proc.returncode != 0:

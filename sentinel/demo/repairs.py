@@ -106,21 +106,36 @@ def _survivors_restarted(r: Restart, crashed: set[int], gpus_per_node: int) -> i
     )
 
 
+def _reads(r: Restart, launches: list[Launch], world: int) -> int:
+    """The ranks of the restart's generation that loaded a checkpoint: each launch report of
+    that generation (a gang's, or each replica's that relaunched) that resumed from one. A
+    trainer whose reports carry no generation: the first report after the restart."""
+    mine = [la for la in launches if la.generation is not None and la.generation == r.generation]
+    if mine:
+        return sum((la.ranks or world) for la in mine if la.resume_step)
+    first = next((la for la in launches if la.main_t >= r.t - 1.0), None)
+    return world if first is not None and first.resume_step else 0
+
+
 def repair_costs(
     restart_list: list[Restart],
     steps: list[tuple[float, int, int]],
     launches: list[Launch],
     crashed: dict[int, set[int]],
     gpus_per_node: int,
+    widths: list[tuple[float, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per restart: its path and what it cost (see the module's docstring).
-    `crashed`: by incident, the ranks whose process died (not survivors)."""
+    `crashed`: by incident, the ranks whose process died (not survivors); `widths`: (demo time,
+    replicas that trained it) of each step of a replica-mode job, for a live repair's join."""
     out = []
+    full = max((w for _t, w in widths or []), default=None)
     for r in restart_list:
         first = min(
             (st for (st, _s, g) in steps if st > r.t and g >= (r.generation or 0)), default=None
         )
-        launch = next((la for la in launches if la.main_t >= r.t - 1.0), None)
+        if r.path == "live" and widths:  # the job back at full width with the joiner in it
+            first = min((t for t, w in widths if t > r.t and w == full), default=None)
         world = len(r.nodes_after) * gpus_per_node
         out.append(
             {
@@ -130,7 +145,7 @@ def repair_costs(
                 "generation": r.generation,
                 "survivor_stall_s": _stall(steps, r.t, r.generation),
                 "join_s": round(first - r.t, 2) if first is not None else None,
-                "checkpoint_reads": world if launch is not None and launch.resume_step else 0,
+                "checkpoint_reads": _reads(r, launches, world),
                 "survivors_restarted": _survivors_restarted(
                     r, crashed.get(r.incident or -1, set()), gpus_per_node
                 ),

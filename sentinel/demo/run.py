@@ -82,18 +82,21 @@ def hooks_env(out: Path) -> dict[str, str]:
 
 def trainer_args(scenario: Scenario) -> list[str]:
     t = scenario.trainer
+    replicas = ["--replicas", "ft"] if scenario.runs_replicas else []
     return [*MODEL_FLAGS, "--tp", str(t.tp), "--pp", str(t.pp), "--dp", str(t.dp),
             "--steps", str(t.steps), "--checkpoint-every", str(t.checkpoint_every),
-            "--seed", str(t.seed)]  # fmt: skip
+            "--seed", str(t.seed), *replicas]  # fmt: skip
 
 
 def recovery_args(scenario: Scenario) -> list[str]:
-    """`sentinel run`'s flags for the scenario's `recovery:`: `restart` is today's path, every
-    rank a new process (cold ranks); the others are asked of the catalog's allowed paths."""
+    """`sentinel run`'s flags for the scenario's `recovery:` (`restart` is today's path, every
+    rank a new process: cold ranks; the others are asked of the catalog's allowed paths), and
+    its replicas when they are fault domains (the live path's)."""
+    replicas = ["--replicas", str(scenario.trainer.dp)] if scenario.runs_replicas else []
     if scenario.recovery is None:
-        return []
+        return replicas
     cold = ["--ranks", "cold"] if scenario.recovery == Recovery.RESTART else []
-    return [*cold, "--recovery", scenario.recovery.value]
+    return [*cold, "--recovery", scenario.recovery.value, *replicas]
 
 
 @dataclass

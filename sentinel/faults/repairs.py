@@ -111,6 +111,14 @@ def allowed_for_kind(kind: str) -> tuple[frozenset[Recovery], str]:
     return frozenset(allowed), why
 
 
+def path_for_kind(kind: str) -> Recovery:
+    """The path a scenario fault kind takes: the least live of its incident classes' paths (a
+    kind no incident explains, like a link fault burn-in keeps out: live)."""
+    order = list(Recovery)
+    paths = [repair(f).path for f in KIND_FAULTS.get(kind, frozenset())]
+    return max(paths, key=order.index) if paths else Recovery.LIVE
+
+
 def markdown_repairs() -> str:
     """The repair table as Markdown, one row a fault class."""
     head = "| Fault | Path | Allowed | Struck process | Why |\n|---|---|---|---|---|"

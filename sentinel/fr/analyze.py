@@ -201,6 +201,71 @@ def _describe(sigs: tuple[Signature, ...]) -> str:
 
 
 def analyze(dumps: DumpDir) -> Report:
+    """The verdict on a job's dumps. A job of several worlds (data-parallel replicas, each a
+    process group world of its own: the sidecars say `world` and `rank_offset`) is judged world
+    by world, whose groups share names but not members; ranks come back as the job's."""
+    worlds = split_worlds(dumps)
+    if len(worlds) <= 1:
+        return analyze_world(dumps)
+    reports = {offset: analyze_world(part) for offset, part in worlds.values()}
+    return merge_reports(reports)
+
+
+_VERDICT_ORDER = ("hang", "mismatch", "incomplete", "ok")
+
+
+def split_worlds(dumps: DumpDir) -> dict[str, tuple[int, DumpDir]]:
+    """{world: (its rank offset, its dumps by its own ranks)}; one entry for a single world."""
+    label: dict[int, tuple[str, int]] = {}
+    for rank, meta in dumps.sidecars.items():
+        if isinstance(meta.get("world"), str):
+            label[rank] = (meta["world"], int(meta.get("rank_offset") or 0))
+    if len({w for w, _ in label.values()}) <= 1:
+        return {"": (0, dumps)}
+    out: dict[str, tuple[int, DumpDir]] = {}
+    for world, offset in sorted(set(label.values()), key=lambda x: x[1]):
+        mine = {r for r, lab in label.items() if lab == (world, offset)}
+
+        def local(d: dict[int, Any], mine: set[int] = mine, offset: int = offset) -> dict[int, Any]:
+            return {r - offset: v for r, v in d.items() if r in mine}
+
+        part = DumpDir(
+            local(dumps.summaries), local(dumps.sidecars), local(dumps.unreadable), dumps.prefix
+        )
+        out[world] = (offset, part)
+    return out
+
+
+def merge_reports(reports: dict[int, Report]) -> Report:
+    """One report of several worlds' (by rank offset): the gravest verdict, every rank as the
+    job's, each world's stuck groups and mismatches."""
+
+    def job(ranks: list[int], offset: int) -> list[int]:
+        return [r + offset for r in ranks]
+
+    worst = min(reports.items(), key=lambda kv: _VERDICT_ORDER.index(kv[1].verdict))
+    offset, head = worst
+    merged = Report(
+        verdict=head.verdict,
+        culprit_ranks=job(head.culprit_ranks, offset),
+        waiting_ranks=job(head.waiting_ranks, offset),
+        collective=head.collective,
+        reason=head.reason,
+        evidence=head.evidence,
+    )
+    for off, rep in sorted(reports.items()):
+        merged.missing_ranks += job(rep.missing_ranks, off)
+        merged.unreadable |= {r + off: why for r, why in rep.unreadable.items()}
+        merged.wrapped_ranks += job(rep.wrapped_ranks, off)
+        merged.mismatches += rep.mismatches
+        merged.stuck_groups += rep.stuck_groups
+        merged.ranks_analyzed += rep.ranks_analyzed
+        merged.versions = sorted(set(merged.versions) | set(rep.versions))
+    return merged
+
+
+def analyze_world(dumps: DumpDir) -> Report:
+    """The verdict on one process-group world's dumps (ranks as the world's)."""
     summaries = dumps.summaries
     groups = build_groups(dumps)
     world = expected_world(dumps)

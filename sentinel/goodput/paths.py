@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from sentinel.faults.repairs import KIND_FAULTS, repair
+from sentinel.faults.repairs import path_for_kind
 from sentinel.goodput.model import DEMO_KIND_CLASS, RepairPath
 from sentinel.goodput.trace import FaultClass
-from sentinel.protocol import Recovery as CatalogRecovery
 
 
 class Recovery(StrEnum):
@@ -31,20 +30,12 @@ class Recovery(StrEnum):
     WARM_RESTART = "warm_restart"
 
 
-def _catalog_path(kind: str) -> RepairPath:
-    """The least live default path among the incident classes that explain a drill's fault
-    kind, from the fault catalog's repair table."""
-    order = list(CatalogRecovery)
-    paths = [repair(f).path for f in KIND_FAULTS[kind]]
-    return RepairPath(max(paths, key=order.index).value)
-
-
 # The fault catalog's path for each drill fault kind (`sentinel.faults.repairs`): a fault
 # confined to one data-parallel replica (a node or GPU fault inside it) takes the live path; one
 # that touches every replica (SDC's rollback, a hang that may span replicas, a crash whose cause
 # may be in every rank) the warm restart.
 KIND_PATH: dict[str, RepairPath] = {
-    kind: _catalog_path(kind)
+    kind: RepairPath(path_for_kind(kind).value)
     for kind in ("ecc_dbe", "xid", "thermal", "link_degraded", "crash", "hang", "sdc")
 }
 # Mirrors the catalog's faults whose warm restart starts a new process for the faulty rank on the

@@ -29,6 +29,7 @@ class StepLine:
     batch: int | None
     step_s: float
     ckpt_stall_s: float = 0.0  # of step_s, waiting for a checkpoint's staging copy
+    participants: int | None = None  # replicas that trained the step (replica mode)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Launch:
     load_s: float
     ready_t: float
     resume_step: int
+    generation: int | None = None  # None: a trainer that does not say
+    ranks: int | None = None  # the ranks it speaks for (a replica's world, or the gang)
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,9 @@ class MetricsTail:
         out = []
         for raw in filter(None, lines.split("\n")):
             rec: dict[str, Any] = json.loads(raw)
-            if "digest" in rec:
+            if "digest" in rec and rec.get("replica", 0) == 0:
                 self.digest, self.final_step = str(rec["digest"]), int(rec["final_step"])
-            elif "launch" in rec:
+            elif "launch" in rec:  # one a gang, or one per replica of a replica-mode job
                 la = rec["launch"]
                 self.launches.append(
                     Launch(
@@ -99,12 +102,16 @@ class MetricsTail:
                         load_s=float(la["load_s"]),
                         ready_t=float(la["ready_at"]) - self.t0,
                         resume_step=int(la["resume_step"]),
+                        generation=la.get("generation"),
+                        ranks=la.get("ranks"),
                     )
                 )
-            elif "checkpoint" in rec:
+            elif "checkpoint" in rec and rec.get("replica", 0) == 0:
                 held = float(rec.get("wait_s", 0.0)) + float(rec.get("block_s", 0.0))
                 self.saves.append(CheckpointSave(t=now, step=int(rec["checkpoint"]), held_s=held))
-            elif "step" in rec and "loss" in rec:
+            elif "step" in rec and "loss" in rec and rec.get("quorum_rank", 0) == 0:
+                # every replica of a replica-mode job writes each step; the quorum's first
+                # replica's line stands for it
                 out.append(
                     StepLine(
                         t=now,
@@ -113,6 +120,7 @@ class MetricsTail:
                         batch=rec.get("batch"),
                         step_s=float(rec.get("step_s", 0.0)),
                         ckpt_stall_s=float(rec.get("ckpt_stall_s") or 0.0),
+                        participants=rec.get("participants"),
                     )
                 )
         return out

@@ -32,6 +32,7 @@ class GangPlan:
     env: dict[str, str] = field(default_factory=dict)
     rank_socket_template: str | None = None  # "{node}" is replaced by the rank's node
     spares: list[str] = field(default_factory=list)  # hot spares: warm launchers keep them ready
+    label: str = ""  # names its ranks' logs apart from another gang's of the same generation
 
     @property
     def world_size(self) -> int:
@@ -39,6 +40,10 @@ class GangPlan:
 
     def node_of_rank(self, rank: int) -> str:
         return self.nodes[rank // self.gpus_per_node]
+
+    def log_name(self, rank: int) -> str:
+        label = f"-{self.label}" if self.label else ""
+        return f"g{self.generation}{label}-rank{rank}.log"
 
     def with_master(self, addr: str) -> GangPlan:
         return dataclasses.replace(self, master_addr=addr)
@@ -76,6 +81,7 @@ class RankExit:
     returncode: int
     # An error caused by another rank's end (a collective failing on a dead peer), not a crash.
     collateral: bool = False
+    why: str | None = None  # what the launcher knows of the end (a warm rank's error)
 
     @property
     def signal(self) -> int | None:
@@ -123,6 +129,15 @@ class Launcher(ABC):
         """The repair paths this launcher can take: new processes for every rank."""
         return frozenset({Recovery.RESTART})
 
+    @property
+    def advertise(self) -> str:
+        """The address this host has towards the job's nodes (where they reach a lighthouse
+        the supervisor runs)."""
+        return "127.0.0.1"
+
+    def release(self, node: str) -> None:  # noqa: B027 - most launchers keep nothing on a node
+        """The job no longer uses `node`: end what the launcher keeps there."""
+
     def close(self) -> None:  # noqa: B027 - most launchers keep nothing between generations
         """End whatever the launcher keeps between generations (warm processes)."""
 
@@ -164,6 +179,6 @@ class LocalLauncher(Launcher):
             log = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                log = self.log_dir / f"g{plan.generation}-rank{rank}.log"
+                log = self.log_dir / plan.log_name(rank)
             procs.append(spawn(plan.argv, env=env, log=log, append=False, new_session=True))
         return LocalGang(plan, procs)

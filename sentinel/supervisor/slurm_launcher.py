@@ -146,6 +146,10 @@ class SlurmLauncher(Launcher):
         self.allocation = allocation
         self.log_dir = log_dir
 
+    @property
+    def advertise(self) -> str:
+        return local_addr_towards(self.allocation.addr(self.allocation.nodes[0]))
+
     def node_names(self, count: int) -> list[str]:
         if len(self.allocation.nodes) < count:
             raise ValueError(
@@ -162,7 +166,8 @@ class SlurmLauncher(Launcher):
                "--kill-on-bad-exit=0", "--unbuffered"]  # fmt: skip
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out.append(f"--output={self.log_dir}/g{plan.generation}-%N-task%t.log")
+            label = f"-{plan.label}" if plan.label else ""
+            out.append(f"--output={self.log_dir}/g{plan.generation}{label}-%N-task%t.log")
         return [*out, sys.executable, "-m", "sentinel.slurm.task", "--", *plan.argv]
 
     def launch(self, plan: GangPlan) -> Gang:

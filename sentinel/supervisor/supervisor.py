@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
-import re
 import signal
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,14 @@ from pydantic import ValidationError
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
 from sentinel.fr.dumps import dumped_ranks
+from sentinel.lighthouse import Lighthouse
 from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
     EventBatch,
     FrAnalysisEvent,
     FrAnalysisPayload,
+    JobState,
     JobStatusEvent,
     JobStatusPayload,
     RankCrashEvent,
@@ -48,118 +49,19 @@ from sentinel.protocol import (
     StopPlan,
     encode,
 )
-from sentinel.protocol import JobState as ReportedState
+from sentinel.supervisor.job import GangError, find_checkpoints, initial_job
 from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
+from sentinel.supervisor.replicas import (
+    LIGHTHOUSE_ENV,
+    REPLICA_ENV,
+    ReplicaGang,
+    ReplicaLayout,
+)
 
 log = logging.getLogger("sentinel.supervisor")
 # Events and acknowledgements: a replica that has not answered in this long (paused, or its
 # host gone) is left for the next one, rather than after the long-poll's longer timeout.
 _SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
-_CKPT = re.compile(r"step[-_]?(\d+)")
-
-
-class GangError(RuntimeError):
-    """A restart plan that cannot form the gang at its size (a node out with no spare in)."""
-
-
-@dataclass
-class JobState:
-    nodes: list[str]
-    spares: list[str]
-    gpus_per_node: int
-    generation: int = 0
-    state: str = "starting"
-    resume_from: str | None = None
-    resume_step: int | None = None  # the step of `resume_from`
-    skip: list[tuple[int, int]] = field(default_factory=list)
-    lr_scale: tuple[float, int] | None = None
-    seen_commands: set[str] = field(default_factory=set)
-
-    def apply_restart(
-        self, plan: RepairPlan | dict[str, Any], checkpoints: dict[int, Path]
-    ) -> None:
-        if not isinstance(plan, RepairPlan):
-            plan = RepairPlan.model_validate(plan)
-        spare_map, excluded = plan.spare_map, set(plan.exclude)
-        new_nodes = []
-        for node in self.nodes:
-            if node in excluded or node in spare_map:
-                if node in spare_map:
-                    new_nodes.append(spare_map[node])
-                continue
-            new_nodes.append(node)
-        if len(new_nodes) < len(self.nodes):
-            out = sorted(n for n in self.nodes if n in excluded and n not in spare_map)
-            raise GangError(
-                f"the restart plan takes {', '.join(out)} out with no spare in its place:"
-                f" {len(new_nodes)} of {len(self.nodes)} nodes left, the gang cannot be formed"
-            )
-        self.spares = [s for s in self.spares if s not in spare_map.values()]
-        self.nodes = new_nodes
-        before = plan.resume_before_step
-        eligible = [s for s in checkpoints if before is None or s <= before]
-        self.resume_step = max(eligible, default=None)
-        self.resume_from = None if self.resume_step is None else str(checkpoints[self.resume_step])
-        for lo, hi in plan.skip_batches:
-            if (lo, hi) not in self.skip:
-                self.skip.append((lo, hi))
-        lr = plan.lr_scale
-        self.lr_scale = (lr.factor, lr.steps) if lr else None
-        self.generation += 1
-
-    def trainer_flags(self) -> list[str]:
-        flags = []
-        if self.resume_from:
-            flags += ["--resume-from", self.resume_from]
-        if self.skip:
-            flags += ["--skip-batches", ",".join(f"{lo}-{hi}" for lo, hi in self.skip)]
-        if self.lr_scale:
-            flags += ["--lr-scale", f"{self.lr_scale[0]:g}:{self.lr_scale[1]}"]
-        return flags
-
-
-def find_checkpoints(directory: Path | None, marker: str = "COMMITTED") -> dict[int, Path]:
-    """Complete checkpoints by step: `step_N*` / `step-N*` files, or directories holding the
-    commit marker. Half-written ones (`*.tmp`, a directory without the marker) are skipped."""
-    if directory is None or not directory.is_dir():
-        return {}
-    found = {}
-    for path in directory.iterdir():
-        m = _CKPT.fullmatch(path.stem) or _CKPT.fullmatch(path.name)
-        if m is None or path.name.endswith(".tmp"):
-            continue
-        if path.is_dir() and not (path / marker).exists():
-            continue
-        found[int(m.group(1))] = path
-    return found
-
-
-def initial_job(
-    nodes: int,
-    spares: int,
-    gpus_per_node: int,
-    exclude: frozenset[str],
-    given: list[str] | None = None,
-) -> JobState:
-    """The first node map: excluded nodes (a burn-in's exclude list) give their place to spares,
-    in order; with too few spares the job cannot start at its size. `given`: the launcher's
-    node names (gang first, then spares), else the simulated fleet's `node-K` and `spare-K`."""
-    if given is None:
-        given = [f"node-{i}" for i in range(nodes)] + [f"spare-{i}" for i in range(spares)]
-    names = given[:nodes]
-    free = [s for s in given[nodes : nodes + spares] if s not in exclude]
-    placed = []
-    for name in names:
-        if name not in exclude:
-            placed.append(name)
-        elif free:
-            placed.append(free.pop(0))
-        else:
-            raise ValueError(
-                f"{name} is excluded and no spare is left to take its place "
-                f"({spares} spare(s) for {len(set(names) & exclude)} excluded node(s))"
-            )
-    return JobState(nodes=placed, spares=free, gpus_per_node=gpus_per_node)
 
 
 class Supervisor:
@@ -177,7 +79,6 @@ class Supervisor:
         names = launcher.node_names(cfg.nodes + cfg.spares)
         self.job = initial_job(cfg.nodes, cfg.spares, cfg.gpus_per_node, exclude, names)
         self.gang: Gang | None = None
-        self.plan: GangPlan | None = None
         self.session: aiohttp.ClientSession | None = None
         self.coordinators = Coordinators(cfg.coordinator_url)
         self.done = asyncio.Event()
@@ -185,6 +86,14 @@ class Supervisor:
         self._background: set[asyncio.Task[None]] = set()
         self.teardown: Teardown | None = None  # the last stop of a gang
         self._teardowns: dict[str, Teardown | None] = {}  # by command id, for its (re)ack
+        # Replicas as fault domains (the trainer's --replicas ft), met at a lighthouse run here.
+        self.layout = (
+            ReplicaLayout(cfg.replicas, cfg.nodes // cfg.replicas) if cfg.replicas > 1 else None
+        )
+        self.lighthouse: Lighthouse | None = None
+        # One change of the gang at a time: the watch loop's stop of a crashed gang and a
+        # command's stop or restart never interleave (a warm rank's slot takes one process).
+        self._gang_lock = asyncio.Lock()
 
     # --- coordinator I/O ---------------------------------------------------------------------
 
@@ -212,7 +121,7 @@ class Supervisor:
     def _status_event(self) -> Any:
         ckpts = sorted(find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker))
         payload = JobStatusPayload(
-            state=ReportedState(self.job.state),
+            state=self.job.state,
             generation=self.job.generation,
             world_size=len(self.job.nodes) * self.job.gpus_per_node,
             gpus_per_node=self.job.gpus_per_node,
@@ -276,34 +185,22 @@ class Supervisor:
     async def _execute(self, kind: str, args: dict[str, Any], issued_at: float = 0.0) -> None:
         if kind == CommandKind.JOB_STOP:
             stop = StopPlan.model_validate(args)  # the coordinator sent it through the model
-            await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
-            self.job.state = "stopped"
+            async with self._gang_lock:
+                await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
+                self.job.state = JobState.STOPPED
         elif kind == CommandKind.JOB_RESTART:
             try:
                 plan = RepairPlan.model_validate(args)
             except ValidationError as e:  # a plan that is not one: fail the job, loudly
-                await self._stop_and_report()
+                async with self._gang_lock:
+                    await self._stop_and_report()
                 log.error("cannot restart the job: %s", e)
-                self.job.state = "failed"
+                self.job.state = JobState.FAILED
                 self.exit_code = 1
                 self.done.set()
                 return
-            path = self.repair_path(plan)
-            log.info("restart by %s", path.value, extra={"path": path.value})
-            # The nodes that stay in the gang keep their rank processes warm on a warm restart,
-            # unless the plan says their processes cannot be trusted again.
-            out = {*plan.exclude, *plan.spare_map, *plan.replace}
-            keep = frozenset(self.job.nodes) - out if path != Recovery.RESTART else frozenset()
-            await self._stop_and_report(keep=keep)
-            try:
-                self.job.apply_restart(
-                    plan, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
-                )
-            except GangError as e:  # never shrink the job: wait, visibly, for a person
-                log.error("cannot restart the job, waiting for nodes: %s", e)
-                self.job.state = "waiting_for_nodes"
-            else:
-                await self._launch()
+            async with self._gang_lock:
+                await self._restart(plan)
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
                 f.write(json.dumps({"kind": kind, "args": args}) + "\n")
@@ -317,14 +214,68 @@ class Supervisor:
                 task.add_done_callback(self._background.discard)
         await self.report_status()
 
+    async def _restart(self, plan: RepairPlan) -> None:
+        path = self.repair_path(plan)
+        log.info("restart by %s", path.value, extra={"path": path.value})
+        if path == Recovery.LIVE and await self._live_repair(plan):
+            return
+        # The nodes that stay in the gang keep their rank processes warm on a warm restart,
+        # unless the plan says their processes cannot be trusted again.
+        out = {*plan.exclude, *plan.spare_map, *plan.replace}
+        keep = frozenset(self.job.nodes) - out if path != Recovery.RESTART else frozenset()
+        await self._stop_and_report(keep=keep)
+        try:
+            left = self.job.apply_restart(
+                plan, find_checkpoints(self.cfg.checkpoint_dir, self.cfg.checkpoint_marker)
+            )
+        except GangError as e:  # never shrink the job: wait, visibly, for a person
+            log.error("cannot restart the job, waiting for nodes: %s", e)
+            self.job.state = JobState.WAITING_FOR_NODES
+            return
+        self._release(left)
+        await self._launch()
+
+    async def _live_repair(self, plan: RepairPlan) -> bool:
+        """The live path: only the replicas holding the plan's nodes stop; they rejoin on their
+        new nodes and heal from a live peer; the others never stop. False (nothing done) when
+        no replica is struck or every one is: then every rank stops."""
+        gang, layout = self.gang, self.layout
+        out = {*plan.exclude, *plan.spare_map, *plan.replace}
+        struck = layout.struck(self.job.nodes, out) if layout else set()
+        if not isinstance(gang, ReplicaGang) or not struck or layout is None:
+            return False
+        if len(struck) == layout.replicas:
+            return False
+        leaving = [n for r in sorted(struck) for n in layout.nodes(self.job.nodes, r)]
+        keep = frozenset(leaving) - out  # the struck replicas' sound nodes stay warm
+        stops = [
+            await asyncio.to_thread(gang.stop_replica, r, self.cfg.stop_grace_s, keep)
+            for r in sorted(struck)
+        ]
+        self.teardown = stops[0]
+        try:
+            left = self.job.swap_nodes(plan)
+        except GangError as e:  # the survivors train on; the replica waits for a node
+            log.error("replica(s) %s cannot rejoin, waiting for nodes: %s", sorted(struck), e)
+            return True
+        self.job.generation += 1
+        self._release(left)
+        await self._launch(only=struck)
+        return True
+
+    def _release(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.launcher.release(node)
+
     def repair_path(self, plan: RepairPlan) -> Recovery:
         """The path of this repair: the one the job asks for (`supervisor.recovery`) where the
         fault allows it, else the fault's own; then the nearest one the launcher can take
         (live is only for jobs whose replicas are fault domains)."""
         wanted = self.cfg.recovery if self.cfg.recovery in plan.paths else plan.path
         order = list(Recovery)  # least to most disruptive
+        able = self.launcher.paths | ({Recovery.LIVE} if self.layout else set())
         for path in order[order.index(wanted) :]:
-            if path in self.launcher.paths:
+            if path in able:
                 return path
         return Recovery.RESTART
 
@@ -395,47 +346,86 @@ class Supervisor:
 
     # --- the gang ----------------------------------------------------------------------------
 
-    async def _launch(self) -> None:
+    async def _launch(self, only: set[int] | None = None) -> None:
         """Launch the job's next generation, off the event loop (a warm launcher waits for
-        its node hosts the first time, and for new rank processes after a loss)."""
-        plan = GangPlan(
-            argv=[*self.argv, *self.job.trainer_flags()],
-            nodes=list(self.job.nodes),
-            gpus_per_node=self.job.gpus_per_node,
-            generation=self.job.generation,
-            master_addr=self.cfg.master_addr,
-            master_port=(
-                self.cfg.master_port + self.job.generation % 1000
-                if self.cfg.master_port is not None
-                else free_rendezvous_port()
-            ),
-            env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
-            rank_socket_template=self.cfg.rank_socket_template,
-            spares=list(self.job.spares),
-        )
+        its node hosts the first time, and for new rank processes after a loss). `only`: the
+        replicas that rejoin after a live repair (their peers run on)."""
+        plans = self._plans(only)
         log.info(
             "launching generation %d on %s",
             self.job.generation,
-            plan.nodes,
-            extra={"argv": plan.argv, "generation": self.job.generation, "nodes": list(plan.nodes)},
+            self.job.nodes,
+            extra={
+                "argv": next(iter(plans.values())).argv,
+                "generation": self.job.generation,
+                "nodes": list(self.job.nodes),
+                "replicas": sorted(r for r in plans if r is not None),
+            },
         )
         try:
-            gang = await asyncio.to_thread(self.launcher.launch, plan)
+            gangs = {r: await asyncio.to_thread(self.launcher.launch, p) for r, p in plans.items()}
         except GangStartError as e:  # a node's processes did not come up: its ranks crashed
             log.error("generation %d did not start: %s", self.job.generation, e)
-            self.job.state = "crashed"
+            self.job.state = JobState.CRASHED
             await self._report_crashes(
                 e.ranks, self.job.generation, self.job.resume_step, reason=f"did not start: {e}"
             )
             return
         except (OSError, RuntimeError, ValueError) as e:  # hosts that never came, a bad command
             log.error("cannot launch generation %d: %s", self.job.generation, e)
-            self.job.state = "failed"
+            self.job.state = JobState.FAILED
             self.exit_code = 1
             self.done.set()
             return
-        self.plan, self.gang = plan, gang
-        self.job.state = "running"
+        if self.layout is None:
+            self.gang = gangs[None]
+        elif only is not None and isinstance(self.gang, ReplicaGang):
+            for r, g in gangs.items():
+                assert r is not None
+                self.gang.rejoin(r, g)
+        else:
+            per_replica = self.layout.nodes_per_replica * self.job.gpus_per_node
+            self.gang = ReplicaGang({r: g for r, g in gangs.items() if r is not None}, per_replica)
+        self.job.state = JobState.RUNNING
+
+    def _plans(self, only: set[int] | None) -> dict[int | None, GangPlan]:
+        """The gang plans to launch: the whole job's, or one per replica (`only`: those)."""
+        layout = self.layout
+        # A replica that rejoins heals from a live peer: it reads no checkpoint.
+        flags = self.job.trainer_flags(resume=only is None)
+        whole = GangPlan(
+            argv=[*self.argv, *flags],
+            nodes=list(self.job.nodes),
+            gpus_per_node=self.job.gpus_per_node,
+            generation=self.job.generation,
+            master_addr=self.cfg.master_addr,
+            master_port=self._port(0),
+            env={"SENTINEL_JOB": self.cfg.job_id, "SENTINEL_CONTROL_FILE": str(self.control_file)},
+            rank_socket_template=self.cfg.rank_socket_template,
+            spares=list(self.job.spares),
+        )
+        if layout is None:
+            return {None: whole}
+        assert self.lighthouse is not None
+        meet = {LIGHTHOUSE_ENV: self.lighthouse.address}
+        return {
+            r: dataclasses.replace(
+                whole,
+                nodes=layout.nodes(self.job.nodes, r),
+                master_port=self._port(r),
+                env=whole.env | meet | {REPLICA_ENV: str(r)},
+                label=f"replica{r}",
+            )
+            for r in range(layout.replicas)
+            if only is None or r in only
+        }
+
+    def _port(self, offset: int) -> int:
+        """Each launch's rendezvous port: a fixed base moved by generation (and replica), or a
+        free one (a stale rendezvous would hang the new gang)."""
+        if self.cfg.master_port is None:
+            return free_rendezvous_port()
+        return self.cfg.master_port + (self.job.generation * 8 + offset) % 1000
 
     async def _stop_gang(self, keep: frozenset[str] = frozenset()) -> list[RankExit]:
         """Stop the gang, bounded and verified (`Gang.stop`), off the event loop (a rank that
@@ -472,7 +462,11 @@ class Supervisor:
         read before its gang was stopped: a restart may have launched the next one since)."""
         if not failed:
             return
-        log.warning("ranks %s exited abnormally", [e.rank for e in failed])
+        log.warning(
+            "ranks %s exited abnormally", [e.rank for e in failed],
+            extra={"exits": [{"rank": e.rank, "node": e.node, "code": e.returncode,
+                              "why": e.why} for e in failed]},
+        )  # fmt: skip
         progress = self._progress(resumed)
         events = [
             RankCrashEvent(
@@ -517,17 +511,18 @@ class Supervisor:
     async def _watch(self) -> None:
         while not self.done.is_set():
             await asyncio.sleep(0.1)
-            if self.gang is None or self.plan is None:
+            if self.gang is None:
                 continue
-            exits = self.gang.poll()
-            failed = [e for e in exits if e.returncode != 0]
-            if failed:  # a gang with a dead rank cannot progress; the others may stay warm
-                await self._stop_and_report(failed, keep=frozenset(self.job.nodes))
-                if self.gang is None:  # else a restart arrived meanwhile: its gang runs
-                    self.job.state = "crashed"
+            async with self._gang_lock:  # a stop or restart command waits for this stop
+                exits = self.gang.poll() if self.gang is not None else []
+                failed = [e for e in exits if e.returncode != 0]
+                if failed:  # a gang with a dead rank cannot progress; the others may stay warm
+                    await self._stop_and_report(failed, keep=frozenset(self.job.nodes))
+                    self.job.state = JobState.CRASHED
+            if failed:
                 await self.report_status()
-            elif self.gang.running() == 0:
-                self.job.state = "finished"
+            elif self.gang is not None and self.gang.running() == 0:
+                self.job.state = JobState.FINISHED
                 self.gang = None
                 await self.report_status()
                 self.done.set()
@@ -548,6 +543,12 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._terminate, sig)
             tasks = [asyncio.create_task(c) for c in (self._heartbeat(), self._watch())]
+            if self.layout is not None:  # where the replicas meet (the supervisor's address)
+                self.lighthouse = await asyncio.to_thread(
+                    Lighthouse,
+                    self.control_file.parent / "lighthouse.log",
+                    self.launcher.advertise,
+                )
             # Heartbeats flow while the first generation starts (a warm launcher's node hosts
             # import the trainer first); commands are taken once it runs.
             await self._launch()
@@ -560,8 +561,10 @@ class Supervisor:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self.gang is not None:  # told to stop (signal) or broken: leave no rank behind
                 await self._stop_gang()
-                self.job.state = "stopped"
+                self.job.state = JobState.STOPPED
                 await self.report_status()
+            if self.lighthouse is not None:
+                self.lighthouse.close()
         return self.exit_code
 
     def _terminate(self, sig: int) -> None:

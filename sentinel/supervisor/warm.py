@@ -118,7 +118,8 @@ class WarmGang(Gang):
                 return None
             self._own_failures.add(rank)
             code = proc.exit_code if proc.exit_code is not None else -9
-            return RankExit(rank, node, code or -9)  # a process that vanished did not finish
+            # a process that vanished did not finish
+            return RankExit(rank, node, code or -9, why="its process ended")
         ended = proc.ended
         if ended is None or not self._mine(proc):
             return None
@@ -126,13 +127,13 @@ class WarmGang(Gang):
             return RankExit(rank, node, 0)
         if not ended.peer_lost:
             self._own_failures.add(rank)
-            return RankExit(rank, node, ended.code)
+            return RankExit(rank, node, ended.code, why=ended.error)
         if self._stopping or self._a_process_died() or self._own_failures:
             return RankExit(rank, node, ended.code, collateral=True)
         assert proc.ended_at is not None
         if now - proc.ended_at < self.settle_s:
             return None
-        return RankExit(rank, node, ended.code)
+        return RankExit(rank, node, ended.code, why=ended.error)
 
     def _a_process_died(self) -> bool:
         return any(p.gone for p in self.procs.values())
@@ -244,13 +245,20 @@ class WarmLauncher(Launcher):
         names = getattr(self.starter, "node_names", None)
         return names(count) if names is not None else None
 
-    def _hosts_for(self, plan: GangPlan) -> None:
-        """A node host on every node of the plan and every spare; none elsewhere."""
-        wanted = [*plan.nodes, *plan.spares]
-        for node in sorted(self._hosts - set(wanted)):  # evicted, or gone out of the job
+    @property
+    def advertise(self) -> str:
+        return self.starter.pool_advertise or self.starter.pool_bind
+
+    def release(self, node: str) -> None:
+        """The node left the job (evicted): its host and rank processes end."""
+        if node in self._hosts:
             self.pool.retire(node)
             self.starter.stop(node)
             self._hosts.discard(node)
+
+    def _hosts_for(self, plan: GangPlan) -> None:
+        """A node host on every node of the plan and every spare."""
+        wanted = [*plan.nodes, *plan.spares]
         python = trainer_module(plan.argv)[0] or sys.executable
         argv = [python, "-m", "sentinel.ranks.host", "--connect", self.pool.address, "--node"]
         for node in wanted:
@@ -288,14 +296,14 @@ class WarmLauncher(Launcher):
             log_file = None
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                log_file = str(self.log_dir / f"g{plan.generation}-rank{r}.log")
+                log_file = str(self.log_dir / plan.log_name(r))
             env = plan.rank_env(r, os.environ)
             run = wire.Run(generation=plan.generation, rank=r, module=module, argv=args,
                            env=env, log=log_file)  # fmt: skip
             self.pool.run(proc, run)
         log.info(
             "generation %d on warm ranks", plan.generation,
-            extra={"generation": plan.generation, "ranks": [
+            extra={"generation": plan.generation, "label": plan.label, "ranks": [
                 {"rank": r, "node": p.node, "pid": p.pid, "reused": p.runs > 1}
                 for r, p in ranks.items()
             ]},

@@ -176,7 +176,9 @@ def _supersede(tier: Path, step: int, marker: str) -> None:
         elif d_step is None or d_step > step:
             aside = tier / "superseded"
             aside.mkdir(exist_ok=True)
-            d.rename(aside / f"{d.name}.{os.getpid()}")
+            # One process may set the same step aside more than once (a warm rank process runs
+            # one generation after another): the name is unique by time, not only by pid.
+            d.rename(aside / f"{d.name}.{os.getpid()}.{time.time_ns()}")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from trainer_hooks import SentinelHooks
 from trainer_hooks.mfu import flops_per_token, non_embedding_params
 from trainer_hooks.reference.job import Job
@@ -37,12 +39,17 @@ def rank_flops_per_token(job: Job) -> float:
 def build_hooks(job: Job) -> SentinelHooks:
     """Settings from SENTINEL_* variables (the supervisor sets the node, job and agent socket);
     the rank registers its GPU and its place in the mesh with its node's agent."""
+    # A replica of the replica mode is a world of its own: the hooks speak of job ranks.
+    world = None if job.replica is None else f"replica-{job.replica}"
+    offset = 0 if job.replica is None else job.replica * dist.get_world_size()
     hooks = SentinelHooks.from_env(
         model=job.model,
         flops_per_token=rank_flops_per_token(job),
         device=job.device,
         replica_groups=replica_groups(job),
         peer_groups=stage_groups(job),
+        world=world,
+        rank_offset=offset,
     )
     mesh = job.mesh
     hooks.register_rank(

@@ -19,7 +19,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,13 +26,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sentinel.lighthouse import Lighthouse
 from sentinel.processes import (
     fork_child,
     free_rendezvous_port,
     redirect_output,
     spawn,
-    stop_process,
-    wait_ready,
 )
 
 TRAIN_MODULE = "trainer_hooks.reference.train"
@@ -44,12 +42,6 @@ TRAIN_MODULE = "trainer_hooks.reference.train"
 # the training loop), so 1 s is ten missed beats. A replica that stops answering but keeps
 # heartbeating (a stuck device) is left out `join_timeout_ms` after its peers asked for a
 # quorum without it. torchft's defaults are 5 s and 60 s.
-LIGHTHOUSE_FLAGS: dict[str, int] = {
-    "min_replicas": 1,
-    "heartbeat_timeout_ms": 1000,
-    "join_timeout_ms": 5000,
-    "quorum_tick_ms": 50,
-}
 
 
 class ForkedRank:
@@ -171,30 +163,6 @@ def launch(
     return Gang(procs, logs)
 
 
-class Lighthouse:
-    """torchft's lighthouse as a local process (`torchft_lighthouse`), for tests and drills;
-    `address` is what the replicas get as TORCHFT_LIGHTHOUSE."""
-
-    def __init__(self, log: Path, **flags: int) -> None:
-        port = free_rendezvous_port()
-        self.address = f"http://127.0.0.1:{port}"
-        argv = [str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind", f"[::]:{port}"]
-        for key, value in (LIGHTHOUSE_FLAGS | flags).items():
-            argv += [f"--{key}", str(value)]
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = spawn(argv, env={**os.environ, "RUST_LOG": "warn"}, log=log)
-        wait_ready(lambda: _accepts(port), self.proc, what="lighthouse", log=log, timeout_s=30)
-
-    def close(self) -> None:
-        stop_process(self.proc, grace_s=5)
-
-
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
-
-
 def launch_replica(
     replica: int, nproc: int, args: Sequence[str], *, lighthouse: str, log_dir: Path, **kw: Any
 ) -> Gang:
@@ -211,14 +179,36 @@ class GangFailed(RuntimeError):
 
 def run_gang(nproc: int, args: Sequence[str], *, log_dir: Path, timeout: float, **kw: Any) -> None:
     """Launch, wait, and raise GangFailed (with the failing ranks' log tails) unless all exit 0."""
-    gang = launch(nproc, args, log_dir=log_dir, **kw)
-    codes = gang.wait(timeout)
-    if any(c is None for c in codes):
-        gang.kill()
-    bad = [r for r, c in enumerate(codes) if c != 0]
+    _wait_all([launch(nproc, args, log_dir=log_dir, **kw)], timeout)
+
+
+def run_replicas(
+    replicas: int, nproc: int, args: Sequence[str], *, log_dir: Path, timeout: float, **kw: Any
+) -> None:
+    """`run_gang` for the replica mode (--replicas ft): `replicas` gangs of `nproc` ranks each,
+    met at a lighthouse of their own."""
+    lighthouse = Lighthouse(log_dir / "lighthouse.log")
+    try:
+        gangs = [
+            launch_replica(r, nproc, args, lighthouse=lighthouse.address, log_dir=log_dir, **kw)
+            for r in range(replicas)
+        ]
+        _wait_all(gangs, timeout)
+    finally:
+        lighthouse.close()
+
+
+def _wait_all(gangs: list[Gang], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    bad = []
+    for gang in gangs:
+        codes = gang.wait(max(0.0, deadline - time.monotonic()))
+        if any(c is None for c in codes):
+            gang.kill()
+        bad += [(gang, r, c) for r, c in enumerate(codes) if c != 0]
     if bad:
-        tails = "\n".join(f"--- rank {r} exit {codes[r]}\n{gang.tail(r, 3000)}" for r in bad)
-        raise GangFailed(f"ranks {bad} failed:\n{tails}")
+        tails = "\n".join(f"--- rank {r} exit {c}\n{g.tail(r, 3000)}" for g, r, c in bad)
+        raise GangFailed(f"ranks {[r for _g, r, _c in bad]} failed:\n{tails}")
 
 
 def read_metrics(out: Path) -> tuple[dict[int, dict[str, Any]], str | None]:
@@ -244,13 +234,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("launch-logs"))
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--fork", action="store_true", help="fork ranks from one torch import")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="the replica mode (--replicas ft): this many gangs of --nproc ranks and a lighthouse",
+    )
     p.add_argument("train_args", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
-    if ns.nproc < 1:
-        p.error("--nproc must be >= 1")
+    if ns.nproc < 1 or ns.replicas < 1:
+        p.error("--nproc and --replicas must be >= 1")
     args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
     try:
-        run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout, fork=ns.fork)
+        if ns.replicas > 1:
+            run_replicas(
+                ns.replicas, ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout, fork=ns.fork
+            )
+        else:
+            run_gang(ns.nproc, args, log_dir=ns.log_dir, timeout=ns.timeout, fork=ns.fork)
     except GangFailed as e:
         print(e, file=sys.stderr)
         return 1

@@ -97,6 +97,7 @@ def train_replica(job: Job, out: list[TextIO]) -> Trained | None:
     job.committed(batch, plan.quorum, link.assignment)
     ft: dict[str, Any] = {
         "quorum": plan.quorum,
+        "quorum_rank": plan.rank,  # 0: the one replica whose line stands for the step
         "participants": plan.participants,
         "microbatches": len(plan.mine),
     }
@@ -147,7 +148,7 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
         or on_command
     ):
         _checkpoint_requested = False
-        _emit(job.save(job.step), out)
+        _emit(job.tag(job.save(job.step)), out)
     return stats[2].item() > 0
 
 
@@ -264,7 +265,10 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
             "ready_at": time.time(),
             "resume_step": job.start,
         }
-        _emit({"launch": job.tag(launch)}, out)
+        # which generation, and how many ranks this report speaks for (a replica's world)
+        world = {"generation": int(os.environ.get("SENTINEL_GENERATION", "0"))}
+        world["ranks"] = dist.get_world_size()
+        _emit({"launch": job.tag(launch) | world}, out)
         if dist.get_rank() == 0:  # the coordinator times a repair's relaunch from it
             hooks.launched(**launch)
         left = train_loop(job, out, hooks)
