@@ -106,6 +106,13 @@ def _survivors_restarted(r: Restart, crashed: set[int], gpus_per_node: int) -> i
     )
 
 
+def _full_again(widths: list[tuple[float, int]], t: float, full: int | None) -> float | None:
+    """The first step at full width after the narrower ones that follow `t` (a step may still
+    commit at full width between the decision and the struck replica's end)."""
+    narrow = min((s for s, w in widths if s > t and w != full), default=t)
+    return min((s for s, w in widths if s > narrow and w == full), default=None)
+
+
 def _reads(r: Restart, launches: list[Launch], world: int) -> int:
     """The ranks of the restart's generation that loaded a checkpoint: each launch report of
     that generation (a gang's, or each replica's that relaunched) that resumed from one. A
@@ -135,7 +142,7 @@ def repair_costs(
             (st for (st, _s, g) in steps if st > r.t and g >= (r.generation or 0)), default=None
         )
         if r.path == "live" and widths:  # the job back at full width with the joiner in it
-            first = min((t for t, w in widths if t > r.t and w == full), default=None)
+            first = _full_again(widths, r.t, full)
         world = len(r.nodes_after) * gpus_per_node
         out.append(
             {

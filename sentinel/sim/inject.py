@@ -114,7 +114,8 @@ class MetricsTail:
                 # replica's line stands for it
                 out.append(
                     StepLine(
-                        t=now,
+                        # when the step committed, where the trainer says (replica mode)
+                        t=float(rec["t"]) - self.t0 if "t" in rec else now,
                         step=int(rec["step"]),
                         loss=float(rec["loss"]),
                         batch=rec.get("batch"),

@@ -1,7 +1,10 @@
 """A real Slurm cluster on one machine: `slurmctld` on the host, one `slurmd` per node.
 
 Each node is a network namespace on a private bridge with its own address and, through
-`unshare --uts`, its own hostname; the controller listens on the bridge. The cluster has its
+`unshare --uts`, its own hostname; the controller listens on the bridge. As on a real cluster,
+the nodes' names resolve on every node: each node's processes see the cluster's hosts file
+(the machine's, plus a line per node) bind-mounted over /etc/hosts in a mount namespace of
+their own (`unshare --mount`), so the machine's own /etc/hosts is never touched. The cluster has its
 own `munged` (own key and socket), its own ports and its own state directory, so several can
 run side by side. `stop()` (also run at exit) cancels the jobs, stops every daemon, kills what
 is left in the namespaces and removes the namespaces, the bridge and the directory.
@@ -86,10 +89,16 @@ class SlurmCluster:
     def host(self, node: str) -> Host:
         return next(h for h in self.bridge.hosts if h.name == node)
 
+    @property
+    def hosts_file(self) -> Path:
+        return self.dir / "etc" / "hosts"
+
     def on_node(self, node: str, argv: list[str]) -> list[str]:
-        """argv that runs a command on `node`: in its network namespace, with its hostname."""
-        return [*self.host(node).enter(), "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', node, *argv]  # fmt: skip
+        """argv that runs a command on `node`: in its network namespace, with its hostname and
+        the cluster's names resolving."""
+        setup = 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
+        return [*self.host(node).enter(), "unshare", "--uts", "--mount", "--", "sh", "-c",
+                setup, node, str(self.hosts_file), *argv]  # fmt: skip
 
     def run(
         self,
@@ -210,6 +219,8 @@ class SlurmCluster:
         (self.dir / "munge").chmod(0o700)
         self.conf.write_text(render_conf(self, socket.gethostname(), free_port("0.0.0.0")))
         (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        names = "".join(f"{h.addr} {h.name}\n" for h in self.bridge.hosts)
+        self.hosts_file.write_text(Path("/etc/hosts").read_text() + names)
 
 
 def render_conf(c: SlurmCluster, hostname: str, ctld_port: int) -> str:

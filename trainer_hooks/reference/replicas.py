@@ -244,7 +244,14 @@ class ReplicaLink:
         flat = torch.cat([*(g.reshape(-1).float() for g in grads), roll])
         work = self.manager.allreduce(flat, reduce_op=dist.ReduceOp.SUM)
         if not work.wait() or self.manager.errored():
-            return loss  # not committed: the gradients are dropped
+            # Not committed: the gradients are dropped. This replica lets go of the failed
+            # group now rather than at the next quorum: its links close, and a peer still
+            # waiting in the same all-reduce on this replica fails at once instead of holding
+            # up the next quorum for the lighthouse's join timeout (a peer that died took one
+            # link; the others are this replica's).
+            del work
+            self.pg.abort()
+            return loss
         offset = 0
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
