@@ -8,6 +8,7 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
@@ -35,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="local: ranks as local processes; slurm: a real Slurm cluster of the scenario's "
         "size on this machine (root, slurm-wlm and munge), started and torn down here",
     )
+    p.add_argument(
+        "--recovery",
+        choices=["live", "warm_restart", "restart"],
+        help="the repair path for every fault, over the scenario's own `recovery:` (refused for "
+        "a fault the fault catalog does not allow it for); default: the scenario's, else each "
+        "fault's own",
+    )
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="run directory")
     add_json_option(p, "the result")
     p.add_argument(
@@ -45,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "kept) and training ends once the last repair is proven",
     )
     p.set_defaults(handler=run)
+
+
+if TYPE_CHECKING:
+    from sentinel.scenario import Scenario
 
 
 class DemoDisplay:
@@ -65,11 +77,27 @@ class DemoDisplay:
         self.live.advance(label, to=step)
 
 
+def with_recovery(scenario: Scenario, recovery: str) -> Scenario:
+    """The scenario with every fault's repair path `recovery`, checked as a file's would be."""
+    from pydantic import ValidationError
+
+    from sentinel.config import config_errors
+    from sentinel.scenario import Scenario
+
+    doc = scenario.model_dump(mode="json") | {"recovery": recovery}
+    try:
+        return Scenario.model_validate(doc)
+    except ValidationError as e:
+        raise InputError(f"--recovery {recovery}:\n  " + "\n  ".join(config_errors(e))) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from sentinel.demo.drill import run_drill, summary_lines
     from sentinel.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    if args.recovery is not None:
+        scenario = with_recovery(scenario, args.recovery)
     if args.fleet == "slurm":
         from sentinel.slurm.cluster import missing_requirements
 

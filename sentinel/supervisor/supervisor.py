@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import tempfile
 import time
@@ -62,6 +63,17 @@ log = logging.getLogger("sentinel.supervisor")
 # Events and acknowledgements: a replica that has not answered in this long (paused, or its
 # host gone) is left for the next one, rather than after the long-poll's longer timeout.
 _SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
+
+
+def _written_since(directory: Path, since: float) -> list[str]:
+    """Names of the files written in `directory` at or after `since` (a rank's temporary file
+    may vanish while it is looked at: it is renamed into place)."""
+    names = []
+    for entry in os.scandir(directory) if directory.is_dir() else ():
+        with contextlib.suppress(FileNotFoundError):
+            if entry.stat().st_mtime >= since:
+                names.append(entry.name)
+    return names
 
 
 class Supervisor:
@@ -211,7 +223,7 @@ class Supervisor:
                 since = min(issued_at or time.time(), time.time())
                 task = asyncio.create_task(self._analyze_fr(args.get("check_id"), since))
                 self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                task.add_done_callback(self._background_done)
         await self.report_status()
 
     async def _restart(self, plan: RepairPlan) -> None:
@@ -294,8 +306,7 @@ class Supervisor:
         assert fr_dir is not None
         deadline = since + self.cfg.fr_wait_s
         while time.time() < deadline:
-            fresh = [p.name for p in fr_dir.glob("*") if p.stat().st_mtime >= since]
-            if len(dumped_ranks(fresh)) >= world:
+            if len(dumped_ranks(_written_since(fr_dir, since))) >= world:
                 break  # a rank's sidecar lands after its dump: every dump is whole
             await asyncio.sleep(0.1)
         await self._run_fr_analyzer(fr_dir, check_id)
@@ -526,6 +537,11 @@ class Supervisor:
                 self.gang = None
                 await self.report_status()
                 self.done.set()
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("flight-recorder analysis failed", exc_info=task.exception())
 
     def _task_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
