@@ -29,6 +29,10 @@ class EccDbeFault(_Fault):
     node: NodeName
     gpu: int = Field(ge=0)
     at_step: int = Field(ge=0)
+    # The GPU stops answering too: the rank on it blocks in its step from `at_step` on, as a
+    # process does on a GPU that fell off the bus. Its peers learn of it only in a collective
+    # that never completes, unless something ends the rank first.
+    stalls: bool = False
 
 
 class XidFault(_Fault):
@@ -37,6 +41,7 @@ class XidFault(_Fault):
     gpu: int = Field(ge=0)
     xid: int = Field(ge=1)
     at_step: int = Field(ge=0)
+    stalls: bool = False  # as EccDbeFault's
 
 
 class ThermalFault(_Fault):

@@ -30,15 +30,25 @@ from pydantic import TypeAdapter, ValidationError
 from sentinel.scenario import (
     CorruptBatchFault,
     CrashFault,
+    EccDbeFault,
     Fault,
     HangFault,
     SdcFault,
     StragglerFault,
+    XidFault,
     load_scenario,
 )
 from trainer_hooks.reference.slowdown import SlowDevice
 
-TRAINER_FAULTS = (CorruptBatchFault, SdcFault, StragglerFault, HangFault, CrashFault)
+TRAINER_FAULTS = (
+    CorruptBatchFault,
+    SdcFault,
+    StragglerFault,
+    HangFault,
+    CrashFault,
+    EccDbeFault,
+    XidFault,
+)
 SDC_EVERY = 97  # one element in SDC_EVERY of a faulty GEMM's output gets a bit flipped
 # The mantissa bit flipped, per dtype: a relative error of 2**-7 (under 1%) in the element. Small
 # enough that the loss and gradients look normal (the dangerous, silent kind), so only a
@@ -162,6 +172,15 @@ class FaultInjector:
         self.stragglers = [f for f in mine if isinstance(f, StragglerFault)]
         self.slow: SlowDevice | None = None  # the device once a straggler fault struck it
         self.transient = [f for f in mine if isinstance(f, HangFault | CrashFault)]
+        # A node fault that stalls its GPU: the rank on that node's GPU, where it strikes.
+        gpu = int(os.environ.get("LOCAL_RANK", "0"))
+        self.stuck = [
+            f
+            for f in faults
+            if isinstance(f, EccDbeFault | XidFault)
+            and f.stalls
+            and (f.node, f.gpu) == (self.node, gpu)
+        ]
         self.step = 0
 
     def _marker(self, f: Fault) -> Path:
@@ -189,6 +208,11 @@ class FaultInjector:
             step >= f.at_step and self._strikes_here(f) for f in self.sdc
         ):
             self.gemm.install()  # the device stays faulty: it is never uninstalled
+        for f in self.stuck:  # the GPU stopped answering: this rank's step never ends
+            if f.at_step == step:
+                sys.stdout.flush()
+                while True:
+                    time.sleep(3600)
         for f in self.transient:
             if f.at_step != step:
                 continue
