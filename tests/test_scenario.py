@@ -108,7 +108,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
     assert steps == {
         "default": 86, "corrupt_batch": 40, "crash": 35, "ecc_dbe": 35, "hang": 35,
         "link_degraded": 20, "poison_crash": 35, "sdc": 40, "straggler": 55, "thermal": 32,
-        "validation": 40, "xid": 35,
+        "validation": 40, "xid": 35, "live": 105,
     }  # fmt: skip
     # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
     assert timed(quick(load_scenario("crash"))) == [15]
