@@ -158,3 +158,10 @@ def test_every_playbooks_fault_class_has_a_repair_path(tmp_path: Path) -> None:
         assert info.path in info.allowed
     assert allowed_for_kind("link_degraded") == (frozenset(Recovery), "")
     assert Recovery.LIVE in allowed_for_kind("ecc_dbe")[0]
+
+
+def test_the_recovery_page_shows_the_repair_table_the_catalog_holds() -> None:
+    from sentinel.faults.repairs import markdown_repairs
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "recovery.md").read_text()
+    assert markdown_repairs() in page

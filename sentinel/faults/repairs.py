@@ -128,3 +128,7 @@ def markdown_repairs() -> str:
         for r in REPAIRS
     )
     return "\n".join((head, *rows)) + "\n"
+
+
+if __name__ == "__main__":  # the table in docs/recovery.md
+    print(markdown_repairs(), end="")

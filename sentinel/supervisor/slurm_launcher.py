@@ -130,13 +130,18 @@ class SlurmGang(Gang):
         )
 
     def _step_id(self) -> str | None:
-        out = subprocess.run(["squeue", "-h", "--steps", "-j", self.job, "-o", "%i %j"],
-                             capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-        for line in out.splitlines():
-            step, _, name = line.partition(" ")
-            if name.strip() == self.step_name:
-                return step
-        return None
+        return step_id(self.job, self.step_name)
+
+
+def step_id(job: str, name: str) -> str | None:
+    """The id (JOB.STEP) of the allocation's step named `name`, while Slurm lists it."""
+    out = subprocess.run(["squeue", "-h", "--steps", "-j", job, "-o", "%i %j"],
+                         capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    for line in out.splitlines():
+        step, _, step_name = line.partition(" ")
+        if step_name.strip() == name:
+            return step
+    return None
 
 
 class SlurmLauncher(Launcher):
@@ -245,8 +250,9 @@ class SlurmHosts(HostStarter):
         try:
             proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
-            subprocess.run(["scancel", "--signal=KILL", "--name", f"sentinel-host-{node}",
-                            self.allocation.job_id], capture_output=True, timeout=30)  # fmt: skip
+            step = step_id(self.allocation.job_id, f"sentinel-host-{node}")
+            if step:
+                subprocess.run(["scancel", "--signal=KILL", step], capture_output=True, timeout=30)
             try:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
