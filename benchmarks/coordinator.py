@@ -55,9 +55,8 @@ from failover import measure_failover, server_cpu_s
 from stats import percentile_ms
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator.auth import Role, TokenStore
-from sentinel.coordinator.service import STORE_FILE, open_store
-from sentinel.coordinator.store import wal_path
+from sentinel.coordinator.core.auth import Role, TokenStore
+from sentinel.coordinator.store import STORE_FILE, open_store, wal_path
 from sentinel.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import new_id

@@ -15,7 +15,8 @@ The batch walk hands one batch (a GPU's XID, which opens an incident and starts 
 runtime's ingest (decode, group commit, answer) on a fresh SQLite store, records the
 coordinator module of every call made until the answer, on the event loop's thread and the
 store's, and counts the times the walk enters a module it had left before. Calls into the store
-package are left out: each returns at once, and they say nothing of how the logic is cut.
+package (and what the store calls in turn, such as the constructors of the rows it returns) are
+left out: each returns at once, and they say nothing of how the logic is cut.
 """
 
 from __future__ import annotations
@@ -161,11 +162,13 @@ def batch_walk() -> dict[str, Any]:
     walk: list[str] = []
 
     def profile(frame: Any, event: str, _arg: Any) -> None:
-        if event == "call":
-            module = frame.f_globals.get("__name__", "")
-            inside = module.startswith(PREFIX) and not module.startswith(STORE)
-            if inside and (not walk or walk[-1] != module):
-                walk.append(module)
+        if event != "call":
+            return
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(PREFIX) or _under_store(frame):
+            return
+        if not walk or walk[-1] != module:
+            walk.append(module)
 
     async def run() -> None:
         service = Service(cfg(tmp))
@@ -191,6 +194,15 @@ def batch_walk() -> dict[str, Any]:
         returns += module in seen
         seen.add(module)
     return {"modules_entered": len(walk), "returns": returns, "walk": walk}
+
+
+def _under_store(frame: Any) -> bool:
+    """Whether the call is the store's, or made by it (turning its rows into records)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(STORE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def main() -> None:

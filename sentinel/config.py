@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -26,7 +27,6 @@ from pydantic import (
 )
 
 from sentinel.exitcodes import InputError
-from sentinel.failover import parse_urls
 from sentinel.faults.blame import LemonPolicy
 from sentinel.faults.catalog import RULE_BY_NAME
 from sentinel.protocol import Recovery
@@ -36,6 +36,32 @@ ENV_PREFIX = "SENTINEL_"
 
 # One coordinator URL, or several (replicas sharing one store) as a list or comma-separated:
 # the client fails over between them in order (sentinel/failover.py).
+def parse_urls(value: str | Sequence[str]) -> tuple[str, ...]:
+    """One URL, a comma-separated list, or a sequence of them; each http(s)://host[:port][/path]
+    with no credentials in it. Raises ValueError saying what is wrong."""
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, list | tuple) and all(isinstance(u, str) for u in value):
+        items = list(value)
+    else:
+        raise ValueError("give a coordinator URL, or a list of them")
+    urls = [u.strip().rstrip("/") for u in items if u.strip()]
+    if not urls:
+        raise ValueError("no coordinator URL given")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} is not an http(s)://HOST[:PORT] coordinator URL")
+        if parts.username or parts.password:
+            # The URL is not repeated: its password would reach the terminal or a log.
+            raise ValueError("a coordinator URL carries no user or password (use a token file)")
+        if parts.query or parts.fragment:
+            raise ValueError(f"a coordinator URL has no query or fragment: {url}")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"a coordinator URL is listed twice: {', '.join(urls)}")
+    return tuple(urls)
+
+
 CoordinatorUrls = Annotated[tuple[str, ...], BeforeValidator(parse_urls)]
 
 

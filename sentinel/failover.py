@@ -27,9 +27,10 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
+
+from sentinel.config import parse_urls
 
 log = logging.getLogger("sentinel.failover")
 
@@ -39,32 +40,6 @@ RETRY_AFTER_MAX_S = 300.0  # a longer ask is capped: a replica back early must n
 # own timeout (loopback and a data-centre network connect in milliseconds).
 CONNECT_TIMEOUT_S = 3.0
 _CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
-
-
-def parse_urls(value: str | Sequence[str]) -> tuple[str, ...]:
-    """One URL, a comma-separated list, or a sequence of them; each http(s)://host[:port][/path]
-    with no credentials in it. Raises ValueError saying what is wrong."""
-    if isinstance(value, str):
-        items = value.split(",")
-    elif isinstance(value, list | tuple) and all(isinstance(u, str) for u in value):
-        items = list(value)
-    else:
-        raise ValueError("give a coordinator URL, or a list of them")
-    urls = [u.strip().rstrip("/") for u in items if u.strip()]
-    if not urls:
-        raise ValueError("no coordinator URL given")
-    for url in urls:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http(s)://HOST[:PORT] coordinator URL")
-        if parts.username or parts.password:
-            # The URL is not repeated: its password would reach the terminal or a log.
-            raise ValueError("a coordinator URL carries no user or password (use a token file)")
-        if parts.query or parts.fragment:
-            raise ValueError(f"a coordinator URL has no query or fragment: {url}")
-    if len(set(urls)) != len(urls):
-        raise ValueError(f"a coordinator URL is listed twice: {', '.join(urls)}")
-    return tuple(urls)
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:

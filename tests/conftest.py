@@ -73,7 +73,7 @@ def store_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 def new_store(store_url: str | None, tmp_path: Path) -> Iterator[object]:
     """`new_store()`: a store on this test's backend (SQLite's file in tmp_path; every
     PostgreSQL store of a test shares its one, emptied, database)."""
-    from sentinel.coordinator.service import open_store
+    from sentinel.coordinator.store import open_store
 
     opened: list[object] = []
 

@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from sentinel.config import CoordinatorConfig, EvictionBudgetConfig
-from sentinel.coordinator.front import IDLE_CLOSE_S, IngestListener
+from sentinel.coordinator.http.listener import IDLE_CLOSE_S, IngestListener
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
@@ -211,7 +211,7 @@ def wait_for(pred, timeout: float = 30.0, what: str = "condition") -> None:  # t
 class FrontClient:
     """What the API tests use of aiohttp's `TestClient` (`get`, `post`, `request`, `app`),
     against the app served the way `sentinel coordinator --ingest-listen` serves it: event
-    batches go to the ingest port (`sentinel.coordinator.front`), the rest to the API port."""
+    batches go to the ingest port (`sentinel.coordinator.http.listener`), the rest to the API port."""
 
     def __init__(
         self, app: web.Application, api: aiohttp.ClientSession, ingest: aiohttp.ClientSession

@@ -20,9 +20,9 @@ import schemathesis
 from coord_util import Coordinator, xid
 from hypothesis import HealthCheck, settings
 
-from sentinel.coordinator.app import ROUTES
-from sentinel.coordinator.lifecycle import STATE_TYPES, Entity
-from sentinel.coordinator.openapi import openapi_document
+from sentinel.coordinator.core.states import STATE_TYPES, Entity
+from sentinel.coordinator.http.openapi import openapi_document
+from sentinel.coordinator.http.routes import ROUTES
 from sentinel.protocol import EventBatch, encode
 
 EXAMPLES = 15  # per operation: 15 operations, under a minute in all on a quiet machine
@@ -73,7 +73,7 @@ def test_no_request_breaks_the_api(case: schemathesis.Case, coordinator: Coordin
 def test_no_route_answers_without_a_valid_token(
     route: object, token: str | None, coordinator: Coordinator
 ) -> None:
-    from sentinel.coordinator.app import Route
+    from sentinel.coordinator.http.openapi import Route
 
     assert isinstance(route, Route)
     path = route.path.replace("{id}", "1")

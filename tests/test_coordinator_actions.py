@@ -10,12 +10,13 @@ import pytest
 from coord_util import ROOT, cfg, xid
 from pydantic import ValidationError
 
-from sentinel.coordinator.actions import ACTIONS, ActionContext, make_backend
-from sentinel.coordinator.actions.base import ActionParams, BaseAction, StepResult, StepStatus
-from sentinel.coordinator.ingest import Ingestor
-from sentinel.coordinator.playbooks import load_playbooks
+from sentinel.coordinator.backends import make_backend
+from sentinel.coordinator.core.actions import ACTIONS, ActionContext
+from sentinel.coordinator.core.actions.base import ActionParams, BaseAction, StepResult, StepStatus
+from sentinel.coordinator.core.ingest import Ingestor
+from sentinel.coordinator.core.playbooks import load_playbooks
+from sentinel.coordinator.core.rows import RunContext
 from sentinel.coordinator.store import Store
-from sentinel.coordinator.store.rows import RunContext
 from sentinel.protocol import EventBatch
 
 

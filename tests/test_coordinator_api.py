@@ -18,9 +18,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from coord_util import cfg, serve_front, xid
 from prometheus_client import generate_latest
 
-from sentinel.coordinator.app import SERVICE, build_app
-from sentinel.coordinator.auth import Role
-from sentinel.coordinator.metrics import Metrics
+from sentinel.coordinator.core.auth import Role
+from sentinel.coordinator.http.app import build_app
+from sentinel.coordinator.http.common import SERVICE
+from sentinel.coordinator.http.metrics import Metrics
 from sentinel.protocol import (
     EventBatch,
     EventKind,
@@ -286,7 +287,7 @@ async def test_bad_input_the_fuzzer_found_gets_a_precise_4xx(client: TestClient)
 
 
 async def test_the_openapi_description_is_the_route_table(client: TestClient) -> None:
-    from sentinel.coordinator.app import ROUTES
+    from sentinel.coordinator.http.routes import ROUTES
 
     h = bearer(await make_token(client, Role.ADMIN))
     doc = await (await client.get("/v1/openapi.json", headers=h)).json()

@@ -29,11 +29,10 @@ from coord_util import (
     xid,
 )
 
-from sentinel.coordinator.actions import make_backend
-from sentinel.coordinator.actions.eviction import ExcludeFileBackend
-from sentinel.coordinator.engine import Engine
-from sentinel.coordinator.ingest import Ingestor
-from sentinel.coordinator.playbooks import load_playbooks
+from sentinel.coordinator.backends import ExcludeFileBackend, make_backend
+from sentinel.coordinator.core.engine import Engine
+from sentinel.coordinator.core.ingest import Ingestor
+from sentinel.coordinator.core.playbooks import load_playbooks
 from sentinel.coordinator.store import Store
 from sentinel.protocol import EventBatch, encode, new_id
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from coord_util import cfg, serve_front, xid
 
-from sentinel.coordinator.app import SERVICE, build_app
-from sentinel.coordinator.auth import Role
-from sentinel.coordinator.front import IDLE_CLOSE_S, IngestListener
+from sentinel.coordinator.core.auth import Role
+from sentinel.coordinator.http.app import build_app
+from sentinel.coordinator.http.common import SERVICE
+from sentinel.coordinator.http.listener import IDLE_CLOSE_S, IngestListener
 from sentinel.protocol import EventBatch, encode
 
 LIMIT = 64 * 1024

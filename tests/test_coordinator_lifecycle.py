@@ -1,7 +1,7 @@
 """The lifecycle module is the only writer of state, and the store the only holder of SQL.
 
 These tests read the source: every call of a store method that writes a state column must sit
-in `sentinel/coordinator/lifecycle.py`, every SQL statement that writes a state column must sit
+in `sentinel/coordinator/core/lifecycle.py`, every SQL statement that writes a state column must sit
 in one of those methods, and no SQL may appear outside the store package.
 """
 
@@ -14,21 +14,23 @@ from pathlib import Path
 import pytest
 from coord_util import ROOT
 
-from sentinel.coordinator import lifecycle
-from sentinel.coordinator.lifecycle import (
+from sentinel.coordinator.core import lifecycle, states
+from sentinel.coordinator.core.states import (
     INITIAL,
     STATE_TYPES,
     TABLES,
     Entity,
     IncidentState,
     NodeState,
+    RunState,
     TransitionError,
 )
-from sentinel.coordinator.store import STATE_WRITERS, Store
+from sentinel.coordinator.core.store import STATE_WRITERS
+from sentinel.coordinator.store import Store
 
 SENTINEL = ROOT / "sentinel"
 STORE_PKG = SENTINEL / "coordinator" / "store"
-LIFECYCLE = SENTINEL / "coordinator" / "lifecycle.py"
+LIFECYCLE = SENTINEL / "coordinator" / "core" / "lifecycle.py"
 SQL = re.compile(
     r"\b(SELECT\s.+\sFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM)\b", re.S
 )
@@ -150,7 +152,7 @@ def test_a_move_checks_the_table_and_writes_the_audit_entry(tmp_path: Path) -> N
         "draining",
     )
     with pytest.raises(TransitionError, match="cannot start"):
-        lifecycle.create_run(store, 1, "x", lifecycle.RunState.DONE, False, 5.0)
+        lifecycle.create_run(store, 1, "x", RunState.DONE, False, 5.0)
 
 
 def test_a_stale_writer_loses() -> None:
@@ -167,8 +169,8 @@ def test_a_stale_writer_loses() -> None:
 
 @pytest.mark.parametrize("page", ["README.md", "docs/repair-core.md"])
 def test_the_docs_show_the_tables_the_code_uses(page: str) -> None:
-    assert lifecycle.markdown_tables() in (ROOT / page).read_text(), (
-        f"{page}: regenerate its tables with python -m sentinel.coordinator.lifecycle"
+    assert states.markdown_tables() in (ROOT / page).read_text(), (
+        f"{page}: regenerate its tables with python -m sentinel.coordinator.core.states"
     )
 
 

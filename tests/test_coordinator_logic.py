@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
@@ -11,19 +12,16 @@ from pathlib import Path
 import pytest
 from coord_util import ROOT, cfg, crash, job_status, xid
 
-from sentinel.coordinator.actions import make_backend
-from sentinel.coordinator.auth import Role, TokenStore
-from sentinel.coordinator.engine import RUN_TRANSITIONS, Engine, RunState, check_run_transition
-from sentinel.coordinator.incidents import (
-    TRANSITIONS,
-    IncidentState,
-    TransitionError,
-    check_transition,
-)
-from sentinel.coordinator.ingest import Ingestor
-from sentinel.coordinator.playbooks import PlaybookError, load_playbook, load_playbooks
-from sentinel.coordinator.retention import IDLE_CHECK_S, EventPruner
-from sentinel.coordinator.service import Service
+from sentinel.coordinator.backends import make_backend
+from sentinel.coordinator.core.auth import Role, TokenStore
+from sentinel.coordinator.core.engine import Engine
+from sentinel.coordinator.core.ingest import Ingestor
+from sentinel.coordinator.core.playbooks import PlaybookError, load_playbook, load_playbooks
+from sentinel.coordinator.core.retention import IDLE_CHECK_S, EventPruner
+from sentinel.coordinator.core.states import INCIDENT as TRANSITIONS
+from sentinel.coordinator.core.states import RUN as RUN_TRANSITIONS
+from sentinel.coordinator.core.states import Entity, IncidentState, RunState, TransitionError, check
+from sentinel.coordinator.runtime import Service
 from sentinel.coordinator.store import MIGRATIONS, SqlStore, Store, wal_path
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
@@ -68,6 +66,8 @@ def setup(
 
 def test_incident_transition_table() -> None:
     S = IncidentState
+    check_transition = functools.partial(check, Entity.INCIDENT)
+    check_run_transition = functools.partial(check, Entity.RUN)
     check_transition(S.OPEN, S.ACTING)
     check_transition(S.ACTING, S.MITIGATED)
     check_transition(S.ACTING, S.ESCALATED)
@@ -339,7 +339,7 @@ def test_a_committed_checkpoint_renews_the_restart_budget(
 
 
 def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
-    from sentinel.coordinator import queries
+    from sentinel.coordinator.core import operator as queries
 
     book = tmp_path / "books"
     book.mkdir()
@@ -352,7 +352,7 @@ def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
     c = cfg(tmp_path)
     store = Store(tmp_path / "c.db")
     books = load_playbooks(book)
-    ingest, engine = Ingestor(store, books, c), Engine(store, books, c, make_backend(c))
+    ingest, engine = Ingestor(store, books, c), Engine(store, books, c, make_backend(c), time.time)
     ingest.ingest(
         EventBatch(events=[job_status("j", ["node-0", "node-1", "node-2"], []), xid("node-1")]), 1.0
     )
@@ -360,12 +360,7 @@ def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
     assert store.one("SELECT status FROM runs")["status"] == "awaiting_approval"
     assert store.one("SELECT COUNT(*) n FROM actions")["n"] == 0
 
-    class Svc:
-        pass
-
-    svc = Svc()
-    svc.store = store  # type: ignore[attr-defined]
-    queries.approve(svc, 1, "operator:abc", 2.0)  # type: ignore[arg-type]
+    queries.approve(store, 1, "operator:abc", 2.0)
     engine.tick()
     assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
     audit = store.query("SELECT who, what FROM audit WHERE what='run.approve'")
@@ -386,7 +381,7 @@ def _history_samples(
     store: SqlStore, targets: dict[tuple[str, str], float] | None = None
 ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """What /metrics shows of the stored history: {(sample name, sorted labels): value}."""
-    from sentinel.coordinator.metrics import IncidentHistory
+    from sentinel.coordinator.http.metrics import IncidentHistory
 
     history = IncidentHistory()
     history.store = store
@@ -443,7 +438,7 @@ def test_a_relaunch_s_stages_are_recorded_with_its_incident(
     stored with the incident (its API document shows them) and observed in
     `repair_stage_seconds`; a launch before any restart (the job's first), one from a node the
     job no longer runs on and a second report of the same relaunch record nothing."""
-    from sentinel.coordinator import queries
+    from sentinel.coordinator.http import reads as queries
 
     store, ingest, engine, clock = setup(tmp_path, new_store)
     t0 = clock()
@@ -489,9 +484,9 @@ def test_a_timeline_without_a_drain_and_its_segments() -> None:
     """A restart that evicted nothing (rank_crash): no `drained`, and its segments go from the
     decision straight to the restart; a shadow step is no stage; a run without a live resume
     relaunched nothing."""
-    from sentinel.coordinator.lifecycle import StepState
-    from sentinel.coordinator.stages import milestones, segments, timeline
-    from sentinel.coordinator.store.rows import RunContext, RunRow, StepRow
+    from sentinel.coordinator.core.rows import RunContext, RunRow, StepRow
+    from sentinel.coordinator.core.stages import milestones, segments, timeline
+    from sentinel.coordinator.core.states import StepState
 
     def step(action: str, started: float, done: float, dry: bool = False) -> StepRow:
         return StepRow(0, action, 1, 7, action, None, {}, StepState.DONE, {}, dry, "c",
@@ -560,7 +555,7 @@ async def test_kubernetes_backend_against_a_local_api_server(tmp_path: Path) -> 
     from aiohttp import web
     from loopback import serve
 
-    from sentinel.coordinator.actions.eviction import KubernetesBackend
+    from sentinel.coordinator.backends import KubernetesBackend
 
     calls: list[tuple[str, object]] = []
     node_doc = {"metadata": {"name": "node-2"}, "spec": {"taints": [{"key": "other"}]}}
@@ -676,7 +671,7 @@ def test_playbook_check_refuses_unknown_stages_and_targets_never_met(tmp_path: P
 
 def test_coordinator_and_supervisor_never_import_torch() -> None:
     code = (
-        "import sys, sentinel.coordinator.app, sentinel.coordinator.service, "
+        "import sys, sentinel.coordinator.http.app, sentinel.coordinator.runtime, "
         "sentinel.supervisor.supervisor, sentinel.commands.coordinator_cmd; "
         "sys.exit('torch' in sys.modules)"
     )
@@ -804,16 +799,6 @@ def test_a_trigger_window_longer_than_the_retention_is_refused(tmp_path: Path) -
         Service(cfg(tmp_path, event_retention_s=600))
 
 
-class _Operator:
-    """What `queries.run_action` needs of the service: its store, config and a kick."""
-
-    def __init__(self, store: SqlStore, cfg: object) -> None:
-        self.store, self.cfg = store, cfg
-
-    def kick(self) -> None:
-        pass
-
-
 def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
@@ -823,7 +808,7 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
     `clear_lemon` (after a deep repair), it returns."""
     from sentinel.burnin.baseline import ValidationBaseline, save_validation_baseline
     from sentinel.config import ValidationConfig
-    from sentinel.coordinator import queries
+    from sentinel.coordinator.core import operator as queries
 
     base = tmp_path / "base.json"
     save_validation_baseline(base, ValidationBaseline(
@@ -831,7 +816,6 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         sdc_digest="abc", device="cpu"))  # fmt: skip
     gate = ValidationConfig(baseline=base, hold_down_s=0)
     store, ingest, engine, clock = setup(tmp_path, new_store, validation=gate)
-    operator = _Operator(store, cfg(tmp_path, validation=gate))
 
     def validated(node: str) -> None:
         """Its agent is healthy now and answers the return's validation with a pass."""
@@ -854,8 +838,8 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
         body = {"node": "node-1"}
         queries.run_action(
-            operator, incident, "return_node", body, "reseated", "operator:o", clock()
-        )  # type: ignore[arg-type]
+            store, False, incident, "return_node", body, "reseated", "operator:o", clock()
+        )
         engine.tick()
         if gen < 2:  # a lemon (the third) is held before any validation
             validated("node-1")
@@ -869,8 +853,8 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
     incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
     params = {"node": "node-1", "clear_lemon": True}
     queries.run_action(
-        operator, incident, "return_node", params, "GPU replaced", "operator:o", clock()
-    )  # type: ignore[arg-type]
+        store, False, incident, "return_node", params, "GPU replaced", "operator:o", clock()
+    )
     engine.tick()
     validated("node-1")
     assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "returned"

@@ -25,9 +25,10 @@ import psycopg
 import pytest
 from coord_util import ROOT, SENTINEL, Coordinator, job_status, wait_for, xid
 
-from sentinel.coordinator.lifecycle import Entity
-from sentinel.coordinator.store import Fenced, StoreUnavailable
-from sentinel.coordinator.store.postgres import PostgresStore, claim_leadership
+from sentinel.coordinator.core.states import Entity
+from sentinel.coordinator.core.store import Fenced, StoreUnavailable
+from sentinel.coordinator.store.lease import claim_leadership
+from sentinel.coordinator.store.postgres import PostgresStore
 from sentinel.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, spawn, stop_process
 from sentinel.protocol import EventBatch, encode

@@ -9,7 +9,6 @@ trigger clauses, taken in priority order as ingest takes them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,7 +16,8 @@ from sentinel.agent.health import HealthEvaluator
 from sentinel.agent.monitor import NodeMonitor
 from sentinel.agent.sim import SimulatedGpus, inject
 from sentinel.config import HealthThresholds
-from sentinel.coordinator.playbooks import (
+from sentinel.coordinator.core.correlation import clause_for, compile_condition
+from sentinel.coordinator.core.playbooks import (
     Condition,
     Playbook,
     PlaybookError,
@@ -39,15 +39,8 @@ class Clock:
         return self.now
 
 
-def _doc(ev: Event) -> dict[str, Any]:
-    s = ev.source
-    return {"kind": ev.kind.value, "payload": ev.payload.model_dump(mode="json"),
-            "source": {"node": s.node, "rank": s.rank, "job": s.job}}  # fmt: skip
-
-
 def _classify(ev: Event) -> Playbook | None:
-    doc = _doc(ev)
-    return next((b for b in BOOKS if b.clause_for(ev, doc) is not None), None)
+    return next((b for b in BOOKS if clause_for(b, ev) is not None), None)
 
 
 def _response(book: Playbook | None) -> str:
@@ -117,8 +110,9 @@ def test_asks_condition_rejects_what_the_catalog_does_not_know() -> None:
     with pytest.raises(ValueError, match="catalog actions"):
         Condition(field="payload.xid", op="asks", value=["evict_everything"])
     cond = Condition(field="payload.findings.*.rule", op="asks", value=["reboot_node"])
-    assert cond.holds({"payload": {"findings": [{"rule": "gpu_lost"}]}})
-    assert not cond.holds({"payload": {"findings": [{"rule": "gpu_temp_degraded"}]}})
+    holds = compile_condition(cond)
+    assert holds({"payload": {"findings": [{"rule": "gpu_lost"}]}})
+    assert not holds({"payload": {"findings": [{"rule": "gpu_temp_degraded"}]}})
 
 
 def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Path) -> None:

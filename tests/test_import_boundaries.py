@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "sentinel" / "coordinator" / "core"
+# The repair core takes a store and a clock: no web server, no threads, no driver, no shell.
+CORE_FORBIDS = (
+    "aiohttp", "httptools", "uvloop", "asyncio", "threading", "concurrent", "multiprocessing",
+    "sqlite3", "psycopg", "sqlalchemy", "sentinel.coordinator.store", "sentinel.coordinator.http",
+    "sentinel.coordinator.backends", "sentinel.coordinator.runtime",
+)  # fmt: skip
 LIBRARY = {"sentinel.protocol", "sentinel.ranks.current"}
 REFERENCE = LIBRARY | {
     "sentinel.processes",
@@ -25,17 +32,19 @@ REFERENCE = LIBRARY | {
 }
 
 
-def _sentinel_imports(path: Path) -> set[str]:
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, wherever the import stands (type-only ones too)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
+            found.add(node.module)
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        found |= {n for n in names if n == "sentinel" or n.startswith("sentinel.")}
+            found |= {a.name for a in node.names}
     return found
+
+
+def _sentinel_imports(path: Path) -> set[str]:
+    return {n for n in _imports(path) if n == "sentinel" or n.startswith("sentinel.")}
 
 
 def test_trainer_hooks_take_only_the_allowed_sentinel_modules() -> None:
@@ -62,3 +71,40 @@ def test_the_boundary_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom sentinel.coordinator import app\nimport sentinel.agent\n")
     assert _sentinel_imports(bad) - LIBRARY == {"sentinel.coordinator", "sentinel.agent"}
+
+
+def test_the_repair_core_imports_no_server_thread_driver_or_shell() -> None:
+    wrong = {}
+    for path in sorted(CORE.rglob("*.py")):
+        bad = {n for n in _imports(path) for f in CORE_FORBIDS if n == f or n.startswith(f + ".")}
+        if bad:
+            wrong[str(path.relative_to(ROOT))] = sorted(bad)
+    assert wrong == {}
+
+
+def test_the_repair_core_reads_the_time_only_from_the_clock_it_is_given() -> None:
+    """No `time.time()` (nor `from time import time`) in the core: it is handed `now`."""
+    found = []
+    for path in sorted(CORE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            wall = isinstance(node, ast.Attribute) and node.attr == "time"
+            wall = wall and isinstance(node.value, ast.Name) and node.value.id == "time"
+            named = isinstance(node, ast.ImportFrom) and node.module == "time"
+            if wall or named:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+def test_importing_the_repair_core_loads_no_web_server_or_driver() -> None:
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in CORE.rglob("*.py")
+    )
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('aiohttp', 'psycopg', 'sqlalchemy', 'sqlite3', 'torch'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []

@@ -10,7 +10,7 @@ from pathlib import Path
 from coord_util import job_status
 from test_coordinator_logic import setup
 
-from sentinel.coordinator.queries import ack_command
+from sentinel.coordinator.core.operator import ack_command
 from sentinel.coordinator.store import SqlStore
 from sentinel.protocol import (
     MAX_STACK_FRAMES,

@@ -13,13 +13,13 @@ from coord_util import ROOT, cfg, job_status, xid
 
 from sentinel.burnin.baseline import Measured, ValidationBaseline, judge, save_validation_baseline
 from sentinel.config import ValidationConfig
-from sentinel.coordinator import queries
-from sentinel.coordinator.actions import make_backend
-from sentinel.coordinator.engine import Engine
-from sentinel.coordinator.ingest import Ingestor
-from sentinel.coordinator.playbooks import PlaybookError, load_playbooks
+from sentinel.coordinator.backends import make_backend
+from sentinel.coordinator.core import operator as queries
+from sentinel.coordinator.core.engine import Engine
+from sentinel.coordinator.core.ingest import Ingestor
+from sentinel.coordinator.core.playbooks import PlaybookError, load_playbooks
+from sentinel.coordinator.core.validation import healthy_since
 from sentinel.coordinator.store import SqlStore
-from sentinel.coordinator.validation import healthy_since
 from sentinel.protocol import (
     AgentHeartbeatPayload,
     EventBatch,
@@ -87,14 +87,6 @@ class _Clock:
         return self.t
 
 
-class _Operator:
-    def __init__(self, store: SqlStore, config: object) -> None:
-        self.store, self.cfg = store, config
-
-    def kick(self) -> None:
-        pass
-
-
 def _beat(node: str, verdict: Verdict = Verdict.HEALTHY) -> object:
     payload = AgentHeartbeatPayload(gpus=2, verdict=verdict, agent_version="t")
     return make_event(EventKind.AGENT_HEARTBEAT, Source(node=node), payload)
@@ -133,8 +125,8 @@ def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
     incident = store.query("SELECT id FROM incidents")[-1]["id"]
 
     def ask(why: str) -> None:
-        queries.run_action(_Operator(store, c), incident, "return_node", {"node": "node-1"},  # type: ignore[arg-type]
-                           why, "operator:o", clock())  # fmt: skip
+        queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, why,
+                           "operator:o", clock())  # fmt: skip
         engine.tick()
 
     def commands() -> list[str]:
@@ -192,16 +184,16 @@ def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
                                      xid("node-1", ts=clock())]), clock())  # fmt: skip
     engine.tick()
     incident = store.query("SELECT id FROM incidents")[-1]["id"]
-    queries.run_action(_Operator(store, c), incident, "return_node", {"node": "node-1"},  # type: ignore[arg-type]
-                       "x", "operator:o", clock())  # fmt: skip
+    queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, "x",
+                       "operator:o", clock())  # fmt: skip
     engine.tick()
     (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
     assert held["result"]["reason"].startswith("no validation baseline")
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
     # with a baseline (the step's own) but an agent that never speaks: out after the timeout
     params = {"node": "node-1", "baseline": str(base)}
-    queries.run_action(_Operator(store, c), incident, "return_node", params,  # type: ignore[arg-type]
-                       "x", "operator:o", clock())  # fmt: skip
+    queries.run_action(store, c.dry_run, incident, "return_node", params, "x", "operator:o",
+                       clock())  # fmt: skip
     engine.tick()
     assert store.node("node-1").state == "validating"  # type: ignore[union-attr]
     clock.t += 31

@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
     import uvloop
 
-    from sentinel.coordinator.app import build_app
-    from sentinel.coordinator.front import serve
-    from sentinel.coordinator.playbooks import PlaybookError
-    from sentinel.coordinator.service import Service
-    from sentinel.coordinator.store import StoreUnavailable
+    from sentinel.coordinator.core.playbooks import PlaybookError
+    from sentinel.coordinator.core.store import StoreUnavailable
+    from sentinel.coordinator.http.app import build_app
+    from sentinel.coordinator.http.listener import serve
+    from sentinel.coordinator.runtime import Service
 
     cfg = coordinator_config(args)
     host, port = split_listen(cfg.listen)
@@ -107,6 +107,6 @@ def run(args: argparse.Namespace) -> int:
     gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     # uvloop (libuv's event loop) spends less CPU per request than asyncio's own; at fleet
     # scale the requests themselves are much of what the coordinator does, which is also why
-    # an ingest port serves event batches past aiohttp (sentinel.coordinator.front).
+    # an ingest port serves event batches past aiohttp (sentinel.coordinator.http.listener).
     uvloop.run(serve(build_app(cfg, service), host, port, ingest))
     return ExitCode.OK

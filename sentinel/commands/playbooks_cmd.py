@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from sentinel.config import load_config
-    from sentinel.coordinator.playbooks import PlaybookError, load_playbooks
+    from sentinel.coordinator.core.playbooks import PlaybookError, load_playbooks
 
     baseline = load_config(args.config).coordinator.validation.baseline
     try:

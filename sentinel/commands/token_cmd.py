@@ -41,13 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-untyped-def]
     from sentinel.commands.coordinator_cmd import coordinator_config
     from sentinel.config import CoordinatorConfig
-    from sentinel.coordinator.auth import TokenStore
-    from sentinel.coordinator.service import STORE_FILE
-    from sentinel.coordinator.store import Store
+    from sentinel.coordinator.core.auth import TokenStore
+    from sentinel.coordinator.store import STORE_FILE, Store
 
     cfg = coordinator_config(args)
     if cfg.store is not None:  # the replicas' shared PostgreSQL (config key `store`)
-        from sentinel.coordinator.service import open_store
+        from sentinel.coordinator.store import open_store
 
         return TokenStore(open_store(cfg)[0])
     path = cfg.state_dir / STORE_FILE
@@ -63,7 +62,7 @@ def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from sentinel.coordinator.auth import Role
+    from sentinel.coordinator.core.auth import Role
 
     tokens = _tokens(args, create=True)
     try:

@@ -1,26 +1,27 @@
-"""The coordinator's durable state: the shared SQL (`sql.SqlStore`, which is also the store's
-interface, `StateStore`), typed rows, and two backends: `SqliteStore` (alias `Store`), the
-embedded default, and `PostgresStore`, which several coordinator replicas share.
+"""The coordinator's durable state: repositories per aggregate gathered in `sql.SqlStore` (which
+implements the repair core's interface, `core.store.StateStore`), and two backends:
+`SqliteStore` (alias `Store`), the embedded default, and `PostgresStore`, which several
+coordinator replicas share, with the lease that says which of them leads (`lease.py`).
 """
 
 from __future__ import annotations
 
-from sentinel.coordinator.store.interface import MAX_ID, STATE_WRITERS, Fenced, StoreUnavailable
-from sentinel.coordinator.store.sql import SqlStore, dumps
+from sentinel.config import CoordinatorConfig
+from sentinel.coordinator.store.lease import Leadership, LeaseLeadership, SoleLeadership
+from sentinel.coordinator.store.sql import SqlStore
 from sentinel.coordinator.store.sqlite import MIGRATIONS, SqliteStore, Store, wal_path
 
-StateStore = SqlStore
+STORE_FILE = "coordinator.db"  # SQLite's file in the state directory
 
-__all__ = [
-    "MAX_ID",
-    "MIGRATIONS",
-    "STATE_WRITERS",
-    "Fenced",
-    "SqlStore",
-    "SqliteStore",
-    "StateStore",
-    "Store",
-    "StoreUnavailable",
-    "dumps",
-    "wal_path",
-]
+__all__ = ["MIGRATIONS", "STORE_FILE", "SqlStore", "SqliteStore", "Store", "open_store", "wal_path"]
+
+
+def open_store(cfg: CoordinatorConfig) -> tuple[SqlStore, Leadership]:
+    """The store the config names and who leads on it: SQLite in the state directory (one
+    coordinator, always the leader), or a shared PostgreSQL (a lease decides)."""
+    if cfg.store is None:
+        return Store(cfg.state_dir / STORE_FILE), SoleLeadership()
+    from sentinel.coordinator.store.postgres import PostgresStore
+
+    store = PostgresStore(cfg.store, cfg.store_password_file)
+    return store, LeaseLeadership(store, cfg.lease_ttl_s)

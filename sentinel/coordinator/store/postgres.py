@@ -28,8 +28,9 @@ from typing import Any
 
 import psycopg
 
-from sentinel.coordinator.store.interface import Fenced, StoreUnavailable
-from sentinel.coordinator.store.sql import SqlStore, _values_sql
+from sentinel.coordinator.core.store import Fenced, StoreUnavailable
+from sentinel.coordinator.store.base import values_sql
+from sentinel.coordinator.store.sql import SqlStore
 
 FENCE_SQLSTATE = "SN001"  # raised by sentinel_fence(): a deposed leader's write
 MIGRATION_LOCK = 7305114  # advisory lock id: one replica migrates at a time
@@ -349,7 +350,7 @@ class PostgresStore(SqlStore):
         return f"({column}::json->>'{key}')::double precision"
 
     def _insert_event_chunk(self, chunk: list[tuple[Any, ...]]) -> Iterable[str]:
-        statement = _values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk), _RETURNING_NEW)
+        statement = values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk), _RETURNING_NEW)
         return [r[0] for r in self._all(statement, [v for row in chunk for v in row])]
 
     # --- leadership (lease.py moves it; the fence trigger reads it) -----------------------
@@ -362,36 +363,6 @@ class PostgresStore(SqlStore):
         )
         assert row is not None
         return row[0], int(row[1]), float(row[2])
-
-
-def claim_leadership(
-    conn: psycopg.Connection[Any], holder: str, epoch: int | None, ttl_s: float
-) -> int | None:
-    """Renew the lease `holder` holds at `epoch`, or take it (a new epoch) when it has run out;
-    the epoch held now, or None when another replica holds a live lease. The database's clock
-    decides, so replicas' clocks need not agree."""
-    now = "EXTRACT(EPOCH FROM clock_timestamp())"
-    if epoch is not None:
-        row = conn.execute(
-            f"UPDATE leadership SET expires_at = {now} + %s"
-            " WHERE name='engine' AND holder=%s AND epoch=%s RETURNING epoch",
-            (ttl_s, holder, epoch),
-        ).fetchone()
-        return None if row is None else int(row[0])
-    row = conn.execute(
-        f"UPDATE leadership SET holder=%s, epoch=epoch+1, expires_at = {now} + %s"
-        f" WHERE name='engine' AND expires_at < {now} RETURNING epoch",
-        (holder, ttl_s),
-    ).fetchone()
-    return None if row is None else int(row[0])
-
-
-def release_leadership(conn: psycopg.Connection[Any], holder: str, epoch: int) -> None:
-    """Give the lease up at once (a clean shutdown): a successor need not wait it out."""
-    conn.execute(
-        "UPDATE leadership SET expires_at = 0 WHERE name='engine' AND holder=%s AND epoch=%s",
-        (holder, epoch),
-    )
 
 
 def _read_password(path: Path) -> str:

@@ -18,7 +18,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from sentinel.coordinator.store.sql import SqlStore, _values_sql
+from sentinel.coordinator.store.base import values_sql
+from sentinel.coordinator.store.sql import SqlStore
 
 # Each entry moves the schema from version i to i+1. Append; never edit a shipped entry.
 MIGRATIONS: list[str] = [
@@ -283,7 +284,7 @@ class SqliteStore(SqlStore):
         one with a replayed or repeated id asks which went in. `events` is a rowid table, so
         the rows one statement inserts take consecutive rowids ending at the last inserted."""
         cur = self._run(
-            _values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk)),
+            values_sql(_INSERT_EVENTS, "(?,?,?,?,?,?,?,?)", len(chunk)),
             tuple(chain.from_iterable(chunk)),
         )
         inserted, last = cur.rowcount, cur.lastrowid

@@ -1,0 +1,162 @@
+"""Bearer tokens with roles, stored hashed (sha256), compared in constant time.
+
+Roles: `node` reports only as its own node and fetches only its own commands; `job` the same
+for its job; `operator` reads everything and runs operator actions; `admin` may do anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from sentinel.coordinator.core.store import StateStore
+from sentinel.protocol import Event
+
+ADMIN_TOKEN_FILE = "admin.token"
+
+ID_DRAWS = 8
+
+
+class Role(StrEnum):
+    NODE = "node"
+    JOB = "job"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    id: str
+    role: Role
+    node: str | None = None
+    job: str | None = None
+
+    def __str__(self) -> str:
+        scope = self.node or self.job
+        return f"{self.role}:{self.id}" + (f"({scope})" if scope else "")
+
+    @property
+    def can_read(self) -> bool:
+        return self.role in (Role.OPERATOR, Role.ADMIN)
+
+    def may_report(self, event: Event) -> str | None:
+        """None when allowed, else why not (the 403 message)."""
+        if self.role == Role.ADMIN:
+            return None
+        if self.role == Role.NODE:
+            mine, said, scope = self.node, event.source.node, "as node"
+        elif self.role == Role.JOB:
+            mine, said, scope = self.job, event.source.job, "for job"
+        else:
+            return f"role {self.role} cannot report events"
+        if said == mine:
+            return None
+        return f"event {event.id}: a {self.role} token for {mine!r} cannot report {scope} {said!r}"
+
+    def may_report_all(self, events: list[Event]) -> str | None:
+        """None when every event is allowed, else why the first one that is not is refused."""
+        if self.role == Role.ADMIN:
+            return None
+        if self.role == Role.NODE:
+            node = self.node
+            bad = next((e for e in events if e.source.node != node), None)
+        elif self.role == Role.JOB:
+            job = self.job
+            bad = next((e for e in events if e.source.job != job), None)
+        else:
+            bad = events[0] if events else None
+        return None if bad is None else self.may_report(bad)
+
+    def may_target(self, kind: str, target: str) -> bool:
+        if self.role in (Role.OPERATOR, Role.ADMIN):
+            return True
+        return (kind, target) in (("node", self.node), ("job", self.job))
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    """Tokens in the store, with authenticated headers cached in memory: a fleet's every
+    request would otherwise cost a query and a hash. A token revoked through this object stops
+    at once; one revoked from another process (`sentinel token revoke`) stops at the next
+    `drop_cache_if_changed`, which the coordinator calls on every engine tick."""
+
+    MAX_CACHED = 100_000
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._cache: dict[str, Principal] = {}
+        self._revoked = 0
+
+    def cached(self, header: str | None) -> Principal | None:
+        return self._cache.get(header or "")
+
+    def drop_cache_if_changed(self) -> None:
+        """Forget every cached token once the store holds a revocation the cache has not seen
+        (revocations only ever add up; a small table, so counting them is cheap)."""
+        revoked = self.store.count_tokens(revoked=True)
+        if revoked != self._revoked:
+            self._revoked = revoked
+            self._cache.clear()
+
+    def create(
+        self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
+    ) -> tuple[str, str]:
+        """(token id, secret). The secret is shown once; only its hash is kept."""
+        if role == Role.NODE and not node:
+            raise ValueError("a node token needs --node NAME")
+        if role == Role.JOB and not job:
+            raise ValueError("a job token needs --job ID")
+        if role not in (Role.NODE, Role.JOB) and (node or job):
+            raise ValueError(f"a {role} token is not scoped to a node or job")
+        # Ids are 32 bits: among a large fleet's tokens two draws can meet (~0.2% at 4,096
+        # tokens), so a taken id is drawn again rather than failing the create.
+        for _ in range(ID_DRAWS):
+            token_id = secrets.token_hex(4)
+            secret = f"snt_{token_id}_{secrets.token_urlsafe(32)}"
+            if self.store.insert_token(token_id, hash_token(secret), role, node, job, now):
+                return token_id, secret
+        raise RuntimeError(f"no free token id in {ID_DRAWS} draws")
+
+    def revoke(self, token_id: str, now: float = 0.0) -> bool:
+        revoked = self.store.revoke_token(token_id, now)
+        self._cache.clear()
+        return revoked
+
+    def active_count(self) -> int:
+        return self.store.count_tokens(revoked=False)
+
+    def authenticate(self, header: str | None) -> Principal | None:
+        if not header or not header.startswith("Bearer "):
+            return None
+        secret = header[len("Bearer ") :].strip()
+        parts = secret.split("_")
+        if len(parts) < 3 or parts[0] != "snt":
+            return None
+        row = self.store.token(parts[1])
+        if row is None or not hmac.compare_digest(row.hash, hash_token(secret)):
+            return None
+        principal = Principal(row.id, Role(row.role), row.node, row.job)
+        if len(self._cache) >= self.MAX_CACHED:
+            self._cache.clear()
+        self._cache[header] = principal
+        return principal
+
+    def ensure_admin(self, state_dir: Path, now: float) -> Path | None:
+        """With no token at all, make an admin token readable by the owner only."""
+        if self.active_count() > 0:
+            return None
+        _, secret = self.create(Role.ADMIN, now=now)
+        path = state_dir / ADMIN_TOKEN_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        os.chmod(path, 0o600)
+        return path

@@ -1,0 +1,94 @@
+"""What an operator reads: the fleet, jobs, incidents (one with its whole record), steps and the
+audit log, as JSON made from the store's typed rows (read in the store thread)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_jsonable_python
+
+from sentinel.coordinator.core.states import IncidentState
+from sentinel.coordinator.http.common import Refusal, query, service
+from sentinel.coordinator.store.sql import SqlStore
+
+INCIDENT_EVENTS = 1000  # events an incident's page lists at most
+MAX_ROWS = 10_000
+
+
+class Listing(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int = Field(default=500, ge=1, le=MAX_ROWS, description="rows at most")
+
+
+class NodeListing(Listing):
+    limit: int = Field(default=MAX_ROWS, ge=1, le=MAX_ROWS, description="rows at most")
+
+
+class IncidentListing(Listing):
+    state: IncidentState | None = Field(default=None, description="only incidents in this state")
+
+
+def as_json(value: Any) -> Any:
+    """Rows (dataclasses, models, enums) as the plain JSON values the API answers with."""
+    return to_jsonable_python(value)
+
+
+def nodes(store: SqlStore, q: NodeListing) -> Any:
+    return as_json(store.nodes(q.limit))
+
+
+def jobs(store: SqlStore, q: Listing) -> Any:
+    return as_json(store.jobs(q.limit))
+
+
+def incidents(store: SqlStore, q: IncidentListing) -> Any:
+    return as_json(store.incidents(q.limit, q.state))
+
+
+def actions(store: SqlStore, q: Listing) -> Any:
+    return as_json(store.steps(q.limit))
+
+
+def audit(store: SqlStore, q: Listing) -> Any:
+    return as_json(store.audit_log(q.limit))
+
+
+def incident(store: SqlStore, incident_id: int) -> dict[str, Any] | None:
+    view = store.incident_view(incident_id, INCIDENT_EVENTS)
+    if view is None:
+        return None
+    doc: dict[str, Any] = as_json(view.incident)
+    doc.update(
+        events=as_json(view.events),
+        runs=as_json(view.runs),
+        actions=as_json(view.actions),
+        audit=as_json(view.audit),
+        stages=as_json(view.stages),  # each relaunching repair's timeline (`stages.py`)
+    )
+    return doc
+
+
+def listing(read: Callable[[SqlStore, Any], Any], model: type[Listing]) -> Callable[..., Any]:
+    async def handler(request: web.Request) -> web.Response:
+        svc = service(request)
+        return web.json_response(await svc.db(read, svc.store, query(request, model)))
+
+    return handler
+
+
+def incident_id(request: web.Request) -> int:
+    try:
+        return int(request.match_info["id"])
+    except ValueError:
+        raise Refusal(404, "no such incident") from None
+
+
+async def get_incident(request: web.Request) -> web.Response:
+    svc = service(request)
+    doc = await svc.db(incident, svc.store, incident_id(request))
+    if doc is None:
+        raise Refusal(404, "no such incident")
+    return web.json_response(doc)
