@@ -37,6 +37,36 @@ ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
 
+_JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})
+
+
+def execute(store: Any, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """Run one ad-hoc statement on a store (`?` placeholders, whichever database): a test
+    inspecting or arranging what the coordinator's own typed methods do not. The result, read
+    whole: its rows as dicts, JSON columns decoded (a run's plain `status` text stays)."""
+    if store.engine.dialect.name == "postgresql":  # psycopg's placeholders
+        sql = sql.replace("%", "%%").replace("?", "%s")
+    result = store.conn.exec_driver_sql(sql, tuple(params))
+    if not result.returns_rows:
+        return result
+    rows = [dict(r._mapping) for r in result]
+    for row in rows:
+        for key in _JSON_COLUMNS & row.keys():
+            if isinstance(row[key], str) and row[key][:1] in ("{", "["):
+                row[key] = json.loads(row[key])
+    return rows
+
+
+def query(store: Any, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = execute(store, sql, params)
+    return rows
+
+
+def one(store: Any, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
+    rows = query(store, sql, params)
+    return rows[0] if rows else None
+
+
 def cfg(tmp: Path, **kw: object) -> CoordinatorConfig:
     budget = kw.pop("eviction", EvictionBudgetConfig(max_per_window=3, window_s=3600, min_fleet=1))
     return CoordinatorConfig(state_dir=tmp / "state", eviction=budget, **kw)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from coord_util import cfg, serve_front, xid
+from coord_util import cfg, one, query, serve_front, xid
 from prometheus_client import generate_latest
 
 from sentinel.coordinator.core.auth import Role
@@ -80,7 +80,7 @@ async def test_admin_token_file_and_unauthenticated_requests(
     wrong = await client.delete("/v1/events", headers=bearer(admin))
     assert wrong.status == 405 and wrong.headers["Allow"] == "POST"
     service = client.app[SERVICE]
-    stored = await service.db(service.store.query, "SELECT hash FROM tokens")
+    stored = await service.db(query, service.store, "SELECT hash FROM tokens")
     assert admin not in json.dumps(stored)  # only the hash is kept
 
 
@@ -129,7 +129,7 @@ async def test_bad_requests_are_refused_whole(client: TestClient) -> None:
     events = await client.get("/v1/incidents", headers=h)
     assert await events.json() == []  # nothing of the refused batches was written
     service = client.app[SERVICE]
-    assert (await service.db(service.store.one, "SELECT COUNT(*) n FROM events"))["n"] == 0
+    assert (await service.db(one, service.store, "SELECT COUNT(*) n FROM events"))["n"] == 0
 
 
 async def test_batches_decoded_in_one_group_fail_alone(client: TestClient) -> None:
@@ -146,7 +146,7 @@ async def test_batches_decoded_in_one_group_fail_alone(client: TestClient) -> No
     assert "cannot report as node 'node-2'" in (await replies[2].json())["error"]
     assert "events: Input should be a valid array" in (await replies[4].json())["error"]
     service = client.app[SERVICE]
-    rows = await service.db(service.store.query, "SELECT node FROM events")
+    rows = await service.db(query, service.store, "SELECT node FROM events")
     assert [r["node"] for r in rows] == ["node-1"] * 3
 
 
@@ -169,7 +169,7 @@ async def test_a_relayed_rank_checkpoint_is_stored_and_a_bad_one_refused(
         in (await r.json())["error"]
     )
     service = client.app[SERVICE]
-    rows = await service.db(service.store.query, "SELECT kind, rank, payload FROM events")
+    rows = await service.db(query, service.store, "SELECT kind, rank, payload FROM events")
     assert [(r["kind"], r["rank"], r["payload"]["step"]) for r in rows] == [
         ("rank.checkpoint", 0, 40)
     ]

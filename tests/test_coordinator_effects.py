@@ -24,6 +24,7 @@ from coord_util import (
     cfg,
     job_status,
     own_core,
+    query,
     run_queue_wait_s,
     wait_for,
     xid,
@@ -107,15 +108,15 @@ def test_a_step_waiting_on_a_drain_writes_nothing_until_it_lands(
     clock = [1001.0]
     engine = Engine(store, PLAYBOOKS, c, make_backend(c), lambda: clock[0], inline_effects=False)
     engine.tick()  # the first pass after the intent may still record the run waiting
-    snapshot = store.query("SELECT * FROM runs"), store.query("SELECT * FROM actions")
+    snapshot = query(store, "SELECT * FROM runs"), query(store, "SELECT * FROM actions")
     for _ in range(5):
         clock[0] += 1.0
         engine.tick()
-    assert (store.query("SELECT * FROM runs"), store.query("SELECT * FROM actions")) == snapshot
+    assert (query(store, "SELECT * FROM runs"), query(store, "SELECT * FROM actions")) == snapshot
     engine.effects.settle(effect, engine.effects.perform(effect, False), clock[0])
     engine.tick()
     assert store.step("run1/step0").state == "done"  # type: ignore[union-attr]
-    (run,) = store.query("SELECT updated_at, step_index FROM runs")
+    (run,) = query(store, "SELECT updated_at, step_index FROM runs")
     assert run["updated_at"] == clock[0] and run["step_index"] > 0
 
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from coord_util import cfg, serve_front, xid
+from coord_util import cfg, one, serve_front, xid
 
 from sentinel.coordinator.core.auth import Role
 from sentinel.coordinator.http.app import build_app
@@ -99,7 +99,7 @@ async def connect(site: IngestListener) -> Conn:
 async def stored(site: IngestListener) -> int:
     assert site.front is not None
     service = site.front.service
-    return (await service.db(service.store.one, "SELECT COUNT(*) AS n FROM events"))["n"]
+    return (await service.db(one, service.store, "SELECT COUNT(*) AS n FROM events"))["n"]
 
 
 async def test_keep_alive_batches_and_nothing_else(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from coord_util import ROOT, cfg, crash, job_status, xid
+from coord_util import ROOT, cfg, crash, execute, job_status, one, query, xid
 
 from sentinel.coordinator.backends import make_backend
 from sentinel.coordinator.core.auth import Role, TokenStore
@@ -22,7 +22,8 @@ from sentinel.coordinator.core.states import INCIDENT as TRANSITIONS
 from sentinel.coordinator.core.states import RUN as RUN_TRANSITIONS
 from sentinel.coordinator.core.states import Entity, IncidentState, RunState, TransitionError, check
 from sentinel.coordinator.runtime import Service
-from sentinel.coordinator.store import MIGRATIONS, SqlStore, Store, wal_path
+from sentinel.coordinator.store import SqlStore, Store, wal_path
+from sentinel.coordinator.store.migrate import head, migrate, revision
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
     AgentHeartbeatPayload,
@@ -83,10 +84,10 @@ def test_incident_transition_table() -> None:
 
 def test_schema_is_versioned(tmp_path: Path) -> None:
     store = Store(tmp_path / "c.db")
-    assert store.schema_version() == len(MIGRATIONS)
-    assert store.one("PRAGMA journal_mode")["journal_mode"] == "wal"
+    assert revision(store) == head()
+    assert one(store, "PRAGMA journal_mode")["journal_mode"] == "wal"
     store.close()
-    assert Store(tmp_path / "c.db").migrate() == len(MIGRATIONS)  # reopening is a no-op
+    assert migrate(Store(tmp_path / "c.db")) == head()  # reopening is a no-op
 
 
 def test_the_wal_restarts_under_a_steady_stream_of_commits(tmp_path: Path) -> None:
@@ -134,13 +135,13 @@ def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(
     r2 = ingest.ingest(EventBatch(events=events), clock())  # replayed by a spooling agent
     assert (r1.accepted, r1.duplicates, len(r1.opened)) == (8, 0, 1)
     assert (r2.accepted, r2.duplicates, r2.opened) == (0, 8, [])
-    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
-    assert store.one("SELECT COUNT(*) n FROM runs")["n"] == 1
-    assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 8
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1
+    assert one(store, "SELECT COUNT(*) n FROM runs")["n"] == 1
+    assert one(store, "SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 8
     engine.tick()
     ingest.ingest(EventBatch(events=events), clock())  # replayed after the action ran
     engine.tick()
-    evictions = store.query("SELECT key FROM actions WHERE action='evict_node'")
+    evictions = query(store, "SELECT key FROM actions WHERE action='evict_node'")
     assert len(evictions) == 1
     assert (tmp_path / "state" / "exclude.txt").read_text().split() == ["node-3"]
 
@@ -155,9 +156,9 @@ def test_agent_and_trainer_reports_of_one_fault_are_one_incident(
     ingest.ingest(EventBatch(events=[xid("node-1", code=79)]), clock())
     # the ranks on that node die of it; the supervisor reports them
     ingest.ingest(EventBatch(events=[crash("node-1", 2), crash("node-1", 3)]), clock())
-    rows = store.query("SELECT fault, target, job FROM incidents")
+    rows = query(store, "SELECT fault, target, job FROM incidents")
     assert rows == [{"fault": "gpu_hardware", "target": "node-1", "job": "job1"}]
-    assert store.one("SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 3
+    assert one(store, "SELECT COUNT(*) n FROM events WHERE incident_id=1")["n"] == 3
 
 
 def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(
@@ -167,19 +168,19 @@ def test_dbe_storm_evicts_within_budget_and_escalates_the_rest(
     nodes = [f"node-{i}" for i in range(50)]
     ingest.ingest(EventBatch(events=[xid(n) for n in nodes]), clock())
     engine.tick()
-    evicted = store.query("SELECT name FROM nodes WHERE state='evicted'")
+    evicted = query(store, "SELECT name FROM nodes WHERE state='evicted'")
     assert len(evicted) == 3  # max_per_window
-    states = store.query("SELECT state, COUNT(*) n FROM incidents GROUP BY state ORDER BY state")
+    states = query(store, "SELECT state, COUNT(*) n FROM incidents GROUP BY state ORDER BY state")
     assert {r["state"]: r["n"] for r in states}["escalated"] == 47
     exclude = (tmp_path / "state" / "exclude.txt").read_text().split()
     assert sorted(exclude) == sorted(r["name"] for r in evicted)
-    audit = store.query("SELECT what FROM audit WHERE what='run.escalated'")
+    audit = query(store, "SELECT what FROM audit WHERE what='run.escalated'")
     assert len(audit) == 47
     clock.t += 3601  # a new window: an operator approves one escalated run, it goes through
-    inc = store.one("SELECT id FROM incidents WHERE state='escalated' LIMIT 1")["id"]
-    store.execute("UPDATE runs SET status='pending' WHERE incident_id=?", (inc,))
+    inc = one(store, "SELECT id FROM incidents WHERE state='escalated' LIMIT 1")["id"]
+    execute(store, "UPDATE runs SET status='pending' WHERE incident_id=?", (inc,))
     engine.tick()
-    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 4
+    assert one(store, "SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 4
 
 
 def test_a_spare_whose_agent_reported_first_is_still_a_spare(
@@ -190,10 +191,10 @@ def test_a_spare_whose_agent_reported_first_is_still_a_spare(
     fleet = job_status("job1", ["node-0", "node-1", "node-2"], ["spare-0"])
     ingest.ingest(EventBatch(events=[fleet, xid("node-1", code=79)]), clock())
     engine.tick()
-    restart = store.one("SELECT args FROM commands WHERE kind='job.restart'")
+    restart = one(store, "SELECT args FROM commands WHERE kind='job.restart'")
     assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
     ingest.ingest(EventBatch(events=[fleet]), clock())  # a heartbeat from before the restart
-    assert store.one("SELECT state FROM nodes WHERE name='spare-0'")["state"] == "active"
+    assert one(store, "SELECT state FROM nodes WHERE name='spare-0'")["state"] == "active"
 
 
 def test_supervisor_resumes_from_committed_checkpoints_only(tmp_path: Path) -> None:
@@ -242,7 +243,7 @@ def test_min_fleet_is_never_crossed(tmp_path: Path, new_store: Callable[[], SqlS
     store, ingest, engine, clock = setup(tmp_path, new_store, eviction=budget)
     ingest.ingest(EventBatch(events=[xid(f"node-{i}") for i in range(3)]), clock())
     engine.tick()
-    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
+    assert one(store, "SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
 
 
 def test_the_eviction_budget_as_a_share_of_the_fleet(
@@ -259,7 +260,7 @@ def test_the_eviction_budget_as_a_share_of_the_fleet(
     ingest.ingest(EventBatch(events=[xid("node-1"), xid("node-2")]), clock())
     engine.tick()
     assert store.count_nodes(["evicted"]) == 1
-    refused = store.query("SELECT result FROM actions WHERE state='escalated'")
+    refused = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert "max 10% of 10 nodes = 1" in refused[0]["result"]["reason"]
 
 
@@ -275,11 +276,11 @@ def test_repeated_crash_on_one_node_escalates_to_eviction(
         EventBatch(events=[job_status("job1", ["node-0", "node-1"], ["spare-0"], 1)]), clock()
     )
     ingest.ingest(EventBatch(events=[crash("node-1", 3, generation=1)]), clock())
-    books = [r["playbook"] for r in store.query("SELECT playbook FROM incidents ORDER BY id")]
+    books = [r["playbook"] for r in query(store, "SELECT playbook FROM incidents ORDER BY id")]
     assert books == ["rank_crash", "rank_crash_repeat"]
     engine.tick()
-    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
-    cmd = store.query("SELECT args FROM commands WHERE kind='job.restart' ORDER BY created_at")
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    cmd = query(store, "SELECT args FROM commands WHERE kind='job.restart' ORDER BY created_at")
     assert cmd[-1]["args"]["spare_map"] == {"node-1": "spare-0"}
 
 
@@ -316,14 +317,14 @@ def test_a_crash_that_comes_back_before_any_progress_stops_the_job_after_the_bud
     job and escalates, with the restarts as its history; no node is evicted for it."""
     store, ingest, engine, clock = setup(tmp_path, new_store)
     _crash_loop(ingest, engine, clock, range(4), [3])
-    incidents = store.query("SELECT playbook, state FROM incidents ORDER BY id")
+    incidents = query(store, "SELECT playbook, state FROM incidents ORDER BY id")
     assert [i["playbook"] for i in incidents] == ["rank_crash"] * 4
     assert [i["state"] for i in incidents] == ["mitigated"] * 3 + ["escalated"]
-    restarts = store.query("SELECT id FROM commands WHERE kind='job.restart'")
+    restarts = query(store, "SELECT id FROM commands WHERE kind='job.restart'")
     assert len(restarts) == 3
-    (stop,) = store.query("SELECT args FROM commands WHERE kind='job.stop'")
+    (stop,) = query(store, "SELECT args FROM commands WHERE kind='job.stop'")
     assert "restart budget spent: 3 restart(s) for rank_crash" in stop["args"]["reason"]
-    last = store.query("SELECT result FROM actions WHERE action='resume' ORDER BY id")[-1]
+    last = query(store, "SELECT result FROM actions WHERE action='resume' ORDER BY id")[-1]
     assert last["result"]["newest_checkpoint"] == 3 and len(last["result"]["restarts"]) == 3
     assert store.count_nodes(["evicted", "draining"]) == 0
 
@@ -334,8 +335,8 @@ def test_a_committed_checkpoint_renews_the_restart_budget(
     store, ingest, engine, clock = setup(tmp_path, new_store, restart_budget=2)
     _crash_loop(ingest, engine, clock, range(2), [3])
     _crash_loop(ingest, engine, clock, range(2, 4), [3, 6])  # progress: two more restarts
-    assert len(store.query("SELECT id FROM commands WHERE kind='job.restart'")) == 4
-    assert store.query("SELECT id FROM commands WHERE kind='job.stop'") == []
+    assert len(query(store, "SELECT id FROM commands WHERE kind='job.restart'")) == 4
+    assert query(store, "SELECT id FROM commands WHERE kind='job.stop'") == []
 
 
 def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
@@ -357,13 +358,13 @@ def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
         EventBatch(events=[job_status("j", ["node-0", "node-1", "node-2"], []), xid("node-1")]), 1.0
     )
     engine.tick()
-    assert store.one("SELECT status FROM runs")["status"] == "awaiting_approval"
-    assert store.one("SELECT COUNT(*) n FROM actions")["n"] == 0
+    assert one(store, "SELECT status FROM runs")["status"] == "awaiting_approval"
+    assert one(store, "SELECT COUNT(*) n FROM actions")["n"] == 0
 
     queries.approve(store, 1, "operator:abc", 2.0)
     engine.tick()
-    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
-    audit = store.query("SELECT who, what FROM audit WHERE what='run.approve'")
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    audit = query(store, "SELECT who, what FROM audit WHERE what='run.approve'")
     assert audit == [{"who": "operator:abc", "what": "run.approve"}]
 
 
@@ -371,10 +372,10 @@ def test_dry_run_changes_nothing(tmp_path: Path, new_store: Callable[[], SqlStor
     store, ingest, engine, clock = setup(tmp_path, new_store, dry_run=True)
     ingest.ingest(EventBatch(events=[xid("node-0"), xid("node-1")]), clock())
     engine.tick()
-    assert store.one("SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 0
+    assert one(store, "SELECT COUNT(*) n FROM nodes WHERE state='evicted'")["n"] == 0
     assert not (tmp_path / "state" / "exclude.txt").exists()
-    assert store.one("SELECT COUNT(*) n FROM actions WHERE dry_run=1 AND state='done'")["n"] > 0
-    assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
+    assert one(store, "SELECT COUNT(*) n FROM actions WHERE dry_run=1 AND state='done'")["n"] > 0
+    assert {r["state"] for r in query(store, "SELECT state FROM incidents")} == {"open"}
 
 
 def _history_samples(
@@ -516,12 +517,12 @@ def test_a_shadow_run_judges_the_rails_and_is_counted(
     ingest.ingest(EventBatch(events=[xid("node-0")]), clock())
     engine.tick()
     assert store.count_nodes(["draining", "evicted"]) == 0
-    (run,) = store.query("SELECT status FROM runs")
+    (run,) = query(store, "SELECT status FROM runs")
     assert run["status"] == "escalated"
-    (step,) = store.query("SELECT result FROM actions WHERE action='evict_node'")
+    (step,) = query(store, "SELECT result FROM actions WHERE action='evict_node'")
     assert step["result"]["dry_run"] == "would escalate"
     assert "no hot spare left to take node-0" in step["result"]["reason"]
-    assert {r["state"] for r in store.query("SELECT state FROM incidents")} == {"open"}
+    assert {r["state"] for r in query(store, "SELECT state FROM incidents")} == {"open"}
     samples = _history_samples(store)
     runs = ("mode", "shadow"), ("playbook", "gpu_hardware_fault"), ("status", "escalated")
     assert samples[("sentinel_coordinator_playbook_runs_total", runs)] == 1
@@ -692,16 +693,18 @@ def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_c
     ingest.ingest(EventBatch(events=[status]), clock())
     bad = _sdc("node-1", 2, 14, "b", mismatch=True, mismatched_ranks=[2], suspect_since=10)
     ingest.ingest(EventBatch(events=[bad]), clock())
-    (inc,) = store.query("SELECT first_step, detail FROM incidents")
+    (inc,) = query(store, "SELECT first_step, detail FROM incidents")
     assert inc["first_step"] == 14 and inc["detail"]["suspect_since"] == 10
     engine.tick()
-    (check,) = store.query("SELECT id, args FROM commands WHERE kind='sdc.check' AND target='job1'")
+    (check,) = query(
+        store, "SELECT id, args FROM commands WHERE kind='sdc.check' AND target='job1'"
+    )
     clock.t += 1
     # The rest of the check that opened the incident arrives late: it is not a recompute.
     late = [_sdc(nodes[r], r, 14, "a", mismatched_ranks=[2]) for r in (0, 1, 3)]
     ingest.ingest(EventBatch(events=late), clock())
     engine.tick()
-    assert store.one("SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
+    assert one(store, "SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
     # The recompute, five steps on: one rank heard of it and quotes its id, the others do not.
     again = [
         _sdc(nodes[r], r, 19, "d" if r == 2 else "c", check_id=check["id"] if r == 0 else None)
@@ -709,11 +712,11 @@ def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_c
     ]
     ingest.ingest(EventBatch(events=again[:3]), clock())
     engine.tick()
-    assert store.one("SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
+    assert one(store, "SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
     ingest.ingest(EventBatch(events=again[3:]), clock())
     engine.tick()
-    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
-    (restart,) = store.query("SELECT args FROM commands WHERE kind='job.restart'")
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    (restart,) = query(store, "SELECT args FROM commands WHERE kind='job.restart'")
     assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
     assert restart["args"]["resume_before_step"] == 10  # the last clean check, not step 14 - 1
 
@@ -735,30 +738,33 @@ def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(
         out = ingest.ingest_group([EventBatch(events=e) for e in (a, b, fault, c)], clock())
     got = [(r.accepted, r.duplicates, len(r.opened)) for r in out]  # type: ignore[union-attr]
     assert got == [(3, 0, 0), (1, 1, 0), (1, 0, 1), (1, 2, 0)]
-    assert store.one("SELECT COUNT(*) n FROM events")["n"] == 6
-    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
-    seen = {r["name"] for r in store.query("SELECT name FROM nodes")}
+    assert one(store, "SELECT COUNT(*) n FROM events")["n"] == 6
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1
+    seen = {r["name"] for r in query(store, "SELECT name FROM nodes")}
     assert seen == {"node-0", "node-1", "node-2", "node-3"}
     # A batch the database refuses fails alone, its run's other batches are stored.
     if isinstance(store, Store):
-        store.execute(
+        execute(
+            store,
             "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.node='node-9'"
-            " BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            " BEGIN SELECT RAISE(ABORT, 'refused'); END",
         )
     else:  # PostgreSQL
-        store.execute(
+        execute(
+            store,
             "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-            " IF NEW.node = 'node-9' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
+            " IF NEW.node = 'node-9' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
         )
-        store.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse()"
+        execute(
+            store,
+            "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse()",
         )
     good, bad = [_healthy("node-8", 0)], [_healthy("node-9", 0)]
     with store.tx():
         out = ingest.ingest_group([EventBatch(events=good), EventBatch(events=bad)], clock())
     assert out[0].accepted == 1 and isinstance(out[1], Exception)  # type: ignore[union-attr]
-    assert store.one("SELECT COUNT(*) n FROM events WHERE node IN ('node-8','node-9')")["n"] == 1
-    assert store.one("SELECT 1 AS x FROM nodes WHERE name='node-9'") is None
+    assert one(store, "SELECT COUNT(*) n FROM events WHERE node IN ('node-8','node-9')")["n"] == 1
+    assert one(store, "SELECT 1 AS x FROM nodes WHERE name='node-9'") is None
 
 
 def heartbeat(node: str) -> Event:
@@ -785,11 +791,9 @@ def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
         if pruner._next_at > clock.t:
             break
     assert sum(pruned) == 5 and max(pruned) <= 2
-    kinds = [
-        r["kind"] for r in store.query("SELECT kind FROM events ORDER BY " + store.EVENT_CURSOR)
-    ]
+    kinds = [r["kind"] for r in query(store, "SELECT kind FROM events ORDER BY seq")]
     assert kinds == ["gpu.xid", "agent.heartbeat"]  # the incident's event and the newer one
-    assert store.one("SELECT COUNT(*) n FROM incidents")["n"] == 1
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1
     # A replay of a pruned event is new again (why no trigger window may outlast retention).
     assert ingest.ingest(EventBatch(events=old_beats[:1]), clock()).accepted == 1
 
@@ -821,7 +825,7 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         """Its agent is healthy now and answers the return's validation with a pass."""
         ingest.ingest(EventBatch(events=[heartbeat(node)]), clock())
         engine.tick()
-        rid = store.query("SELECT id FROM commands WHERE kind='node.validate'")[-1]["id"]
+        rid = query(store, "SELECT id FROM commands WHERE kind='node.validate'")[-1]["id"]
         answer = NodeValidationPayload(request_id=rid, passed=True)
         ev = make_event(EventKind.NODE_VALIDATION, Source(node=node), answer)
         ingest.ingest(EventBatch(events=[ev]), clock())
@@ -834,8 +838,8 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         ingest.ingest(EventBatch(events=[job_status("j", nodes, spares[gen:], gen)]), clock())
         ingest.ingest(EventBatch(events=[xid("node-1", ts=clock())]), clock())
         engine.tick()
-        assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
-        incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
+        assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+        incident = query(store, "SELECT id FROM incidents ORDER BY id")[-1]["id"]
         body = {"node": "node-1"}
         queries.run_action(
             store, False, incident, "return_node", body, "reseated", "operator:o", clock()
@@ -843,21 +847,21 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         engine.tick()
         if gen < 2:  # a lemon (the third) is held before any validation
             validated("node-1")
-        returns.append(store.query("SELECT status FROM runs ORDER BY id")[-1]["status"])
+        returns.append(query(store, "SELECT status FROM runs ORDER BY id")[-1]["status"])
         clock.t += 1000  # past the playbook's cooldown: the next XID is a new episode
     assert returns == ["done", "done", "escalated"]
-    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
-    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    (held,) = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert "node-1 is a lemon: blame 3 >= 2.5 within 60 days" in held["result"]["reason"]
     assert [h["fault"] for h in held["result"]["history"]] == ["gpu_hardware"] * 3
-    incident = store.query("SELECT id FROM incidents ORDER BY id")[-1]["id"]
+    incident = query(store, "SELECT id FROM incidents ORDER BY id")[-1]["id"]
     params = {"node": "node-1", "clear_lemon": True}
     queries.run_action(
         store, False, incident, "return_node", params, "GPU replaced", "operator:o", clock()
     )
     engine.tick()
     validated("node-1")
-    assert store.one("SELECT state FROM nodes WHERE name='node-1'")["state"] == "returned"
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "returned"
 
 
 def test_circumstantial_blame_weighs_a_quarter_and_blame_ages_out() -> None:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from coord_util import job_status
+from coord_util import job_status, one, query
 from test_coordinator_logic import setup
 
 from sentinel.coordinator.core.operator import ack_command
@@ -103,12 +103,12 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
                       RankHangPayload(waited_s=90.0))  # fmt: skip
     post(status, hang)
     engine.tick()
-    fr = store.one("SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
+    fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
     clock.t += 4.0
     analysis = FrAnalysisPayload(verdict="hang", culprit_ranks=[1], check_id=fr)
     post(make_event(EventKind.FR_ANALYSIS, Source(job="job1"), analysis))
     engine.tick()  # dumps saved; the stacks are asked of both nodes' agents
-    asked = store.query("SELECT target, args FROM commands WHERE kind='stacks.dump' ORDER BY id")
+    asked = query(store, "SELECT target, args FROM commands WHERE kind='stacks.dump' ORDER BY id")
     assert [a["target"] for a in asked] == ["node-0", "node-1"]
     rid = asked[0]["args"]["request_id"]
     clock.t += 1.0
@@ -120,29 +120,29 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
     ]  # fmt: skip
     post(*answers[:3])
     engine.tick()  # rank 3 has not answered: the step waits
-    assert not store.query("SELECT 1 FROM commands WHERE kind='job.stop'")
+    assert not query(store, "SELECT 1 FROM commands WHERE kind='job.stop'")
     post(answers[3])
     engine.tick()  # every rank answered: saved; the gang is told to stop
-    stacks = store.one("SELECT result FROM actions WHERE action='stacks'")["result"]
+    stacks = one(store, "SELECT result FROM actions WHERE action='stacks'")["result"]
     assert stacks["missing_ranks"] == "" and [g["ranks"] for g in stacks["groups"]] == [
         "1",
         "0,2-3",
     ]
-    stop = store.one("SELECT id FROM commands WHERE kind='job.stop'")["id"]
+    stop = one(store, "SELECT id FROM commands WHERE kind='job.stop'")["id"]
     clock.t += 12.0
     teardown = {"processes": 4, "killed": [11], "survivors": [], "seconds": 10.4,
                 "verified": True}  # fmt: skip
     ack_command(store, stop, True, {"state": "stopped", "teardown": teardown}, "job:job1",
                 clock())  # fmt: skip
     engine.tick()
-    done = store.one("SELECT result FROM actions WHERE action='teardown'")["result"]
+    done = one(store, "SELECT result FROM actions WHERE action='teardown'")["result"]
     assert done["teardown"] == teardown
     assert done["stages_s"] == {
         "dumps_saved_s": 4.0, "stacks_saved_s": 5.0, "all_ranks_gone_s": 17.0
     }  # fmt: skip
-    evict = store.one("SELECT result FROM actions WHERE action='evict_node'")
+    evict = one(store, "SELECT result FROM actions WHERE action='evict_node'")
     assert evict is not None  # the repair went on
-    audited = store.query("SELECT detail FROM audit WHERE what='action.teardown'")
+    audited = query(store, "SELECT detail FROM audit WHERE what='action.teardown'")
     assert any(a["detail"].get("stages_s") for a in audited)
 
 
@@ -155,7 +155,7 @@ def test_a_rank_surviving_sigkill_escalates(
                       RankHangPayload(waited_s=90.0))  # fmt: skip
     ingest.ingest(EventBatch(events=[status, hang]), clock())
     engine.tick()
-    fr = store.one("SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
+    fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
     analysis = FrAnalysisPayload(verdict="hang", culprit_ranks=[1], check_id=fr)
     ingest.ingest(
         EventBatch(events=[make_event(EventKind.FR_ANALYSIS, Source(job="job1"), analysis)]),
@@ -164,12 +164,12 @@ def test_a_rank_surviving_sigkill_escalates(
     engine.tick()
     clock.t += 21.0  # no agent answers: the stacks step gives up waiting, the ranks are silent
     engine.tick()
-    stacks = store.one("SELECT result FROM actions WHERE action='stacks'")["result"]
+    stacks = one(store, "SELECT result FROM actions WHERE action='stacks'")["result"]
     assert stacks["missing_ranks"] == "0-3" and stacks["answered"] == 0
-    stop = store.one("SELECT id FROM commands WHERE kind='job.stop'")["id"]
+    stop = one(store, "SELECT id FROM commands WHERE kind='job.stop'")["id"]
     bad = {"processes": 4, "killed": [11, 12], "survivors": [12], "seconds": 15.0,
            "verified": False}  # fmt: skip
     ack_command(store, stop, True, {"teardown": bad}, "job:job1", clock())
     engine.tick()
-    assert store.one("SELECT state FROM incidents")["state"] == "escalated"
-    assert store.one("SELECT 1 FROM actions WHERE action='evict_node'") is None
+    assert one(store, "SELECT state FROM incidents")["state"] == "escalated"
+    assert one(store, "SELECT 1 FROM actions WHERE action='evict_node'") is None

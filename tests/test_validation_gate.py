@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from coord_util import ROOT, cfg, job_status, xid
+from coord_util import ROOT, cfg, job_status, one, query, xid
 
 from sentinel.burnin.baseline import Measured, ValidationBaseline, judge, save_validation_baseline
 from sentinel.config import ValidationConfig
@@ -117,12 +117,12 @@ def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
         ingest.ingest(EventBatch(events=list(events)), clock())  # type: ignore[arg-type]
 
     def state() -> str:
-        return str(store.one("SELECT state FROM nodes WHERE name='node-1'")["state"])  # type: ignore[index]
+        return str(one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"])  # type: ignore[index]
 
     feed(job_status("j", ["node-0", "node-1"], ["spare-0"]), xid("node-1", ts=clock()))
     engine.tick()
     assert state() == "evicted"
-    incident = store.query("SELECT id FROM incidents")[-1]["id"]
+    incident = query(store, "SELECT id FROM incidents")[-1]["id"]
 
     def ask(why: str) -> None:
         queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, why,
@@ -130,7 +130,7 @@ def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
         engine.tick()
 
     def commands() -> list[str]:
-        rows = store.query("SELECT id FROM commands WHERE kind='node.validate' ORDER BY id")
+        rows = query(store, "SELECT id FROM commands WHERE kind='node.validate' ORDER BY id")
         return [r["id"] for r in rows]
 
     ask("reseated")
@@ -148,7 +148,7 @@ def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
     feed(_answer("node-1", rid, False, "sdc: GPU 0: recompute differs from itself"))
     engine.tick()
     assert state() == "evicted"
-    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    (held,) = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert held["result"]["reason"] == (
         "node-1 stays out of service: it failed validation:"
         " sdc: GPU 0: recompute differs from itself"
@@ -183,11 +183,11 @@ def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
     ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], ["spare-0"]),
                                      xid("node-1", ts=clock())]), clock())  # fmt: skip
     engine.tick()
-    incident = store.query("SELECT id FROM incidents")[-1]["id"]
+    incident = query(store, "SELECT id FROM incidents")[-1]["id"]
     queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, "x",
                        "operator:o", clock())  # fmt: skip
     engine.tick()
-    (held,) = store.query("SELECT result FROM actions WHERE state='escalated'")
+    (held,) = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert held["result"]["reason"].startswith("no validation baseline")
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
     # with a baseline (the step's own) but an agent that never speaks: out after the timeout
@@ -199,5 +199,5 @@ def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
     clock.t += 31
     engine.tick()
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
-    held = store.query("SELECT result FROM actions WHERE state='escalated'")
+    held = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert any("was not healthy for 0 s in a row" in h["result"]["reason"] for h in held)

@@ -1,7 +1,8 @@
-"""The coordinator's durable state: repositories per aggregate gathered in `sql.SqlStore` (which
-implements the repair core's interface, `core.store.StateStore`), and two backends:
-`SqliteStore` (alias `Store`), the embedded default, and `PostgresStore`, which several
-coordinator replicas share, with the lease that says which of them leads (`lease.py`).
+"""The coordinator's durable state: one schema (`schema.py`, SQLAlchemy Core) for both
+databases, one migration runner (`migrate.py`, Alembic), repositories per aggregate gathered in
+`sql.SqlStore` (which implements the repair core's interface, `core.store.StateStore`), and two
+backends: `SqliteStore` (alias `Store`), the embedded default, and `PostgresStore`, which
+several coordinator replicas share, with the lease that says which of them leads (`lease.py`).
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.store.lease import Leadership, LeaseLeadership, SoleLeadership
 from sentinel.coordinator.store.sql import SqlStore
-from sentinel.coordinator.store.sqlite import MIGRATIONS, SqliteStore, Store, wal_path
+from sentinel.coordinator.store.sqlite import SqliteStore, Store, wal_path
 
 STORE_FILE = "coordinator.db"  # SQLite's file in the state directory
 
-__all__ = ["MIGRATIONS", "STORE_FILE", "SqlStore", "SqliteStore", "Store", "open_store", "wal_path"]
+__all__ = ["STORE_FILE", "SqlStore", "SqliteStore", "Store", "open_store", "wal_path"]
 
 
 def open_store(cfg: CoordinatorConfig) -> tuple[SqlStore, Leadership]:

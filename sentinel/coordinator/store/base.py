@@ -1,15 +1,18 @@
-"""What every repository of the store stands on: the backend's few primitives (a backend is a
-subclass that brings the connection, transactions, migrations and the places where dialects
-differ), typed rows out of driver rows, and the column lists every statement shares.
+"""What every repository of the store stands on: one SQLAlchemy connection used by one thread at
+a time (the coordinator's store thread), transactions that nest as savepoints, the driver's
+errors turned into the store's, and typed rows out of driver rows.
 
 What every backend promises:
 
 - `tx()` is a transaction; nested, a savepoint. Everything a method writes inside it commits or
-  rolls back with it. Outside one, each write is its own transaction.
+  rolls back with it. Outside one, each statement is its own transaction (the connection runs
+  in the driver's autocommit mode; `tx()` says BEGIN itself, as each database wants it).
 - Ids the store assigns are 64-bit integers; an id outside that range names no row (a lookup
   answers None, not an error).
-- Event arrival order is an opaque integer cursor (SQLite's rowid, a PostgreSQL sequence).
-- A lost database raises `StoreUnavailable` (the API answers 503), never a driver's error.
+- Event arrival order is the `seq` column (SQLite's rowid, a PostgreSQL sequence).
+- A lost database raises `StoreUnavailable` (the API answers 503), never a driver's error; a
+  session lost inside a transaction fails every statement after it until the transaction ends:
+  nothing the caller was told is committed was not.
 
 Typed rows (`core/rows.py`) are what leaves: no driver's row type crosses this line.
 """
@@ -19,52 +22,69 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
+import threading
 import types
 import typing
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from sqlalchemy import Connection, Engine, Executable, Table, exc
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement, FunctionElement
+from sqlalchemy.types import Double, Text
 
-from sentinel.coordinator.core.rows import (
-    IncidentDetail,
-    RepairStagesRow,
-)
-from sentinel.coordinator.core.states import Entity
-from sentinel.coordinator.core.store import MAX_ID
+from sentinel.coordinator.core.store import MAX_ID, StoreUnavailable
 
 # Built once: json.dumps with any argument builds a new encoder per call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+_R = TypeVar("_R")
 
 
 def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-class Cursor(Protocol):
-    """What a statement's result offers, whatever the driver."""
-
-    @property
-    def rowcount(self) -> int: ...
+def key_ok(key: str | int) -> bool:
+    """An integer key a 64-bit column can hold: larger ones name no row (and would overflow)."""
+    return not isinstance(key, int) or -MAX_ID - 1 <= key <= MAX_ID
 
 
-class SqlBase(ABC):
-    """The backend's primitives and the helpers every repository uses."""
+class SqlBase:
+    """The connection and its transactions; a backend says how to begin and what failed."""
 
-    # The column that orders events by arrival (see `prune_events`).
-    EVENT_CURSOR = "rowid"
+    BEGIN = "BEGIN"  # how a transaction starts
+    # The dialect's insert, which can skip or update a row already there (ON CONFLICT).
+    _insert: Callable[[Table], Any]
 
-    @abstractmethod
-    def tx(self) -> AbstractContextManager[None]:
-        """A transaction (nested calls become savepoints): all of it commits, or none of it."""
+    def __init__(self, engine: Engine) -> None:
+        # Every statement's count of rows changed is kept, whatever kind it is (an INSERT's
+        # tells whether ON CONFLICT skipped the row).
+        self.engine = engine.execution_options(preserve_rowcount=True)
+        self._conn: Connection | None = None
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._lost = False  # the session died inside the transaction still open
+        # `_many`'s statements as this database's SQL, and their parameters' order if positional
+        self._compiled: dict[Any, tuple[str, Callable[[Any], Any] | None]] = {}
 
-    @abstractmethod
-    def close(self) -> None: ...
+    # --- what a backend provides ---------------------------------------------------------
 
-    def start_background(self) -> None:  # noqa: B027 (a hook most backends leave empty)
+    def _connected(self, conn: Connection) -> None:
+        """A new session is open (PostgreSQL: a leader's carries its epoch again)."""
+
+    def _failure(self, error: BaseException | None) -> Exception | None:
+        """The store's error for a driver's (None: raise it as it is); a lost session is
+        closed here, and the next statement outside a transaction opens another."""
+        return None
+
+    def _before_begin(self, conn: Connection) -> None:
+        """Work the session does before each transaction begins (SQLite: the WAL catch-up)."""
+
+    def start_background(self) -> None:
         """Housekeeping threads the backend needs (SQLite: the WAL checkpointer)."""
 
     def file_sizes(self) -> dict[str, int]:
@@ -77,161 +97,177 @@ class SqlBase(ABC):
         them once the epoch is stale (`Fenced`). One coordinator's store has nothing to fence."""
         yield
 
-    def lock_key(self, key: str) -> None:  # noqa: B027 (one writer needs nothing)
+    def lock_key(self, key: str) -> None:
         """Serialize, until the transaction ends, every writer that takes the same key: two
         coordinators ingesting the same fault at once must open one incident, not two. One
         writer (SQLite) needs nothing."""
 
-    @abstractmethod
-    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self.engine.dispose()
 
-    @abstractmethod
-    def _first(self, sql: str, params: Sequence[Any] = ()) -> Any | None: ...
+    # --- the session -----------------------------------------------------------------------
 
-    @abstractmethod
-    def _run(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
-        """Run one statement; the result has the driver's `rowcount`."""
+    @property
+    def conn(self) -> Connection:
+        """The session, opened again if it was lost, except inside a transaction: what the lost
+        session held died with it, and statements on a new one would commit on their own, half
+        a transaction (a batch acknowledged, part of it never stored)."""
+        if self._lost:
+            raise StoreUnavailable(
+                "the database connection was lost in a transaction: none of it committed"
+            )
+        if self._conn is None or self._conn.invalidated or self._conn.closed:
+            if self._depth > 0:
+                raise StoreUnavailable(
+                    "the database connection was lost in a transaction: none of it committed"
+                )
+            try:
+                self._conn = self.engine.connect()
+            except exc.DBAPIError as e:
+                raise self._failure(e.orig) or e from None
+            self._connected(self._conn)
+        return self._conn
 
-    @abstractmethod
-    def _runmany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+    @contextmanager
+    def _driver(self) -> Iterator[Connection]:
+        """The session, with the driver's errors turned into the store's."""
+        with self._lock:
+            conn = self.conn
+            try:
+                yield conn
+            except (exc.DBAPIError, self.engine.dialect.loaded_dbapi.Error) as e:
+                failure = self._failure(e.orig if isinstance(e, exc.DBAPIError) else e)
+                if self._conn is None and self._depth > 0:
+                    self._lost = True
+                if failure is None:
+                    raise
+                raise failure from None
 
-    @abstractmethod
-    def _insert_id(self, sql: str, params: Sequence[Any]) -> int:
-        """Run an INSERT of one row; the id the database gave it."""
+    def _x(self, stmt: Executable, params: Any = None) -> Any:
+        """Run one statement; its result, read whole (rows, or the count of rows changed)."""
+        with self._driver() as conn:
+            result = conn.execute(stmt, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
 
-    @abstractmethod
-    def _json_text(self, column: str, key: str) -> str:
-        """SQL for a JSON column's top-level field, as text."""
+    def _sql(self, text_: str) -> None:
+        """A statement of the session itself (BEGIN, SAVEPOINT, COMMIT, a PRAGMA), straight to
+        the driver: it builds nothing and reads nothing."""
+        with self._driver() as conn:
+            conn.connection.driver_connection.execute(text_)  # type: ignore[union-attr]
 
-    @abstractmethod
-    def _json_number(self, column: str, key: str) -> str:
-        """SQL for a JSON column's top-level field, as a number."""
+    def _many(self, stmt: Any, rows: list[dict[str, Any]] | dict[str, Any]) -> Any:
+        """The hot path's statements (a batch of events, the nodes it saw): compiled once by
+        SQLAlchemy for this database, then run with the rows as the driver takes them (a list:
+        executemany), so a fleet's rows skip SQLAlchemy's per-row parameter work. Its rows,
+        or the count of rows changed."""
+        found = self._compiled.get(stmt)
+        if found is None:
+            compiled = stmt.compile(dialect=self.engine.dialect)
+            order = compiled.positiontup
+            found = (str(compiled), operator.itemgetter(*order) if order else None)
+            self._compiled[stmt] = found
+        text_, pick = found
+        params: Any = rows
+        if pick is not None:  # a driver that takes parameters by position
+            params = (
+                [_tuple(pick(r)) for r in rows] if isinstance(rows, list) else _tuple(pick(rows))
+            )
+        with self._driver() as conn:
+            result = conn.exec_driver_sql(text_, params)
+            return result.fetchall() if result.returns_rows else result.rowcount
 
-    @abstractmethod
-    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-        """Rows as {column: value}, for `query`."""
+    @contextmanager
+    def tx(self) -> Iterator[None]:
+        """A transaction (nested calls become savepoints): all of it commits, or none of it."""
+        with self._lock:
+            outer, name = self._depth == 0, f"sp{self._depth}"
+            if outer:
+                self._before_begin(self.conn)
+            self._sql(self.BEGIN if outer else f"SAVEPOINT {name}")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._undo(name, outer)
+                raise
+            else:
+                self._sql("COMMIT" if outer else f"RELEASE {name}")
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._lost = False
 
-    # Ad-hoc reads and writes for tests and operators inspecting a store; the coordinator
-    # itself uses only the typed methods below.
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        return [decode_json(row) for row in self._dicts(sql, params)]
+    def _undo(self, savepoint: str, outer: bool) -> None:
+        conn = self._conn
+        if conn is None or self._lost or conn.invalidated:
+            return  # the server rolled it back with the session
+        try:
+            if outer:
+                self._sql("ROLLBACK")
+            else:
+                self._sql(f"ROLLBACK TO {savepoint}")
+                self._sql(f"RELEASE {savepoint}")
+        except Exception:  # the session is in no state to go on: the next call opens another
+            conn.close()
+            self._conn = None
 
-    def one(self, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any] | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
+    # --- typed rows ------------------------------------------------------------------------
 
-    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
-        return self._run(sql, params)
+    def _row(self, cls: type[_R], stmt: Executable) -> _R | None:
+        rows = self._x(stmt)
+        return from_row(cls, rows[0]) if rows else None
 
-    def _row(self, cls: type[_R], sql: str, params: Sequence[Any] = ()) -> _R | None:
-        row = self._first(sql, params)
-        return None if row is None else from_row(cls, row)
+    def _rows(self, cls: type[_R], stmt: Executable) -> list[_R]:
+        return [from_row(cls, r) for r in self._x(stmt)]
 
-    def _rows(self, cls: type[_R], sql: str, params: Sequence[Any] = ()) -> list[_R]:
-        return [from_row(cls, r) for r in self._all(sql, params)]
+    def _scalar(self, stmt: Executable) -> Any:
+        rows = self._x(stmt)
+        return rows[0][0] if rows else None
 
-    def _count(self, sql: str, params: Sequence[Any] = ()) -> int:
-        row = self._first(sql, params)
-        return int(row[0]) if row is not None and row[0] is not None else 0
-
-
-# entity -> (table, state column, column stamped with the time of a move)
-STATE_COLUMNS: dict[Entity, tuple[str, str, str | None]] = {
-    Entity.INCIDENT: ("incidents", "state", "updated_at"),
-    Entity.RUN: ("runs", "status", "updated_at"),
-    Entity.STEP: ("actions", "state", None),
-    Entity.NODE: ("nodes", "state", "state_changed_at"),
-    Entity.JOB: ("jobs", "state", None),
-    Entity.EFFECT: ("effects", "state", None),
-}
-KEYS: dict[Entity, str] = {
-    Entity.INCIDENT: "id",
-    Entity.RUN: "id",
-    Entity.STEP: "key",
-    Entity.NODE: "name",
-    Entity.JOB: "id",
-    Entity.EFFECT: "key",
-}
-
-
-def key_ok(key: str | int) -> bool:
-    """An integer key a 64-bit column can hold: larger ones name no row (and would overflow)."""
-    return not isinstance(key, int) or -MAX_ID - 1 <= key <= MAX_ID
-
-
-NODE_COLS = "name, last_seen, verdict, state, state_changed_at, reason"
-JOB_COLS = "id, state, generation, last_heartbeat, status"
-INCIDENT_COLS = (
-    "id, key, fault, target, job, state, playbook, opened_at, updated_at, first_step,"
-    " acknowledged_by, detail"
-)
-RUN_COLS = (
-    "id, incident_id, playbook, status, step_index, context, dry_run, created_at, updated_at,"
-    " step_started_at"
-)
-STEP_COLS = (
-    "id, key, incident_id, run_id, action, target, params, state, result, dry_run, who,"
-    " started_at, done_at"
-)
-AUDIT_COLS = "id, ts, who, what, why, incident_id, detail"
-COMMAND_COLS = (
-    "id, target_kind, target, kind, args, created_at, delivered_at, acked_at, result, incident_id"
-)
-TOKEN_COLS = "id, hash, role, node, job, created_at, revoked_at"
-EFFECT_COLS = (
-    "id, key, kind, target, args, state, attempts, result, incident_id, created_at, done_at"
-)
-EVENT_COLS = "id, kind, node, rank, job, ts, payload"
-STAGE_COLS = ", ".join(f.name for f in dataclasses.fields(RepairStagesRow))
-
-
-_JSON_COLUMNS = frozenset({"payload", "status", "detail", "context", "params", "result", "args"})
-
-
-def decode_json(row: dict[str, Any]) -> dict[str, Any]:
-    for key in _JSON_COLUMNS & row.keys():
-        value = row[key]
-        if isinstance(value, str) and value[:1] in ("{", "["):  # runs.status is plain text
-            row[key] = json.loads(value)
-    return row
-
-
-def jobs_not_in(states: Iterable[str]) -> tuple[str, list[str]]:
-    """The jobs in none of these states: (SQL, its parameters)."""
-    out = [str(s) for s in states]
-    return f"SELECT {JOB_COLS} FROM jobs WHERE state NOT IN ({','.join('?' * len(out))})", out
-
-
-def detail_json(detail: IncidentDetail) -> str:
-    return detail.model_dump_json(exclude_none=True)
-
-
-_CHUNK = 256  # rows per INSERT statement at most (8 parameters each for events)
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
-def chunks(rows: list[_T]) -> Iterator[list[_T]]:
-    """`rows` in chunks of fixed sizes (256, then powers of two): few statements, each of a
-    size seen before, so the driver's statement cache keeps them prepared."""
-    start = 0
-    while start < len(rows):
-        size = _CHUNK
-        while size > len(rows) - start:
-            size //= 2
-        yield rows[start : start + size]
-        start += size
+    def _count(self, stmt: Executable) -> int:
+        return int(self._scalar(stmt) or 0)
 
 
-@functools.cache
-def values_sql(head: str, row: str, size: int, tail: str = "") -> str:
-    return head + ",".join([row] * size) + tail
+def _tuple(picked: Any) -> tuple[Any, ...]:
+    """What `itemgetter` picked, as a tuple even when it picked one value."""
+    return picked if isinstance(picked, tuple) else (picked,)
 
 
-_Row = TypeVar("_Row")
+class json_field(FunctionElement[str]):
+    """A JSON text column's top-level field, as text (`json_field(col, "key")`), or as a number
+    (`json_field(col, "key", number=True)`): the one place the dialects' JSON syntax differs."""
+
+    inherit_cache = True
+
+    def __init__(self, column: ColumnElement[Any], key: str, number: bool = False) -> None:
+        self.key, self.number = key, number
+        self.type = Double() if number else Text()
+        super().__init__(column)
 
 
-def from_row(cls: type[_Row], values: Any) -> _Row:
+@compiles(json_field, "sqlite")
+def _json_sqlite(element: json_field, compiler: Any, **kw: Any) -> str:
+    column = compiler.process(next(iter(element.clauses)), **kw)
+    return f"json_extract({column}, '$.{element.key}')"
+
+
+@compiles(json_field, "postgresql")
+def _json_postgresql(element: json_field, compiler: Any, **kw: Any) -> str:
+    column = compiler.process(next(iter(element.clauses)), **kw)
+    text_ = f"({column}::json->>'{element.key}')"
+    return f"{text_}::double precision" if element.number else text_
+
+
+def columns(cls: type) -> list[str]:
+    """The table columns a row type holds, in its fields' order."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def from_row(cls: type[_R], values: Sequence[Any]) -> _R:
     """A typed row from a driver's row (a sequence in the dataclass's field order): each value
     converted by its field's type: an enum by value, a pydantic model and a dict from their
     JSON text, a flag from its integer."""

@@ -2,81 +2,86 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import chain
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from sentinel.coordinator.core.rows import (
-    JobRow,
-    NodeRow,
-)
-from sentinel.coordinator.store.base import (
-    JOB_COLS,
-    NODE_COLS,
-    SqlBase,
-    chunks,
-    jobs_not_in,
-    values_sql,
-)
+from sqlalchemy import Select, Table, bindparam, func, select, update
+
+from sentinel.coordinator.core.rows import JobRow, NodeRow
+from sentinel.coordinator.store.base import SqlBase, columns
+from sentinel.coordinator.store.schema import jobs, nodes
 from sentinel.protocol import JobStatusPayload
 
-# A node heard from for the first time starts in the column's default state (active).
-_UPSERT_NODES = "INSERT INTO nodes (name, last_seen, verdict) VALUES "
-_UPSERT_NODES_TAIL = (
-    " ON CONFLICT(name) DO UPDATE SET last_seen=excluded.last_seen,"
-    " verdict=COALESCE(excluded.verdict, nodes.verdict)"
-)
+_NODE = [nodes.c[n] for n in columns(NodeRow)]
+_JOB = [jobs.c[n] for n in columns(JobRow)]
 
 
 class FleetRepo(SqlBase):
     def touch_nodes(self, seen: dict[str, str | None], now: float) -> None:
-        # One statement per chunk, not one step per node: every statement the store thread runs
-        # hands the GIL back and forth with the event loop, which costs most under load.
+        """Mark nodes seen now, with their own verdict where their events carried one; a node
+        heard from for the first time starts in the column's default state (active)."""
         # In name order: two coordinators upserting overlapping nodes then lock them in the
         # same order, and neither waits on the other in a cycle (a deadlock).
-        rows = [(node, now, verdict) for node, verdict in sorted(seen.items())]
-        for chunk in chunks(rows):
-            self._run(
-                values_sql(_UPSERT_NODES, "(?,?,?)", len(chunk), _UPSERT_NODES_TAIL),
-                tuple(chain.from_iterable(chunk)),
-            )
+        rows = [{"name": n, "last_seen": now, "verdict": v} for n, v in sorted(seen.items())]
+        if rows:
+            self._many(_touch(self._insert), rows)
 
     def insert_node(self, name: str, state: str, now: float, reason: str | None) -> bool:
-        cur = self._run(
-            "INSERT INTO nodes (name, state, state_changed_at, reason) VALUES (?,?,?,?)"
-            " ON CONFLICT(name) DO NOTHING",
-            (name, str(state), now, reason),
+        new = self._insert(nodes).values(
+            name=name, state=str(state), state_changed_at=now, reason=reason
         )
-        return cur.rowcount == 1
+        return bool(self._x(new.on_conflict_do_nothing()) == 1)
 
     def node(self, name: str) -> NodeRow | None:
-        return self._row(NodeRow, f"SELECT {NODE_COLS} FROM nodes WHERE name=?", (name,))
+        return self._row(NodeRow, select(*_NODE).where(nodes.c.name == name))
 
     def count_nodes(self, states: Iterable[str], changed_since: float | None = None) -> int:
-        states = [str(s) for s in states]
-        sql = f"SELECT COUNT(*) FROM nodes WHERE state IN ({','.join('?' * len(states))})"
-        if changed_since is None:
-            return self._count(sql, states)
-        return self._count(sql + " AND state_changed_at >= ?", (*states, changed_since))
+        counted = select(func.count()).where(nodes.c.state.in_([str(s) for s in states]))
+        if changed_since is not None:
+            counted = counted.where(nodes.c.state_changed_at >= changed_since)
+        return self._count(counted)
 
     def insert_job(self, job_id: str, state: str, status: JobStatusPayload, now: float) -> None:
-        self._run(
-            "INSERT INTO jobs (id, state, generation, last_heartbeat, status) VALUES (?,?,?,?,?)",
-            (job_id, str(state), status.generation, now, status.model_dump_json()),
+        status_json = status.model_dump_json()
+        self._x(
+            jobs.insert().values(
+                id=job_id,
+                state=str(state),
+                generation=status.generation,
+                last_heartbeat=now,
+                status=status_json,
+            )
         )
 
     def save_job_status(self, job_id: str, status: JobStatusPayload, now: float) -> None:
-        self._run(
-            "UPDATE jobs SET generation=?, last_heartbeat=?, status=? WHERE id=?",
-            (status.generation, now, status.model_dump_json(), job_id),
+        report = dict(
+            generation=status.generation, last_heartbeat=now, status=status.model_dump_json()
         )
+        self._x(update(jobs).where(jobs.c.id == job_id).values(report))
 
     def job(self, job_id: str) -> JobRow | None:
-        return self._row(JobRow, f"SELECT {JOB_COLS} FROM jobs WHERE id=?", (job_id,))
+        return self._row(JobRow, select(*_JOB).where(jobs.c.id == job_id))
 
     def jobs(self, limit: int, exclude_states: Iterable[str] = ()) -> list[JobRow]:
-        where, states = jobs_not_in(exclude_states)
-        return self._rows(JobRow, where + " ORDER BY id LIMIT ?", (*states, limit))
+        return self._rows(JobRow, _jobs_not_in(exclude_states).order_by(jobs.c.id).limit(limit))
 
     def silent_jobs(self, before: float, exclude_states: Iterable[str]) -> list[JobRow]:
-        where, states = jobs_not_in(exclude_states)
-        return self._rows(JobRow, where + " AND last_heartbeat < ?", (*states, before))
+        return self._rows(
+            JobRow, _jobs_not_in(exclude_states).where(jobs.c.last_heartbeat < before)
+        )
+
+
+@functools.cache
+def _touch(insert: Callable[[Table], Any]) -> Any:
+    """The upsert `touch_nodes` runs, in this dialect's insert."""
+    upsert = insert(nodes).values({c: bindparam(c) for c in ("name", "last_seen", "verdict")})
+    again = {
+        "last_seen": upsert.excluded.last_seen,
+        "verdict": func.coalesce(upsert.excluded.verdict, nodes.c.verdict),
+    }
+    return upsert.on_conflict_do_update(index_elements=["name"], set_=again)
+
+
+def _jobs_not_in(states: Iterable[str]) -> Select[Any]:
+    return select(*_JOB).where(jobs.c.state.not_in([str(s) for s in states]))

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import func, select, update
+
 from sentinel.coordinator.core.rows import (
     DoneStepRow,
     IncidentDetail,
@@ -15,17 +17,17 @@ from sentinel.coordinator.core.rows import (
     RunRow,
     StepRow,
 )
-from sentinel.coordinator.store.base import (
-    INCIDENT_COLS,
-    RUN_COLS,
-    STAGE_COLS,
-    STEP_COLS,
-    SqlBase,
-    detail_json,
-    dumps,
-    from_row,
-    key_ok,
-)
+from sentinel.coordinator.store.base import SqlBase, columns, dumps, key_ok
+from sentinel.coordinator.store.schema import actions, incidents, repair_stages, runs
+
+INCIDENT = [incidents.c[n] for n in columns(IncidentRow)]
+RUN = [runs.c[n] for n in columns(RunRow)]
+STEP = [actions.c[n] for n in columns(StepRow)]
+STAGES = [repair_stages.c[n] for n in columns(RepairStagesRow)]
+
+
+def detail_json(detail: IncidentDetail) -> str:
+    return detail.model_dump_json(exclude_none=True)
 
 
 class IncidentsRepo(SqlBase):
@@ -41,99 +43,54 @@ class IncidentsRepo(SqlBase):
         first_step: int | None,
         detail: IncidentDetail,
     ) -> int:
-        return self._insert_id(
-            "INSERT INTO incidents (key, fault, target, job, state, playbook, opened_at,"
-            " updated_at, first_step, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                key,
-                fault,
-                target,
-                job,
-                str(state),
-                playbook,
-                now,
-                now,
-                first_step,
-                detail_json(detail),
-            ),
+        row = incidents.insert().values(
+            key=key,
+            fault=fault,
+            target=target,
+            job=job,
+            state=str(state),
+            playbook=playbook,
+            opened_at=now,
+            updated_at=now,
+            first_step=first_step,
+            detail=detail_json(detail),
         )
+        return int(self._x(row.returning(incidents.c.id))[0][0])
 
     def incident(self, incident_id: int) -> IncidentRow | None:
         if not key_ok(incident_id):
             return None
-        return self._row(
-            IncidentRow, f"SELECT {INCIDENT_COLS} FROM incidents WHERE id=?", (incident_id,)
-        )
+        return self._row(IncidentRow, select(*INCIDENT).where(incidents.c.id == incident_id))
 
     def active_incident(self, key: str, states: Iterable[str]) -> IncidentRow | None:
-        states = [str(s) for s in states]
-        row = self._first(
-            f"SELECT {INCIDENT_COLS} FROM incidents WHERE key=?"
-            f" AND state IN ({','.join('?' * len(states))}) ORDER BY id DESC LIMIT 1",
-            (key, *states),
-        )
-        return None if row is None else from_row(IncidentRow, row)
+        active = incidents.c.state.in_([str(s) for s in states])
+        found = select(*INCIDENT).where(incidents.c.key == key, active)
+        return self._row(IncidentRow, found.order_by(incidents.c.id.desc()).limit(1))
 
     def active_incident_on(
         self, target: str, faults: Iterable[str], states: Iterable[str]
     ) -> int | None:
-        faults, states = sorted(faults), [str(s) for s in states]
-        row = self._first(
-            f"SELECT id FROM incidents WHERE target=? AND fault IN ({','.join('?' * len(faults))})"
-            f" AND state IN ({','.join('?' * len(states))}) ORDER BY id LIMIT 1",
-            (target, *faults, *states),
+        found = select(incidents.c.id).where(
+            incidents.c.target == target,
+            incidents.c.fault.in_(sorted(faults)),
+            incidents.c.state.in_([str(s) for s in states]),
         )
-        return None if row is None else int(row[0])
+        held = self._scalar(found.order_by(incidents.c.id).limit(1))
+        return None if held is None else int(held)
 
     def save_incident_detail(self, incident_id: int, detail: IncidentDetail, now: float) -> None:
-        self._run(
-            "UPDATE incidents SET detail=?, updated_at=? WHERE id=?",
-            (detail_json(detail), now, incident_id),
-        )
+        saved = dict(detail=detail_json(detail), updated_at=now)
+        self._x(update(incidents).where(incidents.c.id == incident_id).values(saved))
 
     def acknowledge_incident(self, incident_id: int, who: str, now: float) -> bool:
         if not key_ok(incident_id):
             return False
-        cur = self._run(
-            "UPDATE incidents SET acknowledged_by=?, updated_at=? WHERE id=?",
-            (who, now, incident_id),
-        )
-        return cur.rowcount == 1
-
-    def relaunching_run(self, job: str, launched_at: float) -> int | None:
-        """The run of the job's newest live resume step started by `launched_at` whose run
-        has no stages yet: the repair a launch then is the restart of."""
-        row = self._first(
-            "SELECT a.run_id FROM actions a"
-            " JOIN incidents i ON i.id = a.incident_id"
-            " LEFT JOIN repair_stages s ON s.run_id = a.run_id"
-            " WHERE i.job=? AND a.action='resume' AND a.dry_run=0 AND a.run_id IS NOT NULL"
-            " AND a.state IN ('started', 'done') AND a.started_at <= ? AND s.run_id IS NULL"
-            " ORDER BY a.started_at DESC LIMIT 1",
-            (job, launched_at),
-        )
-        return None if row is None else int(row[0])
-
-    def incident_steps(self, incident_id: int) -> list[StepRow]:
-        return self._rows(
-            StepRow,
-            f"SELECT {STEP_COLS} FROM actions WHERE incident_id=? ORDER BY id",
-            (incident_id,),
+        seen = dict(acknowledged_by=who, updated_at=now)
+        return bool(
+            self._x(update(incidents).where(incidents.c.id == incident_id).values(seen)) == 1
         )
 
-    def run_steps(self, run_id: int) -> list[StepRow]:
-        return self._rows(
-            StepRow, f"SELECT {STEP_COLS} FROM actions WHERE run_id=? ORDER BY id", (run_id,)
-        )
-
-    def insert_repair_stages(self, stages: RepairStagesRow) -> None:
-        """Once per run: a second report of the same relaunch changes nothing."""
-        values = dataclasses.astuple(stages)
-        self._run(
-            f"INSERT INTO repair_stages ({STAGE_COLS}) VALUES ({','.join('?' * len(values))})"
-            " ON CONFLICT (run_id) DO NOTHING",
-            values,
-        )
+    # --- runs and steps --------------------------------------------------------------------
 
     def insert_run(
         self,
@@ -144,47 +101,43 @@ class IncidentsRepo(SqlBase):
         now: float,
         context: RunContext | None = None,
     ) -> int:
-        return self._insert_id(
-            "INSERT INTO runs (incident_id, playbook, status, context, dry_run, created_at,"
-            " updated_at) VALUES (?,?,?,?,?,?,?)",
-            (
-                incident_id,
-                playbook,
-                str(status),
-                (context or RunContext()).model_dump_json(exclude_defaults=True),
-                int(dry_run),
-                now,
-                now,
-            ),
+        context_json = (context or RunContext()).model_dump_json(exclude_defaults=True)
+        row = runs.insert().values(
+            incident_id=incident_id,
+            playbook=playbook,
+            status=str(status),
+            context=context_json,
+            dry_run=int(dry_run),
+            created_at=now,
+            updated_at=now,
         )
+        return int(self._x(row.returning(runs.c.id))[0][0])
 
     def run(self, run_id: int) -> RunRow | None:
         if not key_ok(run_id):
             return None
-        return self._row(RunRow, f"SELECT {RUN_COLS} FROM runs WHERE id=?", (run_id,))
+        return self._row(RunRow, select(*RUN).where(runs.c.id == run_id))
 
     def runs(self, statuses: Iterable[str], incident_id: int | None = None) -> list[RunRow]:
-        statuses = [str(s) for s in statuses]
-        sql = f"SELECT {RUN_COLS} FROM runs WHERE status IN ({','.join('?' * len(statuses))})"
-        if incident_id is None:
-            return self._rows(RunRow, sql + " ORDER BY id", statuses)
-        return self._rows(RunRow, sql + " AND incident_id=? ORDER BY id", (*statuses, incident_id))
+        found = select(*RUN).where(runs.c.status.in_([str(s) for s in statuses]))
+        if incident_id is not None:
+            found = found.where(runs.c.incident_id == incident_id)
+        return self._rows(RunRow, found.order_by(runs.c.id))
 
     def last_run_update(self, incident_id: int) -> float | None:
-        row = self._first("SELECT MAX(updated_at) FROM runs WHERE incident_id=?", (incident_id,))
-        return None if row is None or row[0] is None else float(row[0])
+        last = self._scalar(
+            select(func.max(runs.c.updated_at)).where(runs.c.incident_id == incident_id)
+        )
+        return None if last is None else float(last)
 
     def save_run(self, run: RunRow, now: float) -> None:
-        self._run(
-            "UPDATE runs SET step_index=?, context=?, step_started_at=?, updated_at=? WHERE id=?",
-            (
-                run.step_index,
-                run.context.model_dump_json(exclude_defaults=True),
-                run.step_started_at,
-                now,
-                run.id,
-            ),
+        saved = dict(
+            step_index=run.step_index,
+            context=run.context.model_dump_json(exclude_defaults=True),
+            step_started_at=run.step_started_at,
+            updated_at=now,
         )
+        self._x(update(runs).where(runs.c.id == run.id).values(saved))
 
     def insert_step(
         self,
@@ -198,30 +151,74 @@ class IncidentsRepo(SqlBase):
         who: str,
         now: float,
     ) -> None:
-        self._run(
-            "INSERT INTO actions (key, incident_id, run_id, action, params, state, dry_run, who,"
-            " started_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (key, incident_id, run_id, action, dumps(params), str(state), int(dry_run), who, now),
+        self._x(
+            actions.insert().values(
+                key=key,
+                incident_id=incident_id,
+                run_id=run_id,
+                action=action,
+                params=dumps(params),
+                state=str(state),
+                dry_run=int(dry_run),
+                who=who,
+                started_at=now,
+            )
         )
 
     def step(self, key: str) -> StepRow | None:
-        return self._row(StepRow, f"SELECT {STEP_COLS} FROM actions WHERE key=?", (key,))
+        return self._row(StepRow, select(*STEP).where(actions.c.key == key))
 
     def done_steps(self, action: str, job_id: str | None = None) -> list[DoneStepRow]:
         """Finished steps of `action` (of the job's incidents, when given), oldest first."""
-        sql = (
-            "SELECT a.incident_id, i.fault, a.done_at, a.result FROM actions a"
-            " JOIN incidents i ON i.id = a.incident_id"
-            " WHERE a.action=? AND a.state='done' AND a.dry_run=0"
+        found = (
+            select(actions.c.incident_id, incidents.c.fault, actions.c.done_at, actions.c.result)
+            .join(incidents, incidents.c.id == actions.c.incident_id)
+            .where(actions.c.action == action, actions.c.state == "done", actions.c.dry_run == 0)
         )
-        if job_id is None:
-            return self._rows(DoneStepRow, sql + " ORDER BY a.id", (action,))
-        return self._rows(DoneStepRow, sql + " AND i.job=? ORDER BY a.id", (action, job_id))
+        if job_id is not None:
+            found = found.where(incidents.c.job == job_id)
+        return self._rows(DoneStepRow, found.order_by(actions.c.id))
 
     def save_step_result(
         self, key: str, result: dict[str, Any], target: str | None, done_at: float | None
     ) -> None:
-        self._run(
-            "UPDATE actions SET result=?, target=?, done_at=? WHERE key=?",
-            (dumps(result), target, done_at, key),
+        saved = dict(result=dumps(result), target=target, done_at=done_at)
+        self._x(update(actions).where(actions.c.key == key).values(saved))
+
+    def incident_steps(self, incident_id: int) -> list[StepRow]:
+        found = select(*STEP).where(actions.c.incident_id == incident_id)
+        return self._rows(StepRow, found.order_by(actions.c.id))
+
+    def run_steps(self, run_id: int) -> list[StepRow]:
+        return self._rows(
+            StepRow, select(*STEP).where(actions.c.run_id == run_id).order_by(actions.c.id)
         )
+
+    # --- repair stages ---------------------------------------------------------------------
+
+    def relaunching_run(self, job: str, launched_at: float) -> int | None:
+        """The run of the job's newest live resume step started by `launched_at` whose run
+        has no stages yet: the repair a launch then is the restart of."""
+        found = (
+            select(actions.c.run_id)
+            .join(incidents, incidents.c.id == actions.c.incident_id)
+            .outerjoin(repair_stages, repair_stages.c.run_id == actions.c.run_id)
+            .where(
+                incidents.c.job == job,
+                actions.c.action == "resume",
+                actions.c.dry_run == 0,
+                actions.c.run_id.is_not(None),
+                actions.c.state.in_(("started", "done")),
+                actions.c.started_at <= launched_at,
+                repair_stages.c.run_id.is_(None),
+            )
+            .order_by(actions.c.started_at.desc())
+            .limit(1)
+        )
+        run_id = self._scalar(found)
+        return None if run_id is None else int(run_id)
+
+    def insert_repair_stages(self, stages: RepairStagesRow) -> None:
+        """Once per run: a second report of the same relaunch changes nothing."""
+        row = self._insert(repair_stages).values(dataclasses.asdict(stages))
+        self._x(row.on_conflict_do_nothing(index_elements=["run_id"]))

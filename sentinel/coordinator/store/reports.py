@@ -1,9 +1,11 @@
 """What operators and `/metrics` read: lists, an incident's whole record, counts over every
-incident and run, and the flight-recorder dumps nodes upload."""
+incident and run; and the flight-recorder dumps nodes upload."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from sqlalchemy import delete, func, select
 
 from sentinel.coordinator.core.rows import (
     AuditRow,
@@ -16,167 +18,136 @@ from sentinel.coordinator.core.rows import (
     StepRow,
 )
 from sentinel.coordinator.core.states import Entity
-from sentinel.coordinator.store.base import (
-    AUDIT_COLS,
-    INCIDENT_COLS,
-    NODE_COLS,
-    RUN_COLS,
-    STAGE_COLS,
+from sentinel.coordinator.store.base import columns
+from sentinel.coordinator.store.incidents import INCIDENT, RUN, STAGES, STEP, IncidentsRepo
+from sentinel.coordinator.store.schema import (
     STATE_COLUMNS,
-    STEP_COLS,
-    from_row,
+    actions,
+    audit,
+    events,
+    fr_dumps,
+    incidents,
+    nodes,
+    repair_stages,
+    runs,
 )
-from sentinel.coordinator.store.incidents import IncidentsRepo
+
+_AUDIT = [audit.c[n] for n in columns(AuditRow)]
 
 
 class ReportsRepo(IncidentsRepo):
     def state_counts(self, entity: Entity) -> dict[str, int]:
-        table, col, _ = STATE_COLUMNS[entity]
-        return {
-            str(r[0]): int(r[1])
-            for r in self._all(f"SELECT {col}, COUNT(*) FROM {table} GROUP BY {col}")
-        }
+        state = STATE_COLUMNS[entity].state
+        return {str(s): int(n) for s, n in self._x(select(state, func.count()).group_by(state))}
 
     def nodes(self, limit: int) -> list[NodeRow]:
-        return self._rows(NodeRow, f"SELECT {NODE_COLS} FROM nodes ORDER BY name LIMIT ?", (limit,))
+        listed = select(*[nodes.c[n] for n in columns(NodeRow)]).order_by(nodes.c.name)
+        return self._rows(NodeRow, listed.limit(limit))
 
     def incidents(self, limit: int, state: str | None = None) -> list[IncidentRow]:
-        if state is None:
-            rows = self._all(f"SELECT {INCIDENT_COLS} FROM incidents ORDER BY id LIMIT ?", (limit,))
-        else:
-            rows = self._all(
-                f"SELECT {INCIDENT_COLS} FROM incidents WHERE state=? ORDER BY id LIMIT ?",
-                (str(state), limit),
-            )
-        return [from_row(IncidentRow, r) for r in rows]
+        listed = select(*INCIDENT).order_by(incidents.c.id).limit(limit)
+        if state is not None:
+            listed = listed.where(incidents.c.state == str(state))
+        return self._rows(IncidentRow, listed)
 
     def incident_view(self, incident_id: int, events_limit: int) -> IncidentView | None:
         incident = self.incident(incident_id)
         if incident is None:
             return None
-        events = [
-            from_row(EventRow, r)
-            for r in self._all(
-                "SELECT id, kind, node, rank, job, ts FROM events WHERE incident_id=?"
-                " ORDER BY ts LIMIT ?",
-                (incident_id, events_limit),
-            )
-        ]
-        audit = self._all(
-            f"SELECT {AUDIT_COLS} FROM audit WHERE incident_id=? ORDER BY id", (incident_id,)
-        )
-        runs = self._all(
-            f"SELECT {RUN_COLS} FROM runs WHERE incident_id=? ORDER BY id", (incident_id,)
-        )
+        held = select(*[events.c[n] for n in columns(EventRow)])
+        held = held.where(events.c.incident_id == incident_id).order_by(events.c.ts)
         return IncidentView(
             incident,
-            events,
-            [from_row(RunRow, r) for r in runs],
+            self._rows(EventRow, held.limit(events_limit)),
+            self._rows(
+                RunRow, select(*RUN).where(runs.c.incident_id == incident_id).order_by(runs.c.id)
+            ),
             self.incident_steps(incident_id),
-            [from_row(AuditRow, r) for r in audit],
+            self._rows(
+                AuditRow,
+                select(*_AUDIT).where(audit.c.incident_id == incident_id).order_by(audit.c.id),
+            ),
             self.repair_stages(incident_id),
         )
 
     def fault_counts(self) -> dict[str, int]:
-        return {
-            str(f): int(n)
-            for f, n in self._all(
-                "SELECT fault, COUNT(*) FROM incidents GROUP BY fault ORDER BY fault"
-            )
-        }
+        fault = incidents.c.fault
+        counted = select(fault, func.count()).group_by(fault).order_by(fault)
+        return {str(f): int(n) for f, n in self._x(counted)}
 
     def run_counts(self) -> list[tuple[str, bool, str, int]]:
         """(playbook, dry run, status, runs) over every run the store holds."""
-        rows = self._all(
-            "SELECT playbook, dry_run, status, COUNT(*) FROM runs"
-            " GROUP BY playbook, dry_run, status ORDER BY playbook, dry_run, status"
-        )
+        by = (runs.c.playbook, runs.c.dry_run, runs.c.status)
+        rows = self._x(select(*by, func.count()).group_by(*by).order_by(*by))
         return [(str(p), bool(d), str(s), int(n)) for p, d, s, n in rows]
 
     def shadow_action_counts(self) -> list[tuple[str, str, int]]:
         """(playbook, action, steps) of the dry-run steps: what shadow runs would have done."""
-        rows = self._all(
-            "SELECT r.playbook, a.action, COUNT(*) FROM actions a JOIN runs r ON r.id = a.run_id"
-            " WHERE a.dry_run=1 GROUP BY r.playbook, a.action ORDER BY r.playbook, a.action"
-        )
+        by = (runs.c.playbook, actions.c.action)
+        counted = select(*by, func.count()).join_from(actions, runs, runs.c.id == actions.c.run_id)
+        rows = self._x(counted.where(actions.c.dry_run == 1).group_by(*by).order_by(*by))
         return [(str(p), str(a), int(n)) for p, a, n in rows]
 
     def detect_seconds(self) -> list[float]:
-        return [
-            float(r[0])
-            for r in self._all(
-                "SELECT i.opened_at - MIN(e.ts) FROM incidents i"
-                " JOIN events e ON e.incident_id = i.id GROUP BY i.id"
-            )
-        ]
+        first = incidents.c.opened_at - func.min(events.c.ts)
+        found = select(first).join_from(incidents, events, events.c.incident_id == incidents.c.id)
+        return [float(r[0]) for r in self._x(found.group_by(incidents.c.id))]
 
     def stage_seconds(self) -> list[tuple[str, str, float]]:
         """(playbook, stage, seconds) of every live run's repair stages: `decide` (the run
         created to its first step started), then each finished step by its action."""
-        decide = self._all(
-            "SELECT r.playbook, MIN(a.started_at) - r.created_at FROM runs r"
-            " JOIN actions a ON a.run_id = r.id WHERE r.dry_run=0"
-            " GROUP BY r.id, r.playbook, r.created_at"
-        )
-        steps = self._all(
-            "SELECT r.playbook, a.action, a.done_at - a.started_at FROM actions a"
-            " JOIN runs r ON r.id = a.run_id"
-            " WHERE a.dry_run=0 AND a.state='done' AND a.done_at IS NOT NULL"
-        )
-        return [(str(p), "decide", float(s)) for p, s in decide] + [
-            (str(p), str(a), float(s)) for p, a, s in steps
+        joined = (runs, actions, actions.c.run_id == runs.c.id)
+        decide = select(runs.c.playbook, func.min(actions.c.started_at) - runs.c.created_at)
+        decide = decide.join_from(*joined).where(runs.c.dry_run == 0)
+        decide = decide.group_by(runs.c.id, runs.c.playbook, runs.c.created_at)
+        took = actions.c.done_at - actions.c.started_at
+        steps = select(runs.c.playbook, actions.c.action, took).join_from(*joined)
+        steps = steps.where(actions.c.dry_run == 0, actions.c.state == "done")
+        steps = steps.where(actions.c.done_at.is_not(None))
+        return [(str(p), "decide", float(s)) for p, s in self._x(decide)] + [
+            (str(p), str(a), float(s)) for p, a, s in self._x(steps)
         ]
 
     def repair_stages(self, incident_id: int | None = None) -> list[RepairStagesRow]:
         """One incident's repairs' stages, or every repair's (`/metrics`)."""
-        if incident_id is None:
-            return self._rows(
-                RepairStagesRow, f"SELECT {STAGE_COLS} FROM repair_stages ORDER BY run_id"
-            )
-        return self._rows(
-            RepairStagesRow,
-            f"SELECT {STAGE_COLS} FROM repair_stages WHERE incident_id=? ORDER BY run_id",
-            (incident_id,),
-        )
+        found = select(*STAGES).order_by(repair_stages.c.run_id)
+        if incident_id is not None:
+            found = found.where(repair_stages.c.incident_id == incident_id)
+        return self._rows(RepairStagesRow, found)
 
     def recover_seconds(self, states: Iterable[str]) -> list[float]:
-        states = [str(s) for s in states]
+        took = select(incidents.c.updated_at - incidents.c.opened_at)
         return [
             float(r[0])
-            for r in self._all(
-                "SELECT updated_at - opened_at FROM incidents"
-                f" WHERE state IN ({','.join('?' * len(states))})",
-                states,
-            )
+            for r in self._x(took.where(incidents.c.state.in_([str(s) for s in states])))
         ]
 
     def steps(self, limit: int) -> list[StepRow]:
-        return self._rows(StepRow, f"SELECT {STEP_COLS} FROM actions ORDER BY id LIMIT ?", (limit,))
+        return self._rows(StepRow, select(*STEP).order_by(actions.c.id).limit(limit))
+
+    def audit_log(self, limit: int) -> list[AuditRow]:
+        return self._rows(AuditRow, select(*_AUDIT).order_by(audit.c.id.desc()).limit(limit))
+
+    # --- flight-recorder dumps --------------------------------------------------------------
 
     def put_fr_dump(self, check_id: str, node: str, name: str, data: bytes, now: float) -> None:
         """Store one dump file of a check (an upload again replaces it)."""
-        self._run(
-            "INSERT INTO fr_dumps (check_id, node, name, data, stored_at) VALUES (?,?,?,?,?)"
-            " ON CONFLICT (check_id, node, name) DO UPDATE SET data=excluded.data,"
-            " stored_at=excluded.stored_at",
-            (check_id, node, name, data, now),
+        upload = self._insert(fr_dumps).values(
+            check_id=check_id, node=node, name=name, data=data, stored_at=now
+        )
+        again = {"data": upload.excluded.data, "stored_at": upload.excluded.stored_at}
+        self._x(
+            upload.on_conflict_do_update(index_elements=["check_id", "node", "name"], set_=again)
         )
 
     def fr_dumps(self, check_id: str) -> list[tuple[str, str, bytes]]:
         """(node, file name, bytes) of every dump file of a check, by node and name."""
-        return [
-            (str(r[0]), str(r[1]), bytes(r[2]))
-            for r in self._all(
-                "SELECT node, name, data FROM fr_dumps WHERE check_id=? ORDER BY node, name",
-                (check_id,),
-            )
-        ]
+        found = select(fr_dumps.c.node, fr_dumps.c.name, fr_dumps.c.data)
+        found = found.where(fr_dumps.c.check_id == check_id).order_by(
+            fr_dumps.c.node, fr_dumps.c.name
+        )
+        return [(str(n), str(f), bytes(d)) for n, f, d in self._x(found)]
 
     def prune_fr_dumps(self, cutoff: float) -> int:
         """Delete dumps stored before `cutoff` (the events' retention)."""
-        return max(self._run("DELETE FROM fr_dumps WHERE stored_at < ?", (cutoff,)).rowcount, 0)
-
-    def audit_log(self, limit: int) -> list[AuditRow]:
-        return self._rows(
-            AuditRow, f"SELECT {AUDIT_COLS} FROM audit ORDER BY id DESC LIMIT ?", (limit,)
-        )
+        return max(int(self._x(delete(fr_dumps).where(fr_dumps.c.stored_at < cutoff))), 0)

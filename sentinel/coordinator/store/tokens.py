@@ -2,42 +2,37 @@
 
 from __future__ import annotations
 
-from sentinel.coordinator.core.rows import (
-    TokenRow,
-)
-from sentinel.coordinator.store.base import TOKEN_COLS, SqlBase
+from sqlalchemy import func, select, update
+
+from sentinel.coordinator.core.rows import TokenRow
+from sentinel.coordinator.store.base import SqlBase, columns
+from sentinel.coordinator.store.schema import tokens
+
+_TOKEN = [tokens.c[n] for n in columns(TokenRow)]
 
 
 class TokensRepo(SqlBase):
     def insert_token(
         self, token_id: str, hashed: str, role: str, node: str | None, job: str | None, now: float
     ) -> bool:
+        new = self._insert(tokens).values(
+            id=token_id, hash=hashed, role=str(role), node=node, job=job, created_at=now
+        )
         with self.tx():
-            cur = self._run(
-                "INSERT INTO tokens (id, hash, role, node, job, created_at)"
-                " VALUES (?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING",
-                (token_id, hashed, str(role), node, job, now),
-            )
-        return cur.rowcount == 1
+            return bool(self._x(new.on_conflict_do_nothing(index_elements=["id"])) == 1)
 
     def token(self, token_id: str) -> TokenRow | None:
-        return self._row(
-            TokenRow,
-            f"SELECT {TOKEN_COLS} FROM tokens WHERE id=? AND revoked_at IS NULL",
-            (token_id,),
-        )
+        live = (tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+        return self._row(TokenRow, select(*_TOKEN).where(*live))
 
     def tokens(self) -> list[TokenRow]:
-        return self._rows(TokenRow, f"SELECT {TOKEN_COLS} FROM tokens ORDER BY created_at")
+        return self._rows(TokenRow, select(*_TOKEN).order_by(tokens.c.created_at))
 
     def revoke_token(self, token_id: str, now: float) -> bool:
+        live = (tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
         with self.tx():
-            cur = self._run(
-                "UPDATE tokens SET revoked_at=? WHERE id=? AND revoked_at IS NULL", (now, token_id)
-            )
-        return cur.rowcount > 0
+            return bool(self._x(update(tokens).where(*live).values(revoked_at=now)) > 0)
 
     def count_tokens(self, revoked: bool) -> int:
-        return self._count(
-            "SELECT COUNT(*) FROM tokens WHERE revoked_at IS " + ("NOT NULL" if revoked else "NULL")
-        )
+        gone = tokens.c.revoked_at.is_not(None) if revoked else tokens.c.revoked_at.is_(None)
+        return self._count(select(func.count()).select_from(tokens).where(gone))
