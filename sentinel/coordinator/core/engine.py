@@ -20,6 +20,8 @@ from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.core import lifecycle
 from sentinel.coordinator.core.actions import ACTIONS, ActionContext, StepResult
 from sentinel.coordinator.core.actions import StepStatus as St
+from sentinel.coordinator.core.actions.base import PendingEviction
+from sentinel.coordinator.core.actions.eviction import nodes_of
 from sentinel.coordinator.core.effects import Effects, EvictionBackend
 from sentinel.coordinator.core.playbooks import Playbook, Step
 from sentinel.coordinator.core.rows import IncidentRow, RunContext, RunRow
@@ -105,6 +107,8 @@ class Engine:
         return self.playbooks.get(run.playbook)
 
     def _advance(self, run: RunRow, now: float) -> int:
+        if self.store.state_of(Entity.RUN, run.id) != run.status:
+            return 0  # closed since this tick read it (done by another repair's restart)
         book = self._book(run)
         if book is None:
             self._end(run, R.FAILED, IncidentState.FAILED, now, f"playbook {run.playbook} gone")
@@ -187,6 +191,7 @@ class Engine:
                 context=run.context,
                 dry_run=run.dry_run,
                 step_started_at=run.step_started_at or now,
+                others=lambda: self._others(run, incident),
             )
             try:
                 with self.store.tx():
@@ -300,6 +305,26 @@ class Engine:
             )
         except TransitionError as e:  # e.g. an operator resolved it while the run went on
             log.info("incident %s stays: %s", incident_id, e)
+
+    def _others(self, run: RunRow, incident: IncidentRow) -> list[PendingEviction]:
+        """The job's other open repairs whose playbooks evict their incident's nodes before
+        a resume still ahead of them (what a restart of this run takes along)."""
+        found = []
+        for other in self.store.runs(LIVE_RUNS):
+            book = self._book(other)
+            if other.incident_id == run.incident_id or other.dry_run or book is None:
+                continue
+            ahead = book.steps[other.step_index :]
+            evicts = any(
+                s.action == "evict_node" and s.params.get("target", "incident") == "incident"
+                for s in ahead
+            )
+            theirs = self.store.incident(other.incident_id)
+            if not evicts or all(s.action != "resume" for s in ahead) or theirs is None:
+                continue
+            if theirs.job is not None and theirs.job == incident.job:
+                found.append(PendingEviction(other.id, theirs.id, tuple(nodes_of(theirs))))
+        return found
 
     # --- jobs --------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
@@ -61,6 +62,15 @@ class StepResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PendingEviction:
+    """Another open repair of the job that will evict its incident's nodes before it resumes."""
+
+    run_id: int
+    incident_id: int
+    nodes: tuple[str, ...]
+
+
 @dataclass
 class ActionContext:
     store: StateStore
@@ -73,6 +83,8 @@ class ActionContext:
     context: RunContext  # the run's persisted state, shared by its steps
     dry_run: bool = False
     step_started_at: float = 0.0
+    # The job's other open repairs that will evict a node (the engine knows their playbooks).
+    others: Callable[[], list[PendingEviction]] = lambda: []
 
     @property
     def plan(self) -> RepairPlan:

@@ -18,7 +18,7 @@ from sentinel.coordinator.core.actions.base import (
     StepStatus,
 )
 from sentinel.coordinator.core.effects import EffectKind
-from sentinel.coordinator.core.rows import EffectRow
+from sentinel.coordinator.core.rows import EffectRow, IncidentRow
 from sentinel.coordinator.core.states import (
     ENDED_JOBS,
     OUT_OF_SERVICE,
@@ -35,12 +35,15 @@ class EvictParams(ActionParams):
     reason: str = "sentinel playbook"
 
 
+def nodes_of(incident: IncidentRow) -> list[str]:
+    """The nodes an incident is about: its target node, or a job's the events came from."""
+    if not incident.target.startswith("job:"):
+        return [incident.target]
+    return list(incident.detail.nodes)
+
+
 def incident_nodes(ctx: ActionContext, target: str) -> list[str]:
-    if target == "culprits":
-        return list(ctx.plan.culprits)
-    if not ctx.incident.target.startswith("job:"):
-        return [ctx.incident.target]
-    return list(ctx.incident.detail.nodes)
+    return list(ctx.plan.culprits) if target == "culprits" else nodes_of(ctx.incident)
 
 
 def _budget_refusal(ctx: ActionContext) -> str | None:
@@ -123,7 +126,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
         done: list[str] = []
         retry = _approved_again(ctx)
         for node in nodes:
-            key, effect = _latest_drain(ctx, node)
+            key, effect = latest_drain(ctx, node)
             if effect is not None and effect.state == EffectState.FAILED and retry:
                 key, effect = _next_drain_key(key), None  # approved again: ask anew
             if effect is None:
@@ -131,7 +134,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
                 if row is not None and row.state == NodeState.EVICTED:  # an earlier repair's
                     did = f"{node} already evicted"
                 else:
-                    refusal = self._start(ctx, key, node, params.reason)
+                    refusal = self.start(ctx, key, node, params.reason)
                     if refusal:
                         return StepResult(StepStatus.ESCALATE, {"node": node, "reason": refusal})
                     continue
@@ -155,7 +158,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
         )
 
     @staticmethod
-    def _start(ctx: ActionContext, key: str, node: str, reason: str) -> str | None:
+    def start(ctx: ActionContext, key: str, node: str, reason: str) -> str | None:
         """Record the drain of `node` (effect `key`), or why the rails refuse it. The scheduler
         is told why and by which incident."""
         row = ctx.store.node(node)
@@ -188,7 +191,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
         return None
 
 
-def _latest_drain(ctx: ActionContext, node: str) -> tuple[str, EffectRow | None]:
+def latest_drain(ctx: ActionContext, node: str) -> tuple[str, EffectRow | None]:
     """This step's latest drain of `node`: its key and effect (None: not asked yet). The first
     is `<step>/evict:<node>`; each retry after a failed one adds `#N`."""
     key, effect = f"{ctx.key}/evict:{node}", None
@@ -219,39 +222,41 @@ class SwapSpare(BaseAction[SwapParams], name="swap_spare"):
     """Map each node this run evicted to a free hot spare of the job."""
 
     def act(self, ctx: ActionContext, params: SwapParams) -> StepResult:
-        job = ctx.job()
-        spares = list(job.status.spares) if job else []
-        mapping = ctx.plan.spare_map
-        missing: list[str] = []
-        for node in ctx.plan.exclude:
-            if node in mapping:
-                continue
-            spare = self._free_spare(ctx, spares, mapping)
-            if spare is None:
-                missing.append(node)
-                continue
-            mapping[node] = spare
-            if not ctx.dry_run:
-                lifecycle.add_node(ctx.store, spare, NodeState.SPARE, ctx.now)  # if unknown
-                lifecycle.move(
-                    ctx.store,
-                    Entity.NODE,
-                    spare,
-                    NodeState.ACTIVE,
-                    ctx.now,
-                    ctx.who,
-                    f"swapped in for {node}",
-                    incident_id=ctx.incident.id,
-                    reason=f"swapped in for {node}",
-                )
+        missing = [
+            n for n in ctx.plan.exclude if n not in ctx.plan.spare_map and not take_spare(ctx, n)
+        ]
         if missing and params.required:
             return StepResult(StepStatus.ESCALATE, {"reason": f"no hot spare left for {missing}"})
-        return StepResult(StepStatus.DONE, {"spare_map": mapping, "without_spare": missing})
+        return StepResult(
+            StepStatus.DONE, {"spare_map": ctx.plan.spare_map, "without_spare": missing}
+        )
 
-    @staticmethod
-    def _free_spare(ctx: ActionContext, spares: list[str], mapping: dict[str, str]) -> str | None:
-        taken = set(mapping.values())
-        return next((s for s in spares if s not in taken and _is_free_spare(ctx, s)), None)
+
+def take_spare(ctx: ActionContext, node: str) -> str | None:
+    """Map `node` to a free hot spare of the job in the run's plan (and make it active); the
+    spare, or None when none is left."""
+    job = ctx.job()
+    taken = set(ctx.plan.spare_map.values())
+    free = (s for s in (job.status.spares if job else []) if s not in taken)
+    spare = next((s for s in free if _is_free_spare(ctx, s)), None)
+    if spare is None:
+        return None
+    ctx.plan.spare_map[node] = spare
+    if not ctx.dry_run:
+        lifecycle.add_node(ctx.store, spare, NodeState.SPARE, ctx.now)  # if unknown
+        why = f"swapped in for {node}"
+        lifecycle.move(
+            ctx.store,
+            Entity.NODE,
+            spare,
+            NodeState.ACTIVE,
+            ctx.now,
+            ctx.who,
+            why,
+            incident_id=ctx.incident.id,
+            reason=why,
+        )
+    return spare
 
 
 _JOBS_LIMIT = 10_000

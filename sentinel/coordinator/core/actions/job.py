@@ -20,6 +20,7 @@ from sentinel.coordinator.core.actions.base import (
     StepStatus,
     WaitParams,
 )
+from sentinel.coordinator.core.actions.together import close_taken, take_along
 from sentinel.coordinator.core.effects import EffectKind
 from sentinel.coordinator.core.states import EffectState
 from sentinel.faults.repairs import repair
@@ -110,18 +111,25 @@ class Resume(BaseAction[ResumeParams], name="resume"):
         if job is None:
             return StepResult(StepStatus.FAILED, {"error": f"job {ctx.job_id!r} is not known"})
         ctx.plan.reason = f"incident {ctx.incident.id} ({ctx.incident.fault})"
-        _plan_the_path(ctx)
-        plan = ctx.plan.model_dump(mode="json")
         newest = max(job.status.checkpoints, default=None)
         key = f"generation_before:{ctx.key}"
-        if key not in ctx.context.marks and ctx.context.manual is None:  # not yet restarted
+        restarted = key in ctx.context.marks
+        if not restarted and ctx.context.manual is None:
             spent = _budget_spent(ctx, params, newest)
             if spent is not None:
                 return spent
+        if not restarted and not ctx.dry_run:  # the job's other repairs' nodes leave with it
+            draining = take_along(ctx)
+            if draining is not None:
+                return draining
+        _plan_the_path(ctx)
         if ctx.dry_run:
+            plan = ctx.plan.model_dump(mode="json")
             return StepResult(StepStatus.DONE, {"dry_run": "would restart", "plan": plan})
         before = ctx.context.marks.setdefault(key, job.generation)
-        cid = ctx.issue_command(CommandKind.JOB_RESTART, plan)
+        cid = ctx.issue_command(CommandKind.JOB_RESTART, ctx.plan.model_dump(mode="json"))
+        if not restarted:
+            close_taken(ctx, cid)
         if job.generation > before:  # restarted; a new failure is a new incident
             # The newest checkpoint the coordinator knows once the new gang runs: when the
             # restart was decided, the supervisor may not have reported the one committed just

@@ -1,0 +1,104 @@
+"""Concurrent incidents of one job make one repair: a restart takes with it every node another
+open repair has decided to evict, and that repair is closed as done by it (audited).
+
+Real store (SQLite and PostgreSQL), real ingest and engine, the shipped playbooks: a straggler
+on node-2 waits for the next checkpoint to be evicted (playbooks/straggler.yaml) while an SDC
+on node-1 is diagnosed, drained and the job restarted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from coord_util import ROOT, cfg, job_status, query
+
+from sentinel.coordinator.backends import make_backend
+from sentinel.coordinator.core.engine import Engine
+from sentinel.coordinator.core.ingest import Ingestor
+from sentinel.coordinator.core.playbooks import load_playbooks
+from sentinel.coordinator.store import SqlStore
+from sentinel.protocol import (
+    Event,
+    EventBatch,
+    EventKind,
+    RankSdcPayload,
+    RankStragglerPayload,
+    Source,
+    make_event,
+)
+
+PLAYBOOKS = load_playbooks(ROOT / "playbooks")
+NODES = ["node-0", "node-1", "node-2", "node-3"]  # ranks 0-7, two a node
+SPARES = ["spare-0", "spare-1"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _sdc(rank: int, step: int, digest: str, **kw: object) -> Event:
+    payload = RankSdcPayload(step=step, digest=digest, **kw)  # type: ignore[arg-type]
+    source = Source(node=NODES[rank // 2], rank=rank, job="job1")
+    return make_event(EventKind.RANK_SDC, source, payload)
+
+
+def _straggler(rank: int) -> Event:
+    payload = RankStragglerPayload(step=12, slowdown=1.3)
+    source = Source(node=NODES[rank // 2], rank=rank, job="job1")
+    return make_event(EventKind.RANK_STRAGGLER, source, payload)
+
+
+def test_an_sdc_restart_takes_the_waiting_straggler_with_it_and_closes_its_repair(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    c = cfg(tmp_path)
+    store, clock = new_store(), Clock()
+    ingest = Ingestor(store, PLAYBOOKS, c)
+    engine = Engine(store, PLAYBOOKS, c, make_backend(c), clock)
+
+    def feed(*events: Event) -> None:
+        ingest.ingest(EventBatch(events=list(events)), clock())
+        engine.tick()
+
+    def rows(sql: str) -> list[dict[str, object]]:
+        return query(store, sql)
+
+    feed(job_status("job1", NODES, SPARES, checkpoints=[10]))
+    feed(_straggler(4))  # node-2 is slow: its repair waits for the next checkpoint
+    (straggler,) = rows("SELECT id, state FROM incidents WHERE fault='straggler'")
+    assert rows("SELECT status FROM runs") == [{"status": "waiting"}]
+    clock.t += 5
+    feed(_sdc(2, 14, "b", mismatch=True, mismatched_ranks=[2], suspect_since=10))
+    (check,) = rows("SELECT id FROM commands WHERE kind='sdc.check' AND target='job1'")
+    clock.t += 1
+    feed(*[_sdc(r, 19, "d" if r == 2 else "c", check_id=check["id"]) for r in range(8)])
+    # One restart, carrying both nodes out, each mapped to a spare.
+    (restart,) = rows("SELECT args FROM commands WHERE kind='job.restart'")
+    plan = restart["args"]
+    assert sorted(plan["exclude"]) == ["node-1", "node-2"]  # type: ignore[index]
+    assert sorted(plan["spare_map"]) == ["node-1", "node-2"]  # type: ignore[index]
+    assert sorted(plan["spare_map"].values()) == SPARES  # type: ignore[index]
+    evicted = rows("SELECT name FROM nodes WHERE state='evicted' ORDER BY name")
+    assert [r["name"] for r in evicted] == ["node-1", "node-2"]
+    # The straggler's repair is done, by the SDC repair's restart, and says so.
+    run = rows(f"SELECT status FROM runs WHERE incident_id={straggler['id']}")
+    assert run == [{"status": "done"}]
+    (closed,) = rows(f"SELECT state FROM incidents WHERE id={straggler['id']}")
+    assert closed["state"] == "mitigated"
+    why = rows(f"SELECT why FROM audit WHERE incident_id={straggler['id']} AND what='run.done'")
+    assert len(why) == 1 and "node-2 left with the restart of incident" in str(why[0]["why"])
+    # The job comes back, checkpoints on: nothing restarts it again.
+    clock.t += 30
+    feed(job_status("job1", ["node-0", "spare-0", "spare-1", "node-3"], [], 1, checkpoints=[10]))
+    clock.t += 30
+    feed(
+        job_status("job1", ["node-0", "spare-0", "spare-1", "node-3"], [], 1, checkpoints=[10, 30])
+    )
+    engine.tick()
+    assert len(rows("SELECT id FROM commands WHERE kind='job.restart'")) == 1
+    states = {r["status"] for r in rows("SELECT status FROM runs")}
+    assert states == {"done"}
