@@ -666,6 +666,8 @@ def _envelope_refusal(raw: str | bytes | dict[str, Any]) -> ProtocolError | None
             doc = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return ProtocolError(f"not valid JSON: {e}")
+        except RecursionError:  # nested deeper than any message is
+            return ProtocolError("not valid JSON: nested too deeply")
     if not isinstance(doc, dict):
         return ProtocolError(f"expected a JSON object, got {type(doc).__name__}")
     version = doc.get("v")

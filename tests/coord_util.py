@@ -108,14 +108,18 @@ def job_status(
 
 
 class Coordinator:
-    def __init__(self, state: Path, host: str = "127.0.0.1", store: str | None = None) -> None:
+    def __init__(
+        self, state: Path, host: str = "127.0.0.1", store: str | None = None, ingest: bool = False
+    ) -> None:
         """`store`: a PostgreSQL URL (the password through PGPASSFILE); None: SQLite in
-        `state`."""
+        `state`. `ingest`: serve the ingest listener too, on a port of its own (`ingest_url`)."""
         self.state = state
         self.store = store
         self.host = host
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
+        self.ingest_port = free_port() if ingest else None
+        self.ingest_url = f"http://{host}:{self.ingest_port}" if ingest else None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -134,6 +138,11 @@ class Coordinator:
                 f"{self.host}:{self.port}",
                 "--state-dir",
                 str(self.state),
+                *(
+                    ["--ingest-listen", f"{self.host}:{self.ingest_port}"]
+                    if self.ingest_port
+                    else []
+                ),
             ],
             env=env,
             stderr=open(self.state.parent / "coord.log", "ab"),  # noqa: SIM115
