@@ -140,7 +140,7 @@ def test_every_playbooks_fault_class_has_a_repair_path(tmp_path: Path) -> None:
     """One meaning per fault for its repair too: each incident class a shipped playbook opens
     is in the repair table, and a fault that may have reached every replica never takes the
     live path."""
-    from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
+    from sentinel.coordinator.core.playbooks import default_playbooks_dir, load_playbooks
     from sentinel.faults.repairs import KIND_FAULTS, REPAIR_BY_FAULT, Recovery, allowed_for_kind
 
     classes = {pb.incident.fault for pb in load_playbooks(default_playbooks_dir())}
