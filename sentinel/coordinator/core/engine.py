@@ -307,14 +307,16 @@ class Engine:
             log.info("incident %s stays: %s", incident_id, e)
 
     def _others(self, run: RunRow, incident: IncidentRow) -> list[PendingEviction]:
-        """The job's other open repairs whose playbooks evict their incident's nodes before
-        a resume still ahead of them (what a restart of this run takes along)."""
+        """The job's other open repairs that have decided to evict their incident's nodes but
+        do something else first (a straggler's waits for the next checkpoint), a resume still
+        ahead of them: what a restart of this run takes along. One whose eviction is its
+        current step evicts, and restarts, on its own."""
         found = []
         for other in self.store.runs(LIVE_RUNS):
             book = self._book(other)
             if other.incident_id == run.incident_id or other.dry_run or book is None:
                 continue
-            ahead = book.steps[other.step_index :]
+            ahead = book.steps[other.step_index + 1 :]
             evicts = any(
                 s.action == "evict_node" and s.params.get("target", "incident") == "incident"
                 for s in ahead

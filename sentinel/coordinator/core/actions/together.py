@@ -3,8 +3,8 @@
 While one repair of a job waits (a straggler's, for the next checkpoint), another may restart
 the job (an SDC's). Restarted without the first repair's node, the job would be restarted again
 moments later for it. So a restart takes along every node another open repair of the same job
-has decided to evict (its playbook evicts its incident's node before a resume still ahead of
-it): the node is drained here, under this step, with the same rails, and leaves with this
+has decided to evict but does not evict yet (its playbook evicts its incident's node after the
+step it is on, before a resume still ahead of it): the node is drained here, under this step, with the same rails, and leaves with this
 restart, mapped to a free spare. The other repair's work is then done: it is closed as done by
 this restart, audited with the reason, its incident mitigated.
 """
