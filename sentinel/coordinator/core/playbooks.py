@@ -258,10 +258,15 @@ def _baseline_errors(
         own = step.params.get("baseline")
         if own is None and baseline is None:
             loc: tuple[int | str, ...] = ("steps", i, "action")
-            out.append((loc, f"steps.{i}: return_node validates the node before its return,"
-                             " against no baseline: set its params.baseline or"
-                             " coordinator.validation.baseline (`sentinel burnin --validate"
-                             " --save-baseline FILE` records one)"))  # fmt: skip
+            out.append(
+                (
+                    loc,
+                    f"steps.{i}: return_node validates the node before its return,"
+                    " against no baseline: set its params.baseline or"
+                    " coordinator.validation.baseline (`sentinel burnin --validate"
+                    " --save-baseline FILE` records one)",
+                )
+            )
             continue
         try:
             load_validation_baseline(Path(own) if own is not None else baseline)  # type: ignore[arg-type]

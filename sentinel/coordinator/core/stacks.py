@@ -63,8 +63,13 @@ def request(store: StateStore, job_id: str, who: str, now: float) -> dict[str, A
     request_id = f"stacks-{new_id()}"
     with store.tx():
         nodes = ask(store, job_id, request_id, now)
-        store.audit(now, who, "stacks.requested", f"all-rank stacks of job {job_id}",
-                    detail={"request": request_id, "nodes": nodes})  # fmt: skip
+        store.audit(
+            now,
+            who,
+            "stacks.requested",
+            f"all-rank stacks of job {job_id}",
+            detail={"request": request_id, "nodes": nodes},
+        )
     job = store.job(job_id)
     world = job.status.world_size if job else 0
     return {"job": job_id, "request": request_id, "nodes": nodes, "world_size": world}

@@ -73,11 +73,8 @@ def openapi_document(routes: Iterable[Route]) -> dict[str, Any]:
             "description": route.who(),
             "responses": {str(code): {"description": _REASONS[code]} for code in route.responses},
         }
-        params = [
-            {"name": p.name, "in": "path", "required": True, "schema": p.schema,
-             "description": p.description}
-            for p in route.params
-        ] + (_query_params(route.query) if route.query else [])  # fmt: skip
+        params = [_param(p.name, "path", True, p.schema, p.description) for p in route.params]
+        params += _query_params(route.query) if route.query else []
         if params:
             op["parameters"] = params
         if route.body is not None:
@@ -118,9 +115,12 @@ def _query_params(model: type[BaseModel]) -> list[dict[str, Any]]:
     out = []
     for name, prop in schema["properties"].items():
         prop = _inline(prop, defs)
-        out.append({"name": name, "in": "query", "required": name in required, "schema": prop,
-                    "description": prop.pop("description", "")})  # fmt: skip
+        out.append(_param(name, "query", name in required, prop, prop.pop("description", "")))
     return out
+
+
+def _param(name: str, where: str, required: bool, schema: Any, about: str) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required, "schema": schema, "description": about}
 
 
 def _inline(prop: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -42,11 +42,9 @@ def verb(act: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
 async def run_action(request: web.Request) -> web.Response:
     svc = service(request)
     body = await json_body(request, RunActionBody)
+    asked = (body.incident, body.action, body.params, body.why, str(principal(request)))
     try:
-        doc = await svc.db(
-            operator.run_action, svc.store, svc.cfg.dry_run, body.incident, body.action,
-            body.params, body.why, str(principal(request)), svc.clock(),
-        )  # fmt: skip
+        doc = await svc.db(operator.run_action, svc.store, svc.cfg.dry_run, *asked, svc.clock())
     except LookupError as e:
         raise Refusal(404, str(e)) from None
     except ValueError as e:

@@ -48,17 +48,16 @@ def blame_history(ctx: ActionContext, node: str) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for step in ctx.store.done_steps("evict_node"):
         if node in step.result.get("nodes", []) and step.done_at is not None:
-            weight = blame.confidence(step.fault)
-            out.append({"incident": step.incident_id, "fault": step.fault,
-                        "at": step.done_at, "weight": weight})  # fmt: skip
+            entry = {"incident": step.incident_id, "fault": step.fault, "at": step.done_at}
+            out.append({**entry, "weight": blame.confidence(step.fault)})
     return out
 
 
 def _lemon(ctx: ActionContext, node: str, policy: blame.LemonPolicy) -> StepResult | None:
     """Escalate the return of a lemon, with its history; None for any other node."""
     history = blame_history(ctx, node)
-    score = blame.lemon_score(((float(h["at"]), float(h["weight"])) for h in history),  # type: ignore[arg-type]
-                              ctx.now, policy)  # fmt: skip
+    blamed = ((float(h["at"]), float(h["weight"])) for h in history)  # type: ignore[arg-type]
+    score = blame.lemon_score(blamed, ctx.now, policy)
     if not policy.enabled or score < policy.threshold:
         return None
     days = policy.window_s / blame.DAY_S
@@ -131,8 +130,9 @@ class ReturnNode(BaseAction[ReturnParams], name="return_node"):
                 return _keep_out(ctx, node, why, {"healthy_since": held.healthy_since})
             return StepResult(StepStatus.WAIT, {"node": node, "hold_down_left_s": held.left_s})
         rid = validation.request_id(ctx.command_id(), since)
-        asked = validation.ask(ctx.store, node, rid, baseline, cfg.timeout_s, ctx.now,
-                               ctx.incident.id)  # fmt: skip
+        asked = validation.ask(
+            ctx.store, node, rid, baseline, cfg.timeout_s, ctx.now, ctx.incident.id
+        )
         got = validation.answer(ctx.store, node, rid)
         if got is None:
             if ctx.now - asked > cfg.timeout_s:
@@ -143,15 +143,17 @@ class ReturnNode(BaseAction[ReturnParams], name="return_node"):
         if not got.passed:
             return _keep_out(ctx, node, f"it failed validation: {got.reason}", result)
         why = f"returned by {who}: passed validation"
-        lifecycle.intend_effect(ctx.store, key, EffectKind.RESTORE, node,
-                                {"reason": why, "validation": result}, ctx.incident.id,
-                                ctx.now)  # fmt: skip
+        args = {"reason": why, "validation": result}
+        incident, now = ctx.incident.id, ctx.now
+        lifecycle.intend_effect(ctx.store, key, EffectKind.RESTORE, node, args, incident, now)
         return StepResult(StepStatus.WAIT, {"returning": node, "validated": rid})
 
 
 def _move(ctx: ActionContext, node: str, state: NodeState, why: str) -> None:
-    lifecycle.move(ctx.store, Entity.NODE, node, state, ctx.now, ctx.who, why,
-                   incident_id=ctx.incident.id, reason=why)  # fmt: skip
+    at, who, incident = ctx.now, ctx.who, ctx.incident.id
+    lifecycle.move(
+        ctx.store, Entity.NODE, node, state, at, who, why, incident_id=incident, reason=why
+    )
 
 
 def _keep_out(ctx: ActionContext, node: str, why: str, detail: dict[str, object]) -> StepResult:

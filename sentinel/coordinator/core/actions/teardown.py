@@ -61,8 +61,10 @@ class Teardown(BaseAction[TeardownParams], name="teardown", dry_run="would stop 
             return StepResult(StepStatus.WAIT, {"command": cid})
         done: dict[str, Any] | None = (row.result or {}).get("teardown")
         detail: dict[str, Any] = {
-            "command": cid, "teardown": done, "stages_s": stages(ctx, row.acked_at)
-        }  # fmt: skip
+            "command": cid,
+            "teardown": done,
+            "stages_s": stages(ctx, row.acked_at),
+        }
         if done is not None and done.get("survivors"):
             return StepResult(
                 StepStatus.ESCALATE, {"reason": "rank processes survived SIGKILL", **detail}
