@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from sentinel.agent.monitor import NodeMonitor, Snapshot
 from sentinel.agent.node_metrics import family, input_families, node_families
 from sentinel.agent.readings import GpuReading
+from sentinel.agent.rules import THROTTLE_REASONS
 from sentinel.protocol import Action, Verdict
 
 MIB = 1024 * 1024
@@ -42,18 +43,6 @@ def _scaled(attr: str, factor: float) -> Getter:
 def _attr(attr: str) -> Getter:
     return lambda r: getattr(r, attr)
 
-
-# Throttle (clocks-event) reason bits from nvml.h, named as operators know them.
-THROTTLE_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-}
 
 SENTINEL_GPU_SERIES = (
     Series("sentinel_gpu_temperature_celsius", "GPU core temperature.", _attr("temp_gpu_c")),

@@ -15,12 +15,23 @@ from sentinel.agent.readings import GpuReading
 from sentinel.config import HealthThresholds
 from sentinel.faults.catalog import RECOVERY_ACTIONS, RULE_BY_NAME, RuleInfo
 
-# NVML clocks-event (throttle) reason bits.
-THROTTLE_SW_POWER_CAP = 0x4  # normal under load: the driver holds power at the limit
-THROTTLE_HW_SLOWDOWN = 0x8
-THROTTLE_SW_THERMAL = 0x20
-THROTTLE_HW_THERMAL = 0x40
-THROTTLE_HW_POWER_BRAKE = 0x80
+# NVML clocks-event (throttle) reason bits from nvml.h, named as operators know them (the
+# agent's /metrics labels them so); sw_power_cap is normal under load: the driver holds power
+# at the limit.
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+THROTTLE_HW_SLOWDOWN = THROTTLE_REASONS["hw_slowdown"]
+THROTTLE_SW_THERMAL = THROTTLE_REASONS["sw_thermal_slowdown"]
+THROTTLE_HW_THERMAL = THROTTLE_REASONS["hw_thermal_slowdown"]
+THROTTLE_HW_POWER_BRAKE = THROTTLE_REASONS["hw_power_brake_slowdown"]
 
 
 @dataclass(frozen=True, slots=True)

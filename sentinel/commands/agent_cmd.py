@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sentinel.commands.status_cmd import coordinator_option
 from sentinel.exitcodes import ExitCode, InputError
 
 if TYPE_CHECKING:
@@ -26,12 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="YAML or TOML config file (section 'agent')")
     p.add_argument("--listen", metavar="HOST:PORT", help="/metrics address (agent.listen)")
     p.add_argument("--node-id", help="this node's name (agent.node_id; default: hostname)")
-    p.add_argument(
-        "--coordinator",
-        metavar="URL[,URL...]",
-        help="coordinator base URL, or several replicas' comma-separated: events and command "
-        "polls fail over between them in order (agent.coordinator_url)",
-    )
+    coordinator_option(p, "agent.coordinator_url")
     p.add_argument("--spool-dir", type=Path, help="where undelivered events wait")
     p.add_argument("--rank-socket", type=Path, help="Unix socket for training ranks")
     p.add_argument("--interval", type=float, metavar="SECONDS", help="collection interval")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sentinel.commands.status_cmd import coordinator_option
 from sentinel.exitcodes import InputError
 
 log = logging.getLogger("sentinel.supervisor")
@@ -49,12 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fault confined to one is repaired live, the others never stop (supervisor.replicas)",
     )
     p.add_argument("--job-id", help="job id (default from config)")
-    p.add_argument(
-        "--coordinator",
-        metavar="URL[,URL...]",
-        help="coordinator URL, e.g. http://127.0.0.1:9400, or several replicas' comma-separated: "
-        "events and command polls fail over between them in order (supervisor.coordinator_url)",
-    )
+    coordinator_option(p, "supervisor.coordinator_url")
     p.add_argument("--token-file", type=Path, help="file holding a job (or admin) token")
     p.add_argument("--nodes", type=int, help="simulated nodes for the local launcher")
     p.add_argument("--gpus-per-node", type=int, help="ranks per simulated node (local launcher)")

@@ -30,15 +30,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def add_coordinator_options(p: argparse.ArgumentParser) -> None:
-    """--coordinator, --token-file and --timeout: how an operator's command reaches the API."""
+def coordinator_option(p: argparse.ArgumentParser, where: str, default: str | None = None) -> None:
+    """--coordinator: the one option every command that talks to the coordinator takes."""
     p.add_argument(
         "--coordinator",
         metavar="URL[,URL...]",
-        default=os.environ.get(URL_ENV, "http://127.0.0.1:9400"),
-        help=f"coordinator URL, or several replicas' comma-separated: the first that answers is "
-        f"asked (default: ${URL_ENV} or http://127.0.0.1:9400)",
+        default=default,
+        help="coordinator URL, e.g. http://127.0.0.1:9400, or several replicas' comma-separated:"
+        f" asked in order, the next when one does not answer ({where})",
     )
+
+
+def add_coordinator_options(p: argparse.ArgumentParser) -> None:
+    """--coordinator, --token-file and --timeout: how an operator's command reaches the API."""
+    default = os.environ.get(URL_ENV, "http://127.0.0.1:9400")
+    coordinator_option(p, f"default: ${URL_ENV} or http://127.0.0.1:9400", default)
     p.add_argument(
         "--token-file",
         type=Path,
