@@ -23,9 +23,13 @@ class FleetRepo(SqlBase):
         heard from for the first time starts in the column's default state (active)."""
         # In name order: two coordinators upserting overlapping nodes then lock them in the
         # same order, and neither waits on the other in a cycle (a deadlock).
-        rows = [{"name": n, "last_seen": now, "verdict": v} for n, v in sorted(seen.items())]
-        if rows:
-            self._many(_touch(self._insert), rows)
+        if seen:
+            self._touch(sorted(seen.items()), now)
+
+    def _touch(self, seen: list[tuple[str, str | None]], now: float) -> None:
+        """The upsert of `touch_nodes`: one statement a node, in one executemany."""
+        rows = [{"name": n, "last_seen": now, "verdict": v} for n, v in seen]
+        self._many(touch_statement(self._insert), rows)
 
     def insert_node(self, name: str, state: str, now: float, reason: str | None) -> bool:
         new = self._insert(nodes).values(
@@ -73,9 +77,15 @@ class FleetRepo(SqlBase):
 
 
 @functools.cache
-def _touch(insert: Callable[[Table], Any]) -> Any:
-    """The upsert `touch_nodes` runs, in this dialect's insert."""
-    upsert = insert(nodes).values({c: bindparam(c) for c in ("name", "last_seen", "verdict")})
+def touch_statement(insert: Callable[[Table], Any], source: Any = None) -> Any:
+    """The upsert `touch_nodes` runs, in this dialect's insert: of one node's parameters, or of
+    every row `source` selects."""
+    columns = ("name", "last_seen", "verdict")
+    upsert = insert(nodes)
+    if source is None:
+        upsert = upsert.values({c: bindparam(c) for c in columns})
+    else:
+        upsert = upsert.from_select(list(columns), source)
     again = {
         "last_seen": upsert.excluded.last_seen,
         "verdict": func.coalesce(upsert.excluded.verdict, nodes.c.verdict),

@@ -13,8 +13,9 @@ a shared database needs:
 - a lost connection raises `StoreUnavailable` (the API answers 503) and the next call connects
   again. Nothing the caller was told is committed was not.
 
-A batch of events travels as one statement whatever its size: each column an array, unnested
-by the server (`_INSERT_EVENTS`), one round trip and one plan the server keeps prepared.
+A batch of events, and the nodes it saw, each travel as one statement whatever their number:
+each column an array, unnested by the server (`_INSERT_EVENTS`, `_TOUCH`), one round trip and
+one plan the server keeps prepared.
 
 The password never travels in the URL: libpq reads it from `PGPASSFILE` / `PGPASSWORD`, or
 `password_file` names a file holding it. Errors are reported without the connection string.
@@ -43,6 +44,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import make_url
 
 from sentinel.coordinator.core.store import Fenced, StoreUnavailable
+from sentinel.coordinator.store.fleet import touch_statement
 from sentinel.coordinator.store.migrate import migrate
 from sentinel.coordinator.store.schema import FENCE_SQLSTATE, events
 from sentinel.coordinator.store.sql import SqlStore
@@ -64,6 +66,13 @@ _ROWS = (
     func.unnest(*[bindparam(c, type_=postgresql.ARRAY(t)) for c, t in _COLUMNS.items()])
     .table_valued(*_COLUMNS)
     .render_derived()
+)
+_SEEN = func.unnest(
+    bindparam("name", type_=postgresql.ARRAY(Text)),
+    bindparam("verdict", type_=postgresql.ARRAY(Text)),
+).table_valued("name", "verdict").render_derived()
+_TOUCH = touch_statement(
+    postgresql.insert, select(_SEEN.c.name, bindparam("now", type_=Double), _SEEN.c.verdict)
 )
 _INSERT_EVENTS = (
     postgresql.insert(events)
@@ -159,6 +168,11 @@ class PostgresStore(SqlStore):
 
     def lock_key(self, key: str) -> None:
         self._x(select(func.pg_advisory_xact_lock(func.hashtext(key))))
+
+    def _touch(self, seen: list[tuple[str, str | None]], now: float) -> None:
+        """Every node seen in one statement: names and verdicts as arrays."""
+        names, verdicts = [n for n, _ in seen], [v for _, v in seen]
+        self._many(_TOUCH, {"name": names, "verdict": verdicts, "now": now})
 
     def _insert_new(self, rows: list[dict[str, Any]]) -> set[str]:
         columns = {c: [row[c] for row in rows] for c in _COLUMNS}
