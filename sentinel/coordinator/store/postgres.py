@@ -67,10 +67,14 @@ _ROWS = (
     .table_valued(*_COLUMNS)
     .render_derived()
 )
-_SEEN = func.unnest(
-    bindparam("name", type_=postgresql.ARRAY(Text)),
-    bindparam("verdict", type_=postgresql.ARRAY(Text)),
-).table_valued("name", "verdict").render_derived()
+_SEEN = (
+    func.unnest(
+        bindparam("name", type_=postgresql.ARRAY(Text)),
+        bindparam("verdict", type_=postgresql.ARRAY(Text)),
+    )
+    .table_valued("name", "verdict")
+    .render_derived()
+)
 _TOUCH = touch_statement(
     postgresql.insert, select(_SEEN.c.name, bindparam("now", type_=Double), _SEEN.c.verdict)
 )
