@@ -13,7 +13,7 @@ import pytest
 from coord_util import ROOT, cfg, crash, execute, job_status, one, query, xid
 
 from sentinel.coordinator.backends import make_backend
-from sentinel.coordinator.core.auth import Role, TokenStore
+from sentinel.coordinator.core.auth import Principal, Role, TokenStore
 from sentinel.coordinator.core.engine import Engine
 from sentinel.coordinator.core.ingest import Ingestor
 from sentinel.coordinator.core.playbooks import PlaybookError, load_playbook, load_playbooks
@@ -122,6 +122,29 @@ def test_a_token_id_already_taken_is_drawn_again(
     assert (first[0], second[0]) == ("0000beef", "0000cafe")
     assert tokens.authenticate(f"Bearer {first[1]}").node == "node-1"  # type: ignore[union-attr]
     assert tokens.authenticate(f"Bearer {second[1]}").node == "node-2"  # type: ignore[union-attr]
+
+
+def test_tokens_are_checked_in_memory_and_follow_other_writers(
+    new_store: Callable[[], SqlStore],
+) -> None:
+    """Live tokens are held in memory (a request costs no store trip); a token made or revoked
+    by another writer (the CLI, another replica) is seen at its first use or next reload."""
+    store = new_store()
+    ours, theirs = TokenStore(store), TokenStore(store)
+    kept = ours.create(Role.NODE, node="node-1")
+    ours.reload_if_revoked()
+    assert ours.cached(f"Bearer {kept[1]}") == Principal(kept[0], Role.NODE, "node-1")
+    assert ours.cached(f"Bearer {kept[1]}x") is None  # a held id with a wrong secret
+    assert ours.authenticate(f"Bearer {kept[1]}x") is None
+    late = theirs.create(Role.JOB, job="j")
+    assert ours.cached(f"Bearer {late[1]}") is None  # not held yet: read from the store
+    assert ours.authenticate(f"Bearer {late[1]}") == Principal(late[0], Role.JOB, job="j")
+    assert theirs.revoke(kept[0])
+    assert ours.cached(f"Bearer {kept[1]}") is not None  # until the next reload
+    ours.reload_if_revoked()
+    assert ours.cached(f"Bearer {kept[1]}") is None
+    assert ours.authenticate(f"Bearer {kept[1]}") is None
+    assert ours.authenticate(f"Bearer {late[1]}") is not None
 
 
 def test_eight_gpus_one_node_is_one_incident_and_duplicates_are_ignored(

@@ -91,6 +91,7 @@ class Service:
 
     async def start(self) -> Path | None:
         admin = await self.db(self.tokens.ensure_admin, self.cfg.state_dir, self.clock())
+        await self.db(self.tokens.reload_if_revoked)
         await self.db(self.store.start_background)
         await asyncio.get_running_loop().run_in_executor(None, self.leadership.start)
         self._engine_task = asyncio.create_task(self._engine_loop(), name="sentinel-engine")
@@ -165,8 +166,9 @@ class Service:
         self._kick.set()
 
     async def _engine_loop(self) -> None:
-        """The leader advances playbook runs and starts effects; every replica wakes the
-        long-polls of commands it holds for delivery (the leader may have queued them)."""
+        """The leader advances playbook runs and starts effects; every replica drops tokens
+        revoked elsewhere and wakes the long-polls of commands it holds for delivery (the leader
+        may have queued them)."""
         away = False  # the store is unreachable: said once, not every tick
         while True:
             finished = 0
@@ -177,7 +179,8 @@ class Service:
                     except Fenced:
                         log.warning("engine writes refused: another replica leads now")
                     await self._start_effects()
-                if finished or await self.db(self._has_undelivered):
+                undelivered = await self.db(self._between_ticks)
+                if finished or undelivered:
                     await self.notify_commands()
                 if away:
                     log.warning("the store is back; the engine goes on")
@@ -243,14 +246,16 @@ class Service:
             raise
 
     def _tick(self) -> int:
-        self.tokens.drop_cache_if_changed()
         try:
             self.pruner.maybe_prune(self.clock())
         except Exception:  # retention is housekeeping: incidents go on being handled
             log.exception("pruning old events failed")
         return self.engine.tick()
 
-    def _has_undelivered(self) -> bool:
+    def _between_ticks(self) -> bool:
+        """Every replica's own upkeep: tokens revoked elsewhere stop here too; whether commands
+        wait for delivery."""
+        self.tokens.reload_if_revoked()
         return self.store.has_undelivered_commands()
 
     async def notify_commands(self) -> None:

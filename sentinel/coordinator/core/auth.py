@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from sentinel.coordinator.core.rows import TokenRow
 from sentinel.coordinator.core.store import StateStore
 from sentinel.protocol import Event
 
@@ -83,28 +84,37 @@ def hash_token(token: str) -> str:
 
 
 class TokenStore:
-    """Tokens in the store, with authenticated headers cached in memory: a fleet's every
-    request would otherwise cost a query and a hash. A token revoked through this object stops
-    at once; one revoked from another process (`sentinel token revoke`) stops at the next
-    `drop_cache_if_changed`, which the coordinator calls on every engine tick."""
-
-    MAX_CACHED = 100_000
+    """Tokens in the store, every live one also held in memory (by id, with its hash), so a
+    request is authenticated on the event loop with one hash and no trip to the store: a fleet
+    reconnecting at once would otherwise queue a query per node on the store thread, in front
+    of its batches' commits. A token made elsewhere (`sentinel token create`, another replica)
+    is read from the store the first time it is shown. One revoked through this object stops at
+    once; one revoked elsewhere stops at the next `reload_if_revoked`, which the coordinator
+    calls on every engine tick."""
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
-        self._cache: dict[str, Principal] = {}
-        self._revoked = 0
+        self._known: dict[str, tuple[str, Principal]] = {}  # id -> (hash, principal)
+        self._revoked = -1  # revocations seen by the last load: none loaded yet
 
     def cached(self, header: str | None) -> Principal | None:
-        return self._cache.get(header or "")
+        """The principal of a token held in memory, checked against its hash; None when the
+        token is not held (ask `authenticate`) or does not match."""
+        parsed = _parse(header)
+        known = self._known.get(parsed[0]) if parsed else None
+        if parsed is None or known is None:
+            return None
+        hashed, principal = known
+        return principal if hmac.compare_digest(hashed, hash_token(parsed[1])) else None
 
-    def drop_cache_if_changed(self) -> None:
-        """Forget every cached token once the store holds a revocation the cache has not seen
-        (revocations only ever add up; a small table, so counting them is cheap)."""
+    def reload_if_revoked(self) -> None:
+        """Load every live token once the store holds a revocation not seen yet (revocations
+        only ever add up; a small table, so counting them is cheap), and at the first call."""
         revoked = self.store.count_tokens(revoked=True)
         if revoked != self._revoked:
             self._revoked = revoked
-            self._cache.clear()
+            live = (t for t in self.store.tokens() if t.revoked_at is None)
+            self._known = {t.id: _held(t) for t in live}
 
     def create(
         self, role: Role, node: str | None = None, job: str | None = None, now: float = 0.0
@@ -127,27 +137,23 @@ class TokenStore:
 
     def revoke(self, token_id: str, now: float = 0.0) -> bool:
         revoked = self.store.revoke_token(token_id, now)
-        self._cache.clear()
+        self._known.pop(token_id, None)
         return revoked
 
     def active_count(self) -> int:
         return self.store.count_tokens(revoked=False)
 
     def authenticate(self, header: str | None) -> Principal | None:
-        if not header or not header.startswith("Bearer "):
+        """`cached`, reading a token not held from the store (and holding it from then on)."""
+        parsed = _parse(header)
+        if parsed is None:
             return None
-        secret = header[len("Bearer ") :].strip()
-        parts = secret.split("_")
-        if len(parts) < 3 or parts[0] != "snt":
-            return None
-        row = self.store.token(parts[1])
-        if row is None or not hmac.compare_digest(row.hash, hash_token(secret)):
-            return None
-        principal = Principal(row.id, Role(row.role), row.node, row.job)
-        if len(self._cache) >= self.MAX_CACHED:
-            self._cache.clear()
-        self._cache[header] = principal
-        return principal
+        if parsed[0] not in self._known:
+            row = self.store.token(parsed[0])
+            if row is None:
+                return None
+            self._known[row.id] = _held(row)
+        return self.cached(header)
 
     def ensure_admin(self, state_dir: Path, now: float) -> Path | None:
         """With no token at all, make an admin token readable by the owner only."""
@@ -160,3 +166,18 @@ class TokenStore:
             f.write(secret + "\n")
         os.chmod(path, 0o600)
         return path
+
+
+def _parse(header: str | None) -> tuple[str, str] | None:
+    """(token id, secret) of a bearer header naming a Sentinel token, or None."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    secret = header[len("Bearer ") :].strip()
+    parts = secret.split("_")
+    if len(parts) < 3 or parts[0] != "snt":
+        return None
+    return parts[1], secret
+
+
+def _held(row: TokenRow) -> tuple[str, Principal]:
+    return row.hash, Principal(row.id, Role(row.role), row.node, row.job)
