@@ -15,7 +15,9 @@ a shared database needs:
 
 A batch of events, and the nodes it saw, each travel as one statement whatever their number:
 each column an array, unnested by the server (`_INSERT_EVENTS`, `_TOUCH`), one round trip and
-one plan the server keeps prepared.
+one plan the server keeps prepared. The arrays travel in PostgreSQL's binary format: in the
+text format the driver quotes and escapes every element (an event's JSON payload is mostly
+quotes) in Python, which measured 14 µs a row against 3 on the store thread.
 
 The password never travels in the URL: libpq reads it from `PGPASSFILE` / `PGPASSWORD`, or
 `password_file` names a file holding it. Errors are reported without the connection string.
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.types.array import ListBinaryDumper
 from sqlalchemy import (
     Connection,
     Double,
@@ -36,6 +39,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     create_engine,
+    event,
     exc,
     func,
     select,
@@ -108,6 +112,7 @@ class PostgresStore(SqlStore):
             connect_args=self._connect_args,
             pool_pre_ping=False,
         )
+        event.listen(engine, "connect", _binary_arrays)
         super().__init__(engine)
         self._epoch: int | None = None
         self.revision = migrate(self)
@@ -181,6 +186,11 @@ class PostgresStore(SqlStore):
     def _insert_new(self, rows: list[dict[str, Any]]) -> set[str]:
         columns = {c: [row[c] for row in rows] for c in _COLUMNS}
         return {r[0] for r in self._many(_INSERT_EVENTS, columns)}
+
+
+def _binary_arrays(conn: psycopg.Connection[Any], _record: object) -> None:
+    """Lists (the arrays the hot path's statements unnest) are sent in the binary format."""
+    conn.adapters.register_dumper(list, ListBinaryDumper)
 
 
 def _read_password(path: Path) -> str:
