@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import func, select, update
 
 from sentinel.coordinator.core.rows import TokenRow
-from sentinel.coordinator.store.base import SqlBase, columns, from_row
+from sentinel.coordinator.store.base import SqlBase, columns
 from sentinel.coordinator.store.schema import tokens
 
 _TOKEN = [tokens.c[n] for n in columns(TokenRow)]
-_LIVE_TOKEN = select(*_TOKEN).where(tokens.c.id == bindparam("id"), tokens.c.revoked_at.is_(None))
 
 
 class TokensRepo(SqlBase):
@@ -23,10 +22,8 @@ class TokensRepo(SqlBase):
             return bool(self._x(new.on_conflict_do_nothing(index_elements=["id"])) == 1)
 
     def token(self, token_id: str) -> TokenRow | None:
-        # A fleet reconnecting at once authenticates every node's token in its first seconds:
-        # the statement is compiled once and run as the driver takes it (`_many`).
-        rows = self._many(_LIVE_TOKEN, {"id": token_id})
-        return from_row(TokenRow, rows[0]) if rows else None
+        live = (tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+        return self._row(TokenRow, select(*_TOKEN).where(*live))
 
     def tokens(self) -> list[TokenRow]:
         return self._rows(TokenRow, select(*_TOKEN).order_by(tokens.c.created_at))
