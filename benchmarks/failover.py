@@ -27,8 +27,8 @@ import psycopg
 from stats import median
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator.auth import Role, TokenStore
-from sentinel.coordinator.service import open_store
+from sentinel.coordinator.core.auth import Role, TokenStore
+from sentinel.coordinator.store import open_store
 from sentinel.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import Action as RecAction

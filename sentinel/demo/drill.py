@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from sentinel.coordinator.playbooks import default_playbooks_dir, load_playbooks
+from sentinel.coordinator.core.playbooks import default_playbooks_dir, load_playbooks
 from sentinel.demo.account import time_account
 from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.demo.feasibility import repair_warnings

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sentinel.coordinator.playbooks import Playbook
+from sentinel.coordinator.core.playbooks import Playbook
 from sentinel.scenario import Scenario
 
 # The incident class the first occurrence of each fault kind opens (result.EXPLAINS lists every

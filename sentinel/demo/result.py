@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sentinel.coordinator.stages import MILESTONES, segments
+from sentinel.coordinator.core.stages import MILESTONES, segments
 from sentinel.faults.repairs import KIND_FAULTS
 from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
 

@@ -68,7 +68,7 @@ class Sample(_Strict):
     detect_steps: int | None = None  # steps from the strike to the detection, in drill steps
     watchdog_timeout_s: float | None = Field(default=None, gt=0)  # hang: the timeout reached
     # The coordinator's recorded repair by segment (decide, drain, prepare, relaunch, rendezvous,
-    # checkpoint_load, build_first_step: `sentinel.coordinator.stages.SEGMENTS`), in seconds.
+    # checkpoint_load, build_first_step: `sentinel.coordinator.core.stages.SEGMENTS`), in seconds.
     stages_s: dict[str, Seconds] = {}
 
 

@@ -34,7 +34,7 @@ from sentinel.goodput.paths import new_process
 from sentinel.goodput.scaling import comm_growth_s, read_s, slowest_start_s, transfer_s
 from sentinel.goodput.trace import FaultClass
 
-# The coordinator's recorded stages the projection reads (`sentinel.coordinator.stages`);
+# The coordinator's recorded stages the projection reads (`sentinel.coordinator.core.stages`);
 # the drills' checkpoint load is replaced by the read at the fleet's bandwidths.
 CONTROL_STAGES = ("decide", "drain", "prepare")
 MODEL_STAGES = (*CONTROL_STAGES, "relaunch", "rendezvous", "build_first_step")
