@@ -1,9 +1,10 @@
 """Coordinator ingest benchmark: a load generator in another process plays a fleet of nodes,
-each posting an event batch (an agent heartbeat + 8 GPU verdicts) once a second over HTTP on
-loopback to the coordinator's ingest listener (`--ingest-listen`), as a real fleet does: every node on its own keep-alive connection with its own node
-token, event ids made the way the agent makes them. The coordinator is pinned to one core (the
-target is a fleet on one core) and the generator to the others. Fleets grow through the sizes given; past the 2,048-node target they stop at the
-first one whose p99 ack passes 50 ms.
+each posting an event batch (an agent heartbeat + 8 health events, one GPU's verdict each) once
+a second over HTTP on loopback to the coordinator's ingest listener (`--ingest-listen`), as a
+real fleet does: every node on its own keep-alive connection with its own node token, event ids
+made the way the agent makes them. The coordinator is pinned to one core (the target is a fleet
+on one core) and the generator to the others. Fleets grow through the sizes given; past the
+2,048-node target they stop at the first one whose p99 ack passes 50 ms.
 
 Prints a JSON object as its last line: events_per_s, batches_per_s, ack_ms_p50, ack_ms_p99 and
 cpu_core_fraction at the 2,048-node (16,384-GPU) step, max_nodes_at_1hz, and every step. Each
@@ -76,14 +77,15 @@ def _batch(node: int) -> bytes:
         "ts": time.time(),
         "payload": {"gpus": 8, "verdict": "healthy", "agent_version": "b"},
     }
+    verdict = {"verdict": "healthy", "action": "none"}
     gpus = [
         {
             "v": 1,
             "id": new_id(),
-            "kind": "gpu.verdict",
+            "kind": "node.health",
             "source": {"node": f"node-{node}"},
             "ts": time.time(),
-            "payload": {"gpu": g, "verdict": "healthy", "action": "none"},
+            "payload": {**verdict, "gpus": [{"gpu": g, **verdict}]},
         }
         for g in range(8)
     ]

@@ -36,9 +36,10 @@ from sentinel.protocol import (
     AgentHeartbeatPayload,
     EventBatch,
     EventKind,
+    NodeHealthPayload,
     Source,
     Verdict,
-    XidPayload,
+    XidReport,
     encode,
     make_event,
 )
@@ -96,9 +97,10 @@ class Replica:
 
 
 def _fault(node: str) -> bytes:
-    payload = XidPayload(gpu=0, xid=48, name="Double-bit ECC error", action=RecAction.RESET_GPU)
+    xid = XidReport(gpu=0, xid=48, name="Double-bit ECC error", action=RecAction.RESET_GPU)
+    health = NodeHealthPayload(verdict=Verdict.UNHEALTHY, action=RecAction.RESET_GPU, xids=[xid])
     return encode(
-        EventBatch(events=[make_event(EventKind.GPU_XID, Source(node=node), payload)])
+        EventBatch(events=[make_event(EventKind.NODE_HEALTH, Source(node=node), health)])
     ).encode()
 
 

@@ -20,8 +20,10 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     JobStatusPayload,
+    NodeHealthPayload,
     Source,
-    XidPayload,
+    Verdict,
+    XidReport,
     encode,
     make_event,
 )
@@ -52,11 +54,12 @@ def start(url: str, token: str, state: Path, step: int) -> str:
     status = JobStatusPayload(state="running", generation=0, world_size=len(NODES),
                               gpus_per_node=1, nodes=NODES,
                               spares=[f"drain-spare-{i}" for i in range(8)])  # fmt: skip
-    xid = XidPayload(gpu=0, xid=48, name="Double-bit ECC error", action=Action.RESET_GPU)
+    xid = XidReport(gpu=0, xid=48, name="Double-bit ECC error", action=Action.RESET_GPU)
+    health = NodeHealthPayload(verdict=Verdict.UNHEALTHY, action=Action.RESET_GPU, xids=[xid])
     batch = EventBatch(
         events=[
             make_event(EventKind.JOB_STATUS, Source(job=f"bench-{step}"), status),
-            make_event(EventKind.GPU_XID, Source(node=node), xid),
+            make_event(EventKind.NODE_HEALTH, Source(node=node), health),
         ]
     )
     req = urllib.request.Request(f"{url}/v1/events", data=encode(batch).encode(), method="POST")

@@ -90,7 +90,9 @@ class Finding(_Strict):
     detail: str
 
 
-class GpuVerdictPayload(_Strict):
+class GpuVerdict(_Strict):
+    """A GPU's verdict that changed, and why."""
+
     gpu: int = Field(ge=0)
     uuid: str | None = None
     verdict: Verdict
@@ -99,21 +101,30 @@ class GpuVerdictPayload(_Strict):
     findings: list[Finding] = Field(default_factory=list)
 
 
-class NodeVerdictPayload(_Strict):
-    verdict: Verdict
-    previous: Verdict | None = None
-    action: Action
-    unhealthy_gpus: list[int] = Field(default_factory=list)
-    findings: list[Finding] = Field(default_factory=list)
+class XidReport(_Strict):
+    """An XID the driver reported, as the agent judged it (`action`: the catalog's, or
+    drain_and_inspect once it repeated `repeats_in_window` times where the catalog escalates)."""
 
-
-class XidPayload(_Strict):
     gpu: int = Field(ge=0)
     uuid: str | None = None
     xid: int = Field(ge=0)
     name: str
     action: Action
     repeats_in_window: int = Field(default=1, ge=1)
+
+
+class NodeHealthPayload(_Strict):
+    """What changed on a node, in one event: the XIDs of this pass, the GPUs whose verdict moved,
+    and the node's verdict after them (`previous`: the one its last health event carried), with
+    every finding behind it (a GPU's detail starts with `gpu N:`)."""
+
+    verdict: Verdict
+    previous: Verdict | None = None
+    action: Action
+    unhealthy_gpus: list[int] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+    gpus: list[GpuVerdict] = Field(default_factory=list)
+    xids: list[XidReport] = Field(default_factory=list)
 
 
 class AgentHeartbeatPayload(_Strict):
@@ -343,9 +354,7 @@ class FrAnalysisPayload(_Strict):
 
 
 class EventKind(StrEnum):
-    GPU_VERDICT = "gpu.verdict"
-    NODE_VERDICT = "node.verdict"
-    GPU_XID = "gpu.xid"
+    NODE_HEALTH = "node.health"
     AGENT_HEARTBEAT = "agent.heartbeat"
     RANK_ANOMALY = "rank.anomaly"
     RANK_HANG = "rank.hang"
@@ -408,19 +417,9 @@ class EventBase(_Strict):
     payload: BaseModel
 
 
-class GpuVerdictEvent(EventBase):
-    kind: Literal[EventKind.GPU_VERDICT] = EventKind.GPU_VERDICT
-    payload: GpuVerdictPayload
-
-
-class NodeVerdictEvent(EventBase):
-    kind: Literal[EventKind.NODE_VERDICT] = EventKind.NODE_VERDICT
-    payload: NodeVerdictPayload
-
-
-class GpuXidEvent(EventBase):
-    kind: Literal[EventKind.GPU_XID] = EventKind.GPU_XID
-    payload: XidPayload
+class NodeHealthEvent(EventBase):
+    kind: Literal[EventKind.NODE_HEALTH] = EventKind.NODE_HEALTH
+    payload: NodeHealthPayload
 
 
 class AgentHeartbeatEvent(EventBase):
@@ -496,9 +495,7 @@ class NodeValidationEvent(EventBase):
 
 # Any event: the class its `kind` names. The one decoder of events (see `decode_event`).
 Event = Annotated[
-    GpuVerdictEvent
-    | NodeVerdictEvent
-    | GpuXidEvent
+    NodeHealthEvent
     | AgentHeartbeatEvent
     | RankAnomalyEvent
     | RankHangEvent
@@ -633,7 +630,7 @@ _KIND_TAGS = frozenset(k.value for k in EventKind)
 def format_validation_error(err: ValidationError) -> str:
     """`field.path: message` for every error, joined; what a sender needs to fix its message.
 
-    An event's kind is the union's tag in pydantic's error path (`events.1.gpu.xid.payload`);
+    An event's kind is the union's tag in pydantic's error path (`events.1.node.health.payload`);
     it is left out of the path and named after the message instead.
     """
     parts = []

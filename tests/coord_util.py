@@ -27,9 +27,11 @@ from sentinel.protocol import (
     Event,
     EventKind,
     JobStatusPayload,
+    NodeHealthPayload,
     RankCrashPayload,
     Source,
-    XidPayload,
+    Verdict,
+    XidReport,
     make_event,
 )
 
@@ -73,8 +75,10 @@ def cfg(tmp: Path, **kw: object) -> CoordinatorConfig:
 
 
 def xid(node: str, gpu: int = 0, code: int = 48, **kw: object) -> Event:
-    payload = XidPayload(gpu=gpu, xid=code, name="Double-bit ECC error", action=RecAction.RESET_GPU)
-    return make_event(EventKind.GPU_XID, Source(node=node), payload, **kw)  # type: ignore[arg-type]
+    """The health event a node's agent sends for one XID (it carries the XID and the verdict)."""
+    report = XidReport(gpu=gpu, xid=code, name="Double-bit ECC error", action=RecAction.RESET_GPU)
+    payload = NodeHealthPayload(verdict=Verdict.UNHEALTHY, action=report.action, xids=[report])
+    return make_event(EventKind.NODE_HEALTH, Source(node=node), payload, **kw)  # type: ignore[arg-type]
 
 
 def crash(

@@ -93,10 +93,15 @@ def test_one_verdict_episode_per_flap_storm(
         "node-0", gpus, None, HealthEvaluator(HealthThresholds(), clock), clock, expected_gpus=4
     )
     verdicts: list[str] = []
+    said: list[tuple[str, str]] = []  # the node's (verdict, action) as its health events moved it
 
     def poll() -> None:
         _, events = monitor.collect()
-        verdicts.extend(e.payload.verdict for e in events if e.kind is EventKind.NODE_VERDICT)
+        for e in events:
+            now = (e.payload.verdict, e.payload.action)
+            if e.kind is EventKind.NODE_HEALTH and now != (said[-1] if said else None):
+                said.append(now)
+                verdicts.append(e.payload.verdict)
         clock.now += POLL_S
 
     poll()

@@ -21,7 +21,7 @@ from fake_nvml.agent import FakeNvmlAgent, wait_until
 from test_agent_service import StandInCoordinator
 
 from sentinel.processes import free_port
-from sentinel.protocol import NodeVerdictEvent, NodeVerdictPayload
+from sentinel.protocol import NodeHealthEvent, NodeHealthPayload
 
 HUNG = "nvmlDeviceGetPowerUsage"
 
@@ -89,8 +89,8 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
         stalled = agent.scrape()["sentinel_agent_nvml_call_stalled_seconds"]
         assert [lbl["call"] for lbl, _ in stalled] == [HUNG]
 
-        def verdict_events() -> list[NodeVerdictPayload]:
-            return [e.payload for e in coord.received if isinstance(e, NodeVerdictEvent)]
+        def verdict_events() -> list[NodeHealthPayload]:
+            return [e.payload for e in coord.received if isinstance(e, NodeHealthEvent)]
 
         wait_until(lambda: any(p.verdict == "unhealthy" for p in verdict_events()), 10)
         event = next(p for p in verdict_events() if p.verdict == "unhealthy")

@@ -20,9 +20,12 @@ from sentinel.protocol import (
     AgentHeartbeatPayload,
     Event,
     EventKind,
+    GpuVerdict,
+    NodeHealthEvent,
     RankCheckpointEvent,
     Source,
     Verdict,
+    XidReport,
     decode_batch,
     encode,
     make_event,
@@ -77,6 +80,17 @@ def wait_until(pred, timeout_s: float = 15.0) -> None:  # type: ignore[no-untype
         time.sleep(0.05)
 
 
+def gpu_verdicts(coordinator: StandInCoordinator) -> list[tuple[Event, GpuVerdict]]:
+    """Every GPU verdict change the node's health events carried, with its event."""
+    health = [e for e in coordinator.received if isinstance(e, NodeHealthEvent)]
+    return [(e, g) for e in health for g in e.payload.gpus]
+
+
+def xids_received(coordinator: StandInCoordinator) -> list[XidReport]:
+    health = [e for e in coordinator.received if isinstance(e, NodeHealthEvent)]
+    return [x for e in health for x in e.payload.xids]
+
+
 def verdict_of(a: AgentProcess, node: str) -> str:
     samples = a.scrape()["sentinel_node_health_verdict"]
     return next(lbl["verdict"] for lbl, v in samples if v == 1 and lbl["node"] == node)
@@ -106,14 +120,14 @@ def test_metrics_fault_and_events_reach_the_coordinator(
         assert set(temp[0][0]) == {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
         assert temp[0][0]["modelName"] == "NVIDIA H100 80GB HBM3"
         assert "sentinel_agent_collection_duration_seconds_count" in samples
-        wait_until(lambda: "node.verdict" in coordinator.kinds())
+        wait_until(lambda: "node.health" in coordinator.kinds())
         fleet.inject("node-0", {"kind": "ecc_dbe", "gpu": 2})
         wait_until(lambda: verdict_of(a, "node-0") == "unhealthy")
-        wait_until(lambda: "gpu.verdict" in coordinator.kinds())
-        gpu_events = [e for e in coordinator.received if e.kind == EventKind.GPU_VERDICT]
-        assert gpu_events[0].payload.gpu == 2
-        assert gpu_events[0].payload.verdict == "unhealthy"
-        assert gpu_events[0].source.node == "node-0"
+        wait_until(lambda: gpu_verdicts(coordinator))
+        event, gpu = gpu_verdicts(coordinator)[0]
+        assert gpu.gpu == 2
+        assert gpu.verdict == "unhealthy"
+        assert event.source.node == "node-0"
         dbe = {lbl["gpu"]: v for lbl, v in a.scrape()["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]}
         assert dbe == {"0": 0, "1": 0, "2": 1, "3": 0}
         assert coordinator.tokens[0] == "Bearer node-token"
@@ -134,11 +148,10 @@ def test_no_event_lost_while_coordinator_is_down_and_agent_restarts(
     coordinator.start()
     fleet.start()  # the same spool directory
     try:
-        wait_until(lambda: {"gpu.xid", "gpu.verdict"} <= set(coordinator.kinds()))
+        wait_until(lambda: xids_received(coordinator) and gpu_verdicts(coordinator))
     finally:
         fleet.stop()
-    xids = [e for e in coordinator.received if e.kind == EventKind.GPU_XID]
-    assert [(e.payload.gpu, e.payload.xid) for e in xids] == [(1, 79)]
+    assert [(x.gpu, x.xid) for x in xids_received(coordinator)] == [(1, 79)]
     ids = [e.id for e in coordinator.received]
     assert len(ids) == len(set(ids))
 
@@ -308,7 +321,7 @@ def test_hardware_faults_are_judged_between_sweeps(
     fleet = SimFleet(tmp_path, ["node-0"], 4, interval_s=10.0,
                      coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
     with fleet:
-        wait_until(lambda: "node.verdict" in coordinator.kinds())
+        wait_until(lambda: "node.health" in coordinator.kinds())
         time.sleep(0.5)  # clear of the first sweep: the next is ~9.5 s away
         for gpu, fault in enumerate(({"kind": "ecc_dbe"}, {"kind": "thermal", "temp_c": 96},
                                      {"kind": "xid", "xid": 79})):  # fmt: skip
@@ -316,8 +329,8 @@ def test_hardware_faults_are_judged_between_sweeps(
             fleet.inject("node-0", {**fault, "gpu": gpu})
 
             def unhealthy(g: int = gpu) -> bool:
-                return any(e.kind == EventKind.GPU_VERDICT and e.payload.gpu == g
-                           and e.payload.verdict == "unhealthy" for e in coordinator.received)  # fmt: skip
+                return any(v.gpu == g and v.verdict == "unhealthy"
+                           for _, v in gpu_verdicts(coordinator))  # fmt: skip
 
             wait_until(unhealthy, timeout_s=5.0)
             assert time.monotonic() - start < 5.0, fault  # half the sweep interval

@@ -120,10 +120,13 @@ async def test_bad_requests_are_refused_whole(client: TestClient) -> None:
     r = await client.post("/v1/events", data=json.dumps({"v": 9, "events": []}), headers=h)
     assert r.status == 422 and "unsupported protocol version 9" in (await r.json())["error"]
     good = json.loads(encode(xid("node-1")))
-    bad = {**json.loads(encode(xid("node-1"))), "payload": {"gpu": 0}}
+    bad = {**json.loads(encode(xid("node-1"))), "payload": {"action": "none"}}
     r = await client.post("/v1/events", data=json.dumps({"v": 1, "events": [good, bad]}), headers=h)
     assert r.status == 422
-    assert "events.1.payload.xid: Field required (a gpu.xid event)" in (await r.json())["error"]
+    assert (
+        "events.1.payload.verdict: Field required (a node.health event)"
+        in (await r.json())["error"]
+    )
     r = await client.post("/v1/events", data=b"x" * (65 * 1024), headers=h)
     assert r.status == 413
     events = await client.get("/v1/incidents", headers=h)

@@ -186,14 +186,17 @@ def _fleet_batch(node: str) -> bytes:
     ] + [
         {
             "id": new_id(),
-            "kind": "gpu.verdict",
+            "kind": "node.health",
             "source": {"node": node},
             "ts": now,
-            "payload": {"gpu": g, "verdict": "healthy", "action": "none"},
+            "payload": {"verdict": "healthy", "action": "none", "gpus": [{"gpu": g, **HEALTHY}]},
         }
         for g in range(8)
     ]
     return json.dumps({"v": 1, "events": events}).encode()
+
+
+HEALTHY = {"verdict": "healthy", "action": "none"}
 
 
 def _ack_buckets(url: str, token: str) -> dict[float, float]:

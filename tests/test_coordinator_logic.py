@@ -30,7 +30,8 @@ from sentinel.protocol import (
     Event,
     EventBatch,
     EventKind,
-    GpuVerdictPayload,
+    GpuVerdict,
+    NodeHealthPayload,
     NodeValidationPayload,
     RankLaunchPayload,
     RankSdcPayload,
@@ -745,8 +746,9 @@ def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_c
 
 
 def _healthy(node: str, gpu: int) -> Event:
-    payload = GpuVerdictPayload(gpu=gpu, verdict=Verdict.HEALTHY, action=RecAction.NONE)
-    return make_event(EventKind.GPU_VERDICT, Source(node=node), payload)
+    gpus = [GpuVerdict(gpu=gpu, verdict=Verdict.HEALTHY, action=RecAction.NONE)]
+    payload = NodeHealthPayload(verdict=Verdict.HEALTHY, action=RecAction.NONE, gpus=gpus)
+    return make_event(EventKind.NODE_HEALTH, Source(node=node), payload)
 
 
 def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(
@@ -815,7 +817,7 @@ def test_events_past_the_retention_are_pruned_unless_an_incident_holds_them(
             break
     assert sum(pruned) == 5 and max(pruned) <= 2
     kinds = [r["kind"] for r in query(store, "SELECT kind FROM events ORDER BY seq")]
-    assert kinds == ["gpu.xid", "agent.heartbeat"]  # the incident's event and the newer one
+    assert kinds == ["node.health", "agent.heartbeat"]  # the incident's event and the newer one
     assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1
     # A replay of a pruned event is new again (why no trigger window may outlast retention).
     assert ingest.ingest(EventBatch(events=old_beats[:1]), clock()).accepted == 1

@@ -25,7 +25,8 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     Finding,
-    GpuVerdictPayload,
+    GpuVerdict,
+    NodeHealthPayload,
     RankAnomalyPayload,
     RankHangPayload,
     RankSdcPayload,
@@ -216,11 +217,18 @@ def test_loss_spike_nan_and_sdc(job_factory: Any) -> None:
     assert sorted(r[0] for r in relayed) == ["node-0", "node-1"]
 
 
+def _health(gpu: GpuVerdict) -> NodeHealthPayload:
+    """The health event of a node whose one GPU's verdict moved."""
+    return NodeHealthPayload(
+        verdict=gpu.verdict, action=gpu.action, findings=gpu.findings, gpus=[gpu]
+    )
+
+
 def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> None:
     job: Job = job_factory(spares=3, env={"TOY_HANG": "3:5:2"})  # rank 3 sticks in gen 2
     node0 = coord.token("--role", "node", "--node", "node-0")
     job.wait_running(0)
-    hot = GpuVerdictPayload(
+    hot = GpuVerdict(
         gpu=1,
         verdict=Verdict.UNHEALTHY,
         action=Action.DRAIN_AND_INSPECT,
@@ -233,7 +241,7 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
             )
         ],
     )
-    job.post(EventKind.GPU_VERDICT, Source(node="node-0"), hot, token=node0)
+    job.post(EventKind.NODE_HEALTH, Source(node="node-0"), _health(hot), token=node0)
     s1 = job.wait_running(1)
     assert s1["status"]["nodes"] == ["spare-0", "node-1"]
     assert job.record(1, 0)["resume_from"] is not None  # the checkpoint it waited for
@@ -345,7 +353,7 @@ def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coo
     job: Job = job_factory(spares=1, env={"TOY_CRASH": "1:12:0,1:40:1"})
     s2 = job.wait_running(2)
     assert s2["status"]["nodes"] == ["spare-0", "node-1"]
-    warm = GpuVerdictPayload(
+    warm = GpuVerdict(
         gpu=0,
         verdict=Verdict.DEGRADED,
         action=Action.NONE,
@@ -359,7 +367,7 @@ def test_repeated_crash_on_a_node_and_degraded_heat(job_factory: Any, coord: Coo
         ],
     )
     node1 = coord.token("--role", "node", "--node", "node-1")
-    job.post(EventKind.GPU_VERDICT, Source(node="node-1"), warm, token=node1)
+    job.post(EventKind.NODE_HEALTH, Source(node="node-1"), _health(warm), token=node1)
     incidents = job.finish()
     assert [(i["playbook"], i["state"]) for i in incidents] == [
         ("rank_crash", "mitigated"),

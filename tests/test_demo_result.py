@@ -37,7 +37,7 @@ def incident(iid: int, fault: str, t: float, events: list[tuple[str, int | None]
     return {
         "id": iid, "fault": fault, "target": target, "opened_at": T0 + t,
         "first_step": first_step, "state": "mitigated", "playbook": fault,
-        "events": [{"node": n, "rank": r, "kind": rank_kind if r is not None else "gpu.verdict"}
+        "events": [{"node": n, "rank": r, "kind": rank_kind if r is not None else "node.health"}
                    for n, r in events],
         "actions": actions, "runs": [{"status": run}],
     }  # fmt: skip

@@ -2,7 +2,7 @@
 and in the shipped playbook its event triggers.
 
 The agent side is the real path on simulated GPUs (a fault file, the health evaluator, the node
-monitor building the `gpu.xid` event); the coordinator side is the shipped playbooks' own
+monitor building the `node.health` event that carries the XID); the coordinator side is the shipped playbooks' own
 trigger clauses, taken in priority order as ingest takes them.
 """
 
@@ -62,7 +62,8 @@ def _expected(action: Action) -> str:
 
 
 def _xid_events(tmp_path: Path, code: int, times: int) -> list[Event]:
-    """The `gpu.xid` events the agent emits when the driver reports `code` `times` times."""
+    """The health events the agent emits when the driver reports `code` `times` times (each
+    carrying the XID)."""
     clock = Clock()
     faults = tmp_path / f"faults-{code}.jsonl"
     gpus = SimulatedGpus(2, faults_file=faults, clock=clock)
@@ -71,7 +72,7 @@ def _xid_events(tmp_path: Path, code: int, times: int) -> list[Event]:
     for _ in range(times):
         inject(faults, {"kind": "xid", "gpu": 1, "xid": code})
         _, events = monitor.collect()
-        out += [e for e in events if e.kind is EventKind.GPU_XID]
+        out += [e for e in events if e.kind is EventKind.NODE_HEALTH and e.payload.xids]
         clock.now += 60
     return out
 
@@ -80,14 +81,15 @@ def _xid_events(tmp_path: Path, code: int, times: int) -> list[Event]:
 def test_every_xid_means_the_same_to_agent_and_playbooks(tmp_path: Path, code: int) -> None:
     info = describe(code)
     (first,) = _xid_events(tmp_path, code, 1)
-    assert first.payload.action == info.action.value  # the agent's verdict
+    assert [x.action for x in first.payload.xids] == [info.action.value]  # the agent's verdict
     assert _response(_classify(first)) == _expected(info.action), info
 
 
 @pytest.mark.parametrize("code", [info.code for info in CATALOG if info.escalates])
 def test_a_repeated_xid_escalates_in_both_places(tmp_path: Path, code: int) -> None:
     last = _xid_events(tmp_path, code, HealthThresholds().xid_escalate_after)[-1]
-    assert last.payload.action == escalated_action(code).value == "drain_and_inspect"
+    assert [x.action for x in last.payload.xids] == [escalated_action(code).value]
+    assert escalated_action(code).value == "drain_and_inspect"
     assert _response(_classify(last)) == "node out"
 
 
@@ -108,7 +110,7 @@ def test_asks_reads_codes_findings_and_rules() -> None:
 
 def test_asks_condition_rejects_what_the_catalog_does_not_know() -> None:
     with pytest.raises(ValueError, match="catalog actions"):
-        Condition(field="payload.xid", op="asks", value=["evict_everything"])
+        Condition(field="payload.xids.*.xid", op="asks", value=["evict_everything"])
     cond = Condition(field="payload.findings.*.rule", op="asks", value=["reboot_node"])
     holds = compile_condition(cond)
     assert holds({"payload": {"findings": [{"rule": "gpu_lost"}]}})
@@ -117,8 +119,8 @@ def test_asks_condition_rejects_what_the_catalog_does_not_know() -> None:
 
 def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(
-        "name: bad\nincident: {fault: x, scope: node}\ntrigger:\n  - kinds: [gpu.xid]\n"
-        "    when:\n      - {field: payload.xid, op: asks, value: [explode]}\n"
+        "name: bad\nincident: {fault: x, scope: node}\ntrigger:\n  - kinds: [node.health]\n"
+        "    when:\n      - {field: payload.xids.*.xid, op: asks, value: [explode]}\n"
         "steps:\n  - {action: resume}\n"
     )
     with pytest.raises(PlaybookError, match=r"bad.yaml:6"):

@@ -11,12 +11,12 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     Finding,
-    GpuVerdictEvent,
-    GpuVerdictPayload,
-    GpuXidEvent,
+    GpuVerdict,
     JobState,
     JobStatusEvent,
     JobStatusPayload,
+    NodeHealthEvent,
+    NodeHealthPayload,
     ProtocolError,
     RankCrashEvent,
     RankCrashPayload,
@@ -24,7 +24,7 @@ from sentinel.protocol import (
     RankStepPayload,
     Source,
     Verdict,
-    XidPayload,
+    XidReport,
     decode_batch,
     decode_event,
     encode,
@@ -34,10 +34,9 @@ from sentinel.protocol import (
 
 
 def _xid_event() -> Event:
-    payload = XidPayload(
-        gpu=1, xid=79, name="GPU has fallen off the bus", action=Action.REBOOT_NODE
-    )
-    return make_event(EventKind.GPU_XID, Source(node="node-1"), payload)
+    xid = XidReport(gpu=1, xid=79, name="GPU has fallen off the bus", action=Action.REBOOT_NODE)
+    payload = NodeHealthPayload(verdict=Verdict.UNHEALTHY, action=Action.REBOOT_NODE, xids=[xid])
+    return make_event(EventKind.NODE_HEALTH, Source(node="node-1"), payload)
 
 
 def test_round_trip_is_exact() -> None:
@@ -56,19 +55,19 @@ def test_ids_are_unique() -> None:
     [
         ("{", "not valid JSON"),
         ("[1]", "expected a JSON object"),
-        ('{"kind": "gpu.xid"}', "missing protocol version"),
-        ('{"v": 2, "kind": "gpu.xid"}', "unsupported protocol version 2"),
+        ('{"kind": "node.health"}', "missing protocol version"),
+        ('{"v": 2, "kind": "node.health"}', "unsupported protocol version 2"),
         (
             '{"v": 1, "kind": "gpu.melted", "source": {"node": "n"}}',
             "kind: unknown event kind 'gpu.melted'",
         ),
         ('{"v": 1, "source": {"node": "n"}}', "kind: Field required"),
-        ('{"v": true, "kind": "gpu.xid"}', "unsupported protocol version True"),
-        ('{"v": 1.0, "kind": "gpu.xid"}', "unsupported protocol version 1.0"),
-        ('{"v": 1, "kind": "gpu.xid", "source": {}}', "source: Value error, a source names"),
+        ('{"v": true, "kind": "node.health"}', "unsupported protocol version True"),
+        ('{"v": 1.0, "kind": "node.health"}', "unsupported protocol version 1.0"),
+        ('{"v": 1, "kind": "node.health", "source": {}}', "source: Value error, a source names"),
         (
-            '{"v": 1, "kind": "gpu.xid", "source": {"node": "n"}, "payload": {"gpu": 0}}',
-            "payload.xid: Field required (a gpu.xid event)",
+            '{"v": 1, "kind": "node.health", "source": {"node": "n"}, "payload": {"action": "none"}}',
+            "payload.verdict: Field required (a node.health event)",
         ),
         (
             '{"v": 1, "kind": "agent.heartbeat", "source": {"node": "n"}, "ts": -5, '
@@ -95,10 +94,10 @@ def test_malformed_messages_get_a_precise_reason(raw: str, reason: str) -> None:
 
 def test_payload_is_normalised_so_equal_events_encode_equally() -> None:
     doc = json.loads(encode(_xid_event()))
-    doc["payload"].pop("repeats_in_window")  # a default the sender left out
+    doc["payload"]["xids"][0].pop("repeats_in_window")  # a default the sender left out
     event = decode_event(doc)
-    assert isinstance(event, GpuXidEvent)
-    assert event.payload.repeats_in_window == 1
+    assert isinstance(event, NodeHealthEvent)
+    assert event.payload.xids[0].repeats_in_window == 1
     assert encode(event) == encode(_xid_event().model_copy(update={"id": event.id, "ts": event.ts}))
 
 
@@ -121,18 +120,24 @@ def test_a_job_reports_a_bounded_gang() -> None:
 
 _WELL_FORMED: list[Event] = [
     _xid_event(),
-    GpuVerdictEvent(
+    NodeHealthEvent(
         source=Source(node="node-2"),
-        payload=GpuVerdictPayload(
-            gpu=3,
+        payload=NodeHealthPayload(
             verdict=Verdict.UNHEALTHY,
             action=Action.REBOOT_NODE,
-            findings=[
-                Finding(
-                    rule="xid_fatal",
+            gpus=[
+                GpuVerdict(
+                    gpu=3,
                     verdict=Verdict.UNHEALTHY,
                     action=Action.REBOOT_NODE,
-                    detail="x",
+                    findings=[
+                        Finding(
+                            rule="xid_fatal",
+                            verdict=Verdict.UNHEALTHY,
+                            action=Action.REBOOT_NODE,
+                            detail="x",
+                        )
+                    ],
                 )
             ],
         ),
@@ -163,9 +168,9 @@ def test_decoding_builds_each_kinds_class_with_a_typed_payload() -> None:
     assert batch.events == _WELL_FORMED
     assert [type(e) for e in batch.events] == [type(e) for e in _WELL_FORMED]
     verdict = batch.events[1]
-    assert isinstance(verdict, GpuVerdictEvent)
-    assert verdict.payload.verdict is Verdict.UNHEALTHY
-    assert verdict.payload.findings[0].action is Action.REBOOT_NODE
+    assert isinstance(verdict, NodeHealthEvent)
+    assert verdict.payload.gpus[0].verdict is Verdict.UNHEALTHY
+    assert verdict.payload.gpus[0].findings[0].action is Action.REBOOT_NODE
     # a dict (as a test or a tool holds a message) decodes the same way as its JSON
     assert decode_batch(json.loads(encode(batch))) == batch
     for event in _WELL_FORMED:
@@ -175,7 +180,7 @@ def test_decoding_builds_each_kinds_class_with_a_typed_payload() -> None:
 def test_a_payload_model_of_another_kind_is_refused() -> None:
     payload = RankCrashPayload()
     with pytest.raises(ValidationError, match="payload"):
-        make_event(EventKind.GPU_XID, Source(node="n"), payload)
+        make_event(EventKind.NODE_HEALTH, Source(node="n"), payload)
 
 
 def test_every_message_states_its_version() -> None:
@@ -192,8 +197,8 @@ def test_every_message_states_its_version() -> None:
 
 def test_a_batch_with_one_bad_event_gets_that_events_reason() -> None:
     good = json.loads(encode(_xid_event()))
-    bad = {**good, "id": "other", "payload": {"gpu": 0}}
-    with pytest.raises(ProtocolError, match=r"events\.1\.payload\.xid: Field required"):
+    bad = {**good, "id": "other", "payload": {"action": "none"}}
+    with pytest.raises(ProtocolError, match=r"events\.1\.payload\.verdict: Field required"):
         decode_batch(json.dumps({"v": 1, "events": [good, bad]}))
 
 

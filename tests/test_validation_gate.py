@@ -66,7 +66,7 @@ def test_judge_names_each_failed_check_with_its_figures() -> None:
 def test_playbooks_check_refuses_a_return_with_no_baseline_at_its_line(tmp_path: Path) -> None:
     (tmp_path / "ret.yaml").write_text(
         "name: back\nincident: {fault: repaired, scope: node}\ntrigger:\n"
-        "  - kinds: [node.verdict]\nsteps:\n  - {action: notify}\n"
+        "  - kinds: [node.health]\nsteps:\n  - {action: notify}\n"
         "  - action: return_node\n    params: {node: node-1}\n"
     )
     with pytest.raises(PlaybookError) as e:

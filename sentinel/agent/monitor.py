@@ -17,21 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sentinel.agent.deadline import Stall
-from sentinel.agent.health import GpuHealth, HealthEvaluator, NodeHealth
+from sentinel.agent.health import GpuHealth, HealthEvaluator, NodeHealth, XidOutcome
 from sentinel.agent.host import HostSource, HostStats
 from sentinel.agent.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
 from sentinel.agent.node_rules import NodeSignals, Report
 from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.protocol import (
     Event,
-    GpuVerdictEvent,
-    GpuVerdictPayload,
-    GpuXidEvent,
-    NodeVerdictEvent,
-    NodeVerdictPayload,
+    GpuVerdict,
+    NodeHealthEvent,
+    NodeHealthPayload,
     Source,
     Verdict,
-    XidPayload,
+    XidReport,
 )
 
 log = logging.getLogger("sentinel.agent")
@@ -188,41 +186,23 @@ class NodeMonitor:
                 snapshot.ts, snapshot.readings, snapshot.health, snapshot.host,
                 snapshot.sweep_s, self._stall,
             )  # fmt: skip
-        events = self._xid_events(snapshot.health) + self._verdict_events(snapshot.health)
+        events = self._health_event(snapshot.health)
         self.snapshot = snapshot
         return events
 
     # ---- events ------------------------------------------------------------------------------
 
-    def _xid_events(self, health: NodeHealth) -> list[Event]:
-        events: list[Event] = []
-        for x in health.xids:
-            self.xids.counts[(x.gpu, x.xid)] += 1
-            self.xids.last[x.gpu] = x.xid
-            log.warning(
-                "XID %d on GPU %d: %s",
-                x.xid,
-                x.gpu,
-                x.name,
-                extra={"action": x.action.value, "repeats": x.repeats_in_window},
-            )
-            payload = XidPayload(
-                gpu=x.gpu,
-                uuid=x.uuid,
-                xid=x.xid,
-                name=x.name,
-                action=x.action,
-                repeats_in_window=x.repeats_in_window,
-            )
-            events.append(GpuXidEvent(source=self.source, payload=payload, ts=self.clock()))
-        return events
-
-    def _verdict_events(self, health: NodeHealth) -> list[Event]:
-        events = [e for g in health.gpus if (e := self._gpu_change(g)) is not None]
-        now = (health.verdict, health.action.value)
-        if now != self._node_verdict:
-            previous = self._node_verdict[0] if self._node_verdict else None
-            self._node_verdict = now
+    def _health_event(self, health: NodeHealth) -> list[Event]:
+        """One event for whatever this pass changed (its XIDs, the GPUs whose verdict moved,
+        the node's verdict), or none: one fault is one event, however many signals it moved."""
+        xids = [self._xid(x) for x in health.xids]
+        gpus = [c for g in health.gpus if (c := self._gpu_change(g)) is not None]
+        now, before = (health.verdict, health.action.value), self._node_verdict
+        if not xids and not gpus and now == before:
+            return []
+        self._node_verdict = now
+        previous = before[0] if before else None
+        if now != before:
             log.info(
                 "node verdict %s",
                 health.verdict.value,
@@ -232,17 +212,37 @@ class NodeMonitor:
                     "reasons": "; ".join(f.detail for f in health.node_findings),
                 },
             )
-            payload = NodeVerdictPayload(
-                verdict=health.verdict,
-                previous=previous,
-                action=health.action,
-                unhealthy_gpus=[g.gpu for g in health.gpus if g.verdict == Verdict.UNHEALTHY],
-                findings=list(health.findings),
-            )
-            events.append(NodeVerdictEvent(source=self.source, payload=payload, ts=self.clock()))
-        return events
+        payload = NodeHealthPayload(
+            verdict=health.verdict,
+            previous=previous,
+            action=health.action,
+            unhealthy_gpus=health.unhealthy_gpus,
+            findings=list(health.findings),
+            gpus=gpus,
+            xids=xids,
+        )
+        return [NodeHealthEvent(source=self.source, payload=payload, ts=self.clock())]
 
-    def _gpu_change(self, g: GpuHealth) -> Event | None:
+    def _xid(self, x: XidOutcome) -> XidReport:
+        self.xids.counts[(x.gpu, x.xid)] += 1
+        self.xids.last[x.gpu] = x.xid
+        log.warning(
+            "XID %d on GPU %d: %s",
+            x.xid,
+            x.gpu,
+            x.name,
+            extra={"action": x.action.value, "repeats": x.repeats_in_window},
+        )
+        return XidReport(
+            gpu=x.gpu,
+            uuid=x.uuid,
+            xid=x.xid,
+            name=x.name,
+            action=x.action,
+            repeats_in_window=x.repeats_in_window,
+        )
+
+    def _gpu_change(self, g: GpuHealth) -> GpuVerdict | None:
         now = (g.verdict, g.action.value)
         before = self._gpu_verdicts.get(g.gpu)
         if now == before:
@@ -260,7 +260,7 @@ class NodeMonitor:
                 "reasons": "; ".join(f.detail for f in g.findings),
             },
         )
-        payload = GpuVerdictPayload(
+        return GpuVerdict(
             gpu=g.gpu,
             uuid=g.uuid,
             verdict=g.verdict,
@@ -268,4 +268,3 @@ class NodeMonitor:
             action=g.action,
             findings=list(g.findings),
         )
-        return GpuVerdictEvent(source=self.source, payload=payload, ts=self.clock())

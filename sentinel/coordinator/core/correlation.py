@@ -221,6 +221,9 @@ class Correlator:
 
 def compile_condition(cond: Condition) -> Pred:
     """A plain closure for the hot path: ingest checks it against every event."""
+    if cond.any:
+        alternatives = [compile_condition(c) for c in cond.any]
+        return lambda doc: any(holds(doc) for holds in alternatives)
     path, op, want = cond.field.split("."), cond.op, cond.value
     if op == "exists":
         return lambda doc: bool(_resolve(doc, path)) == (want is not False)
@@ -311,9 +314,9 @@ def _compare(op: str, got: Any, want: Any) -> bool:
 class _Triggers:
     """One event kind's trigger clauses, in priority order, behind a gate where one fits.
 
-    When every clause requires `field eq value` of the same field, that field is read once and
-    only the clauses wanting its value are tried: a healthy GPU's verdict tries none. Payloads
-    are JSON values, so the table lookup agrees with the clauses' own `==`.
+    When every clause requires the same field to equal a value (or be one of a list), that field
+    is read once and only the clauses wanting its value are tried: a healthy node's health event
+    tries none. Payloads are JSON values, so the table lookup agrees with the clauses' own `==`.
     """
 
     def __init__(self, candidates: list[_Candidate]) -> None:
@@ -332,8 +335,8 @@ class _Triggers:
         self.table = {}
         for cand in candidates:
             for cond in cand[1].when:
-                if cond.field == gate and cond.op == "eq":
-                    self.table.setdefault(cond.value, []).append(cand)
+                for value in _wanted(cond) if cond.field == gate else []:
+                    self.table.setdefault(value, []).append(cand)
 
     def may_match(self, ev: Event) -> bool:
         """Whether any clause can match `ev`: `candidates` without building its document."""
@@ -355,11 +358,14 @@ class _Triggers:
 
 
 def _eq_fields(clause: TriggerClause) -> set[str]:
-    return {
-        c.field
-        for c in clause.when
-        if c.op == "eq" and "*" not in c.field and isinstance(c.value, _GATE_TYPES)
-    }
+    """The fields the clause wants equal to a value, or to one of a list of values."""
+    return {c.field for c in clause.when if c.field and "*" not in c.field and _wanted(c)}
+
+
+def _wanted(cond: Condition) -> list[Any]:
+    """The values an `eq` or `in` condition wants, if every one can key a gate's table."""
+    values = cond.value if cond.op == "in" else [cond.value] if cond.op == "eq" else []
+    return values if all(isinstance(v, _GATE_TYPES) for v in values) else []
 
 
 def event_doc(ev: Event) -> dict[str, Any]:

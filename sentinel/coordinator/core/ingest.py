@@ -21,7 +21,7 @@ from sentinel.protocol import (
     Event,
     EventBatch,
     JobStatusEvent,
-    NodeVerdictEvent,
+    NodeHealthEvent,
     RankLaunchEvent,
 )
 
@@ -155,6 +155,6 @@ class Ingestor:
 
 def _verdict(ev: Event) -> str | None:
     """The node's own verdict, which the events its agent sends about the node carry."""
-    if isinstance(ev, NodeVerdictEvent | AgentHeartbeatEvent):
+    if isinstance(ev, NodeHealthEvent | AgentHeartbeatEvent):
         return ev.payload.verdict.value
     return None

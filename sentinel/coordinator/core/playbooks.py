@@ -6,9 +6,9 @@ description: A GPU node lost a GPU for good; replace it and resume.
 priority: 100                  # the highest-priority matching playbook classifies an event
 incident: {fault: gpu_hardware, scope: node}    # correlation: one incident per fault + node
 trigger:                       # any clause matching opens (or joins) the incident
-  - kinds: [gpu.xid]
+  - kinds: [node.health]
     when:                      # an XID whose catalog action is one of these
-      - {field: payload.xid, op: asks, value: [reset_gpu, reboot_node]}
+      - {field: payload.xids.*.xid, op: asks, value: [reset_gpu, reboot_node]}
     min_count: 1               # this many matching events from the same node ...
     window_s: 0                # ... within this window (0: within the event retention)
 steps:                         # run in order; each step's state is persisted
@@ -17,11 +17,12 @@ steps:                         # run in order; each step's state is persisted
 guards: {cooldown_s: 600, require_approval: false, dry_run: false}
 stage_targets_s: {evict_node: 120, first_step: 60}   # optional: seconds each stage should take
 ```
-Condition fields are dotted paths into the event (`payload.xid`, `source.node`); `*` walks a list
-(`payload.findings.*.rule`) and the condition holds when any element satisfies it. The `asks`
-op reads the fault catalog (`sentinel.faults.catalog`): it holds when the XID code or rule name
-at the field asks for one of the listed actions, so a playbook follows the catalog's meaning of
-a fault instead of repeating a list of codes.
+Condition fields are dotted paths into the event (`payload.verdict`, `source.node`); `*` walks a
+list (`payload.findings.*.rule`) and the condition holds when any element satisfies it. A
+condition `{any: [...]}` holds when one of its conditions does (a clause's own conditions must
+all hold). The `asks` op reads the fault catalog (`sentinel.faults.catalog`): it holds when the
+XID code or rule name at the field asks for one of the listed actions, so a playbook follows
+the catalog's meaning of a fault instead of repeating a list of codes.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ Op = Literal["eq", "ne", "in", "not_in", "gt", "ge", "lt", "le", "contains", "ex
 
 
 class Condition(_Strict):
-    field: str = Field(pattern=r"^(payload|source|kind)(\.[A-Za-z0-9_*]+)*$")
+    field: str = Field(default="", pattern=r"^((payload|source|kind)(\.[A-Za-z0-9_*]+)*)?$")
     op: Op = "eq"
     value: Any = None
+    any: list[Condition] = Field(default_factory=list)  # instead of a field: one of these holds
 
     @model_validator(mode="after")
     def _value_fits_op(self) -> Condition:
+        if bool(self.field) == bool(self.any):
+            raise ValueError("a condition names a field, or lists `any` conditions")
         if self.op in ("in", "not_in") and not isinstance(self.value, list):
             raise ValueError(f"op {self.op!r} needs a list value")
         if self.op in ("gt", "ge", "lt", "le") and not isinstance(self.value, int | float):

@@ -80,9 +80,9 @@ class EventsRepo(SqlBase):
         oldest first: the coordinator's record of how healthy its agent said it was."""
         rows = self._x(
             select(events.c.received_at, json_field(events.c.payload, "verdict"))
-            .where(events.c.kind.in_(("node.verdict", "agent.heartbeat")))
+            .where(events.c.kind.in_(("node.health", "agent.heartbeat")))
             .where(events.c.node == node, events.c.received_at >= since)
-            .order_by(events.c.received_at)
+            .order_by(events.c.received_at, events.c.seq)
         )
         return [(float(r[0]), str(r[1])) for r in rows]
 
