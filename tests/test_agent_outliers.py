@@ -200,3 +200,15 @@ def test_odd_one_way_then_the_other_is_noise_not_an_outlier() -> None:
     low = [replace(r, power_w=400.0) if r.index == 3 else r for r in node(rng)]
     assert not flagged(d, low)
     assert flagged(d, low) == {3}
+
+
+def test_one_median_and_mad_serve_the_agent_and_burn_in() -> None:
+    """The agent pools the MAD itself (scale 1) and scales later; burn-in's judges take it as a
+    normal sample's standard deviation (MAD_SCALE). Neither has a median of nothing."""
+    from sentinel.stats import MAD_SCALE, mad, median
+
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median(iter([4.0, 1.0, 3.0, 2.0])) == 2.5
+    assert mad([1.0, 2.0, 3.0, 4.0, 100.0], scale=1.0) == 1.0
+    assert mad([1.0, 2.0, 3.0, 4.0, 100.0], scale=MAD_SCALE) == MAD_SCALE
+    with pytest.raises(ValueError, match="median of nothing"):
+        median([])

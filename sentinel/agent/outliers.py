@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sentinel.agent.peer_stats import MIN_PEERS, PeerSignal, Score, Signal, median
+from sentinel.agent.peer_stats import MIN_PEERS, PeerSignal, Score, Signal
 from sentinel.agent.readings import GpuReading
+from sentinel.stats import median
 
 TEMP, CLOCK, POWER, ERRORS = "temperature at power", "SM clock", "power", "error rate"
 # The least effects are physical: a few degrees is sensor and airflow, four clock bins are

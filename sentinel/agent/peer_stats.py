@@ -20,10 +20,10 @@ outlier. Pure Python: eight numbers per signal cost less than numpy's call overh
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-MAD_TO_SIGMA = 1.4826
+from sentinel.stats import MAD_SCALE, mad, median
+
 # MAD of a handful of samples runs low: 1.4826 x MAD of 8 normal samples averages 0.89 sigma.
 SMALL_SAMPLE = 1.13
 MIN_PEERS = 4  # fewer GPUs than this in a comparison: no reference to be odd against
@@ -92,7 +92,7 @@ class PeerSignal:
                 young.append(g)
             off = place.get(g, 0.0) * load  # a place explains away at most `limit`
             dev[g] = x - mid - (limit if off > limit else -limit if off < -limit else off)
-        scale = max(s.floor, MAD_TO_SIGMA * SMALL_SAMPLE * self._spread(values, dev, young))
+        scale = max(s.floor, MAD_SCALE * SMALL_SAMPLE * self._spread(values, dev, young))
         least = max(s.min_effect, s.min_share * abs(mid))
         side, effect_z, last = s.side, z_limit / least, self.streak
         self.polls += 1
@@ -124,22 +124,10 @@ class PeerSignal:
         places left in: a wider spread, the safe side), a pool of its own."""
         settled = [d for g, d in dev.items() if g not in young] if young else list(dev.values())
         of_places = len(settled) >= MIN_PEERS
-        mad = _mad(settled) if of_places else _mad(list(values.values()))
+        now = mad(settled if of_places else list(values.values()), scale=1.0)
         if of_places != self.of_places:  # the other kind of spread: pool afresh
             self.of_places, self.pooled = of_places, 0
         self.pooled += 1
-        last = mad if self.spread is None or self.pooled == 1 else self.spread
-        self.spread = last + (mad - last) / min(self.pooled, SPREAD_POLLS)
+        last = now if self.spread is None or self.pooled == 1 else self.spread
+        self.spread = last + (now - last) / min(self.pooled, SPREAD_POLLS)
         return self.spread
-
-
-def median(xs: Iterable[float]) -> float:
-    """statistics.median without its checks: a few numbers, many times a sweep."""
-    s = sorted(xs)
-    half = len(s) // 2
-    return s[half] if len(s) % 2 else (s[half - 1] + s[half]) / 2
-
-
-def _mad(xs: list[float]) -> float:
-    mid = median(xs)
-    return median([abs(x - mid) for x in xs])

@@ -23,7 +23,7 @@ import torch
 
 from sentinel.burnin.comm import Comm
 from sentinel.burnin.settings import Thresholds
-from sentinel.burnin.stats import mad, median, upper_median, variance
+from sentinel.stats import MAD_SCALE, mad, median, upper_median, variance
 
 Pair = tuple[str, str]
 
@@ -165,7 +165,11 @@ MIN_SAMPLES_FOR_SPREAD = 5
 
 def _spread(values: Sequence[float], th: Thresholds) -> float:
     """k robust deviations, once there are enough values to estimate one; else no gate."""
-    return th.link_mad_k * mad(values) if len(values) >= MIN_SAMPLES_FOR_SPREAD else 0.0
+    return (
+        th.link_mad_k * mad(values, scale=MAD_SCALE)
+        if len(values) >= MIN_SAMPLES_FOR_SPREAD
+        else 0.0
+    )
 
 
 @dataclass

@@ -25,7 +25,7 @@ import torch
 
 from sentinel.burnin.comm import Comm, Compute
 from sentinel.burnin.settings import Thresholds
-from sentinel.burnin.stats import mad, median, variance
+from sentinel.stats import MAD_SCALE, mad, median, variance
 
 MEMBW_TOLERANCE = 0.25  # memory bandwidth is noisier than GEMMs: only a large drop flags
 COPY_ROUND_SHARE = 8  # copy rounds: one per 8 GEMM rounds (a 25% drop needs few samples) ...
@@ -129,7 +129,7 @@ def _outlier(
     in a small gang the suspect's own value would widen the band it is judged against)."""
     if not others:
         return False
-    ref, spread = median(others), k * mad(others)
+    ref, spread = median(others), k * mad(others, scale=MAD_SCALE)
     if higher_is_worse:
         return value > ref * (1 + rel) and value - ref > spread
     return value < ref * (1 - rel) and ref - value > spread

@@ -36,10 +36,10 @@ from sentinel.burnin.baseline import (
 )
 from sentinel.burnin.comm import Compute
 from sentinel.burnin.sdc import chain_digest, device_name
-from sentinel.burnin.stats import median
 from sentinel.commands.jsonout import check_json_target, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 from sentinel.processes import free_port
+from sentinel.stats import median
 
 GEMM_SIZE = 384  # CPU (simulated GPUs); a real GPU takes the fleet burn-in's 8192
 GEMM_SIZE_GPU = 8192

@@ -1,13 +1,16 @@
-"""Robust statistics shared by the judges: medians and the median absolute deviation."""
+"""Robust statistics shared by the judges (burn-in's, the agent's peer comparison): medians and
+the median absolute deviation. Pure Python: a few numbers, many times a sweep."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 MAD_SCALE = 1.4826  # MAD * this estimates the standard deviation of normal data
 
 
-def median(xs: Sequence[float]) -> float:
+def median(xs: Iterable[float]) -> float:
+    """The middle value (the mean of the two middle ones of an even count); ValueError when
+    there is none."""
     s = sorted(xs)
     if not s:
         raise ValueError("median of nothing")
@@ -21,9 +24,11 @@ def upper_median(xs: Sequence[float]) -> float:
     return s[len(s) // 2]
 
 
-def mad(xs: Sequence[float]) -> float:
+def mad(xs: Sequence[float], scale: float) -> float:
+    """The median absolute deviation from the median, times `scale`: `MAD_SCALE` to estimate a
+    normal sample's standard deviation, 1.0 for the MAD itself."""
     m = median(xs)
-    return MAD_SCALE * median([abs(x - m) for x in xs])
+    return scale * median([abs(x - m) for x in xs])
 
 
 def variance(value: float, baseline: float) -> float:
