@@ -41,10 +41,6 @@ class Principal:
         scope = self.node or self.job
         return f"{self.role}:{self.id}" + (f"({scope})" if scope else "")
 
-    @property
-    def can_read(self) -> bool:
-        return self.role in (Role.OPERATOR, Role.ADMIN)
-
     def may_report(self, event: Event) -> str | None:
         """None when allowed, else why not (the 403 message)."""
         if self.role == Role.ADMIN:
