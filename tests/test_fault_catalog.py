@@ -161,3 +161,30 @@ def test_the_recovery_page_shows_the_repair_table_the_catalog_holds() -> None:
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "recovery.md").read_text()
     assert markdown_repairs() in page
+
+
+def test_a_condition_of_alternatives_holds_when_one_does() -> None:
+    xid = {"field": "payload.xids.*.xid", "op": "asks", "value": ["reboot_node"]}
+    lost = {"field": "payload.gpus.*.findings.*.rule", "op": "in", "value": ["gpu_lost"]}
+    cond = Condition.model_validate({"any": [xid, lost]})
+    holds = compile_condition(cond)
+    assert holds({"payload": {"xids": [{"xid": 79}]}})
+    assert holds({"payload": {"gpus": [{"findings": [{"rule": "gpu_lost"}]}]}})
+    assert not holds({"payload": {"xids": [{"xid": 94}], "gpus": []}})
+    for bad in ({}, {"field": "payload.verdict", "any": [{"field": "kind"}]}):
+        with pytest.raises(ValueError, match="names a field, or lists `any` conditions"):
+            Condition.model_validate(bad)
+
+
+def test_a_healthy_health_event_tries_no_playbook() -> None:
+    """The shipped playbooks' health clauses share a gate on the node's verdict: a healthy
+    node's event is stored and tries none (the ingest fast path)."""
+    from sentinel.config import CoordinatorConfig
+    from sentinel.coordinator.core.correlation import Correlator
+    from sentinel.protocol import EventBatch, NodeHealthPayload, Source, Verdict, make_event
+
+    correlator = Correlator(None, BOOKS, CoordinatorConfig())  # type: ignore[arg-type]
+    healthy = NodeHealthPayload(verdict=Verdict.HEALTHY, action=Action.NONE)
+    event = make_event(EventKind.NODE_HEALTH, Source(node="node-0"), healthy)
+    assert correlator.passive(EventBatch(events=[event]))
+    assert _classify(event) is None
