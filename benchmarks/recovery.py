@@ -18,8 +18,11 @@ one after the other; its output in OUT/WAY.log):
   nothing ends the struck replica and nobody swaps a spare in: the survivors see the fault
   only when their cross-replica collective times out (the trainer's shipped `--ft-timeout`,
   30 s) and the lighthouse leaves the stuck replica, which still heartbeats, out after its
-  join timeout (5 s), as with torchft on its own. The demo's verdict for it is FAIL (faults
-  not repaired); that is the point, not an error.
+  join timeout (5 s), as with torchft on its own. torchft's lighthouse forms a quorum only of
+  more than half of the replicas that heartbeat, and a stuck replica still does: once half of
+  them are stuck, no quorum forms and training stops for good (the demo gives up after its
+  no-progress limit). The demo's verdict for it is FAIL (faults not repaired); that is the
+  point, not an error.
 
 Per way, from its result.json and its step lines (the trainer's metrics.jsonl, followed while
 the run goes: a replica's line carries its commit time, a gang's line is stamped when it
@@ -40,7 +43,8 @@ Sentinel's contribution.
 
     python benchmarks/recovery.py [--out DIR] [--ways restart,warm_restart,live,live_no_detection]
 
-About 25 minutes on the shared 2-core machine. Exit 0 when every way ran to a result (a missed
+About 15 minutes on the shared 2-core machine (the clean reference runs are cached after
+the first). Exit 0 when every way ran to a result (a missed
 target is reported, not an exit code), 1 when one did not. Last line: JSON, one object per way
 under its name, with the load average over the run; `sentinel goodput --recovery-bench FILE`
 reads the live way's stall and join from it.

@@ -1,6 +1,6 @@
 """`benchmarks/recovery.py`'s pure parts: step lines into commits, commits into each fault's
 stall, a way's figures from its result.json, and the last line's shape, read back by the
-reader `sentinel goodput --recovery-bench` uses. A whole run (four drills, ~25 minutes) is the
+reader `sentinel goodput --recovery-bench` uses. A whole run (four drills, ~15 minutes) is the
 benchmark's, not a test's."""
 
 from __future__ import annotations
