@@ -210,3 +210,48 @@ def test_scenario_file_faults_keep_the_trainer_kinds(tmp_path: Path) -> None:
     f.write_text("faults: [{kind: crash, rank: 99, at_step: 1}]\n")
     with pytest.raises(InputError, match=r"faults\.0\.rank: 99 >= world size"):
         load_faults(f, ())
+
+
+def test_a_model_built_ahead_is_taken_and_leaves_the_same_random_state() -> None:
+    """A warm spare builds its model while it waits (`prepare`); its generation takes it, and
+    the random state after is the one building it then would have left: nothing can tell."""
+    import torch
+
+    from sentinel.ranks import current
+    from trainer_hooks.reference.config import parse_config
+    from trainer_hooks.reference.job import full_model
+    from trainer_hooks.reference.train import prepare
+
+    argv = [
+        "--layers",
+        "2",
+        "--dim",
+        "32",
+        "--heads",
+        "4",
+        "--seq",
+        "16",
+        "--vocab",
+        "128",
+        "--out",
+        "/tmp/unused",
+        "--seed",
+        "11",
+    ]
+    cfg = parse_config(argv, world=1)
+    built = full_model(cfg)  # nothing prepared: built now
+    after_building = torch.get_rng_state()
+    current.set_prepared(prepare(argv))
+    torch.manual_seed(0)  # whatever ran in between
+    ready = full_model(cfg)
+    assert torch.equal(torch.get_rng_state(), after_building)
+    assert all(
+        torch.equal(a, b) for a, b in zip(ready.parameters(), built.parameters(), strict=True)
+    )
+    assert current.take_prepared() is None  # taken once
+    current.set_prepared(prepare([*argv[:-1], "12"]))  # another seed: not this model
+    other = full_model(cfg)
+    assert all(
+        torch.equal(a, b) for a, b in zip(other.parameters(), built.parameters(), strict=True)
+    )
+    current.set_prepared(None)

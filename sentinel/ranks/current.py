@@ -22,6 +22,22 @@ _generation: int | None = None
 _began_ns: int | None = None
 
 
+_prepared: object | None = None
+
+
+def take_prepared() -> object | None:
+    """What the trainer's `prepare(argv)` built while this process waited for a rank (a warm
+    spare's model), once; None when nothing was prepared."""
+    global _prepared
+    ready, _prepared = _prepared, None
+    return ready
+
+
+def set_prepared(ready: object | None) -> None:
+    global _prepared
+    _prepared = ready
+
+
 def leave_requested() -> bool:
     """True once the supervisor asked this process's rank to leave its current generation."""
     return _leave.is_set()

@@ -51,8 +51,10 @@ def _die_with_parent() -> None:
 
 
 class NodeHost:
-    def __init__(self, address: str, secret: str, node: str) -> None:
-        self.address, self.secret, self.node = address, secret, node
+    def __init__(
+        self, address: str, secret: str, node: str, trainer: tuple[str, list[str]]
+    ) -> None:
+        self.address, self.secret, self.node, self.trainer = address, secret, node, trainer
         self.children: dict[int, int] = {}  # pid -> slot
         self.sock = wire.connect(address)
         self.sock.sendall(wire.encode(wire.Hello(secret=secret, node=node, pid=os.getpid())))
@@ -67,7 +69,8 @@ class NodeHost:
         _die_with_parent()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        return rank.serve(self.address, self.secret, self.node, slot, dict(os.environ))
+        env = dict(os.environ)
+        return rank.serve(self.address, self.secret, self.node, slot, env, self.trainer)
 
     def _kill(self, slot: int) -> None:
         for pid, s in self.children.items():
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {wire.SECRET_ENV} is not set", file=sys.stderr)
         return 2
     try:
-        _, module, _ = trainer_module(trainer)
+        _, module, args = trainer_module(trainer)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     # the pages a fork shares stay shared (the collector no longer writes to them).
     gc.freeze()
     try:
-        host = NodeHost(ns.connect, secret, ns.node)
+        host = NodeHost(ns.connect, secret, ns.node, (module, args))
     except OSError as e:
         print(f"error: cannot reach the rank pool at {ns.connect}: {e}", file=sys.stderr)
         return 1

@@ -160,11 +160,34 @@ class _Inbox:
         os._exit(0 if current.generation() is None else 1)
 
 
-def serve(address: str, secret: str, node: str, slot: int, base_env: dict[str, str]) -> int:
-    """The rank process's life: hello, then one generation per `Run` until `Exit`."""
+def prepare(module: str, args: list[str]) -> None:
+    """Let the trainer build ahead what it can before it knows its rank (`MODULE.prepare(argv)`,
+    if it has one: the reference trainer builds its model), so that a spare joining later finds
+    it ready (`sentinel.ranks.current.take_prepared`). A failure costs only the head start."""
+    ready = getattr(importlib.import_module(module), "prepare", None)
+    if ready is None:
+        return
+    try:
+        current.set_prepared(ready(list(args)))
+    except Exception as e:  # the generation builds it itself
+        print(f"rank process: {module}.prepare failed: {e!r}", file=sys.stderr)
+
+
+def serve(
+    address: str,
+    secret: str,
+    node: str,
+    slot: int,
+    base_env: dict[str, str],
+    trainer: tuple[str, list[str]] | None = None,
+) -> int:
+    """The rank process's life: hello, then one generation per `Run` until `Exit`. `trainer`
+    (module, arguments): what it will run, to prepare while it waits for its first rank."""
     sock = wire.connect(address)
     sock.sendall(wire.encode(wire.Hello(secret=secret, node=node, pid=os.getpid(), slot=slot)))
     inbox = _Inbox(sock)
+    if trainer is not None:
+        prepare(*trainer)
     while (run := inbox.runs.get()) is not None:
         ended = run_generation(run, base_env, sock)
         sock.sendall(wire.encode(ended))

@@ -13,14 +13,11 @@ file named by `SENTINEL_CONTROL_FILE` in every rank's environment.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,14 +28,11 @@ from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
-from sentinel.fr.dumps import dumped_ranks
 from sentinel.lighthouse import Lighthouse
 from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
     CommandKind,
     EventBatch,
-    FrAnalysisEvent,
-    FrAnalysisPayload,
     JobState,
     JobStatusEvent,
     JobStatusPayload,
@@ -50,6 +44,7 @@ from sentinel.protocol import (
     StopPlan,
     encode,
 )
+from sentinel.supervisor.flight import FlightAnalysis
 from sentinel.supervisor.job import GangError, find_checkpoints, initial_job
 from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
 from sentinel.supervisor.replicas import (
@@ -63,17 +58,6 @@ log = logging.getLogger("sentinel.supervisor")
 # Events and acknowledgements: a replica that has not answered in this long (paused, or its
 # host gone) is left for the next one, rather than after the long-poll's longer timeout.
 _SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
-
-
-def _written_since(directory: Path, since: float) -> list[str]:
-    """Names of the files written in `directory` at or after `since` (a rank's temporary file
-    may vanish while it is looked at: it is renamed into place)."""
-    names = []
-    for entry in os.scandir(directory) if directory.is_dir() else ():
-        with contextlib.suppress(FileNotFoundError):
-            if entry.stat().st_mtime >= since:
-                names.append(entry.name)
-    return names
 
 
 class Supervisor:
@@ -103,6 +87,7 @@ class Supervisor:
             ReplicaLayout(cfg.replicas, cfg.nodes // cfg.replicas) if cfg.replicas > 1 else None
         )
         self.lighthouse: Lighthouse | None = None
+        self.flight = FlightAnalysis(cfg, self._call, self._post)
         # One change of the gang at a time: the watch loop's stop of a crashed gang and a
         # command's stop or restart never interleave (a warm rank's slot takes one process).
         self._gang_lock = asyncio.Lock()
@@ -221,7 +206,9 @@ class Supervisor:
                 # their dumps count from when it was issued (the coordinator's clock; not later
                 # than now).
                 since = min(issued_at or time.time(), time.time())
-                task = asyncio.create_task(self._analyze_fr(args.get("check_id"), since))
+                world = len(self.job.nodes) * self.job.gpus_per_node
+                analysis = self.flight.analyze(args.get("check_id"), since, world)
+                task = asyncio.create_task(analysis)
                 self._background.add(task)
                 task.add_done_callback(self._background_done)
         await self.report_status()
@@ -290,70 +277,6 @@ class Supervisor:
             if path in able:
                 return path
         return Recovery.RESTART
-
-    async def _analyze_fr(self, check_id: str | None, since: float) -> None:
-        """Wait for the ranks' dumps, run the analyzer, report what it found."""
-        world = len(self.job.nodes) * self.job.gpus_per_node
-        if self.cfg.fr_from_coordinator:
-            if check_id is None:
-                log.error("an fr.dump without a check id: its node-local dumps cannot be found")
-                return
-            with tempfile.TemporaryDirectory(prefix="sentinel-fr-") as tmp:
-                await self._collect_fr(check_id, Path(tmp), world)
-                await self._run_fr_analyzer(Path(tmp), check_id)
-            return
-        fr_dir = self.cfg.fr_dir
-        assert fr_dir is not None
-        deadline = since + self.cfg.fr_wait_s
-        while time.time() < deadline:
-            if len(dumped_ranks(_written_since(fr_dir, since))) >= world:
-                break  # a rank's sidecar lands after its dump: every dump is whole
-            await asyncio.sleep(0.1)
-        await self._run_fr_analyzer(fr_dir, check_id)
-
-    async def _collect_fr(self, check_id: str, into: Path, world: int) -> None:
-        """The dumps the nodes' agents carried to the coordinator: until every rank's dump and
-        sidecar are there (an agent carries a node's files together), or fr_wait_s."""
-        deadline = time.time() + self.cfg.fr_wait_s
-        files: list[dict[str, Any]] = []
-        while time.time() < deadline:
-            try:
-                r = await self._call("GET", f"/v1/fr/{check_id}")
-                files = r.json()["files"] if r.status == 200 else files
-            except (Unreachable, ValueError) as e:
-                log.warning("cannot read carried dumps (%s); retrying", e)
-            if len(dumped_ranks(Path(f["name"]).name for f in files)) >= world:
-                break
-            await asyncio.sleep(0.25)
-        for f in files:  # one directory, as the analyzer reads it; names are per rank
-            (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
-        log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
-                 len({f["node"] for f in files}))  # fmt: skip
-
-    async def _run_fr_analyzer(self, fr_dir: Path, check_id: str | None) -> None:
-        argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-            )
-        except OSError as e:
-            log.error("cannot run the flight-recorder analyzer %s: %s", argv[0], e)
-            return
-        out, err = await proc.communicate()
-        try:
-            doc = json.loads(out)
-            payload = FrAnalysisPayload(
-                verdict=str(doc["verdict"]),
-                culprit_ranks=[int(r) for r in doc.get("culprit_ranks", [])],
-                waiting_ranks=[int(r) for r in doc.get("waiting_ranks", [])],
-                check_id=check_id,
-            )
-        except (ValueError, KeyError, TypeError) as e:
-            log.error("flight-recorder analysis failed (%s, exit %s): %s", e, proc.returncode,
-                      err.decode(errors="replace")[-500:])  # fmt: skip
-            return
-        log.info("flight recorder: %s, culprits %s", payload.verdict, payload.culprit_ranks)
-        await self._post([FrAnalysisEvent(source=Source(job=self.cfg.job_id), payload=payload)])
 
     # --- the gang ----------------------------------------------------------------------------
 

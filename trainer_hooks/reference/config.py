@@ -268,6 +268,14 @@ def _replica_settings(ns: argparse.Namespace, dp: int, env: Mapping[str, str]) -
     )
 
 
+def model_of(argv: list[str]) -> tuple[ModelArgs, int]:
+    """The model's shape and seed from the trainer's arguments, as `parse_config` reads them,
+    with nothing else checked (a process can build the model before it knows its rank)."""
+    ns = build_parser().parse_args(argv)
+    args = ModelArgs(vocab=ns.vocab, dim=ns.dim, layers=ns.layers, heads=ns.heads, seq=ns.seq)
+    return args, ns.seed
+
+
 def parse_config(
     argv: list[str] | None, world: int, env: Mapping[str, str] | None = None
 ) -> TrainConfig:

@@ -12,13 +12,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from sentinel.ranks.current import take_prepared
 from trainer_hooks.reference.checkpoint import CheckpointManager
-from trainer_hooks.reference.config import TrainConfig
+from trainer_hooks.reference.config import TrainConfig, model_of
 from trainer_hooks.reference.data import BatchLoader, Corpus, write_corpus
 from trainer_hooks.reference.engine import GangSync, TrainStep
 from trainer_hooks.reference.faults import FaultInjector
 from trainer_hooks.reference.ledger import LEDGER_DIR, Layout, LedgerWriter
-from trainer_hooks.reference.model import Transformer
+from trainer_hooks.reference.model import ModelArgs, Transformer
 from trainer_hooks.reference.optim import LRSchedule, build_optimizer
 from trainer_hooks.reference.parallelize import build_mesh, build_schedules, build_stage_model
 
@@ -131,6 +132,35 @@ def build_ledger(cfg: TrainConfig, rank: int) -> LedgerWriter:
     return LedgerWriter(path, layout, head=None, writer=name, write=rank == 0)
 
 
+@dataclass(frozen=True)
+class PreparedModel:
+    """The full model built ahead of its generation (a warm rank process's idle time: a spare
+    waiting for a rank), with the random state its construction left behind."""
+
+    args: ModelArgs
+    seed: int
+    model: Transformer
+    rng: torch.Tensor
+
+
+def prepare_model(argv: list[str]) -> PreparedModel:
+    args, seed = model_of(argv)
+    torch.manual_seed(seed)
+    model = Transformer(args)
+    return PreparedModel(args, seed, model, torch.get_rng_state())
+
+
+def full_model(cfg: TrainConfig) -> Transformer:
+    """The full model from the seed: the one built ahead when it is this one (the random state
+    then set as its construction left it, so nothing after can tell), else built now."""
+    ready = take_prepared()
+    if isinstance(ready, PreparedModel) and (ready.args, ready.seed) == (cfg.model, cfg.seed):
+        torch.set_rng_state(ready.rng)
+        return ready.model
+    torch.manual_seed(cfg.seed)
+    return Transformer(cfg.model)
+
+
 def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
     device, _, auto_bf16 = device_and_backend()
     autocast = {"bf16": torch.bfloat16, "fp32": None, "auto": auto_bf16}[cfg.dtype]
@@ -140,8 +170,8 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
     if rank == 0:
         write_corpus(cfg.data_dir, cfg.corpus)
     dist.barrier()
-    torch.manual_seed(cfg.seed)  # every rank builds the same full model, then keeps its part
-    model, _, _ = build_stage_model(Transformer(cfg.model), mesh, device, cfg.dp_mode)
+    # every rank builds the same full model (or had it built ahead), then keeps its part
+    model, _, _ = build_stage_model(full_model(cfg), mesh, device, cfg.dp_mode)
     opt = build_optimizer(model, cfg.lr, cfg.weight_decay)
     loader = BatchLoader(
         Corpus(cfg.data_dir),

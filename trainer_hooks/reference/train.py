@@ -28,7 +28,13 @@ from trainer_hooks.reference.digest import param_digest
 from trainer_hooks.reference.engine import StepResult
 from trainer_hooks.reference.faults import load_faults
 from trainer_hooks.reference.instrument import build_hooks
-from trainer_hooks.reference.job import Job, build_job, device_and_backend
+from trainer_hooks.reference.job import (
+    Job,
+    PreparedModel,
+    build_job,
+    device_and_backend,
+    prepare_model,
+)
 
 _checkpoint_requested = False
 
@@ -279,6 +285,11 @@ def train(cfg: TrainConfig, resume: Any, faults: list[Any], started: dict[str, f
         _emit(job.tag({"final_step": cfg.steps, "digest": digest, "tokens": job.tokens}), out)
         if out and cfg.digest_out:
             cfg.digest_out.write_text(digest + "\n")
+
+
+def prepare(argv: list[str]) -> PreparedModel:
+    """For a warm rank process waiting for its rank: the model built ahead (`job.full_model`)."""
+    return prepare_model(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
