@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.config import SupervisorConfig
-from sentinel.protocol import CommandKind
+from sentinel.protocol import Command, CommandKind, Source
 from sentinel.supervisor.launcher import LocalLauncher
 from sentinel.supervisor.supervisor import Supervisor
 
@@ -21,6 +21,10 @@ from sentinel.supervisor.supervisor import Supervisor
 TRAINER = [sys.executable, "-c",
            "import os, sys, time; r = int(os.environ['RANK']); sys.exit(3) if r == 0 else "
            "time.sleep(60)"]  # fmt: skip
+
+
+def _command(kind: CommandKind) -> Command:
+    return Command(kind=kind, target=Source(job="j"))
 
 
 class Recorded(Supervisor):
@@ -39,7 +43,7 @@ def test_a_rank_dead_before_a_stop_arrives_is_still_reported(tmp_path: Path) -> 
     assert sup.gang is not None
     sup.gang.procs[0].wait(timeout=30)  # type: ignore[attr-defined]
     # the stop lands before the watch loop's next poll would have seen rank 0's exit
-    asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
+    asyncio.run(sup._execute(_command(CommandKind.JOB_STOP)))
     crashes = [e for e in sup.posted if e.kind == "rank.crash"]
     assert [(e.source.rank, e.source.node, e.payload.exit_code) for e in crashes] == [
         (0, "node-0", 3)
@@ -76,7 +80,7 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
     launcher = _BeforeStop(tmp_path, lambda gang: gang.procs[0].wait(timeout=30))
     sup = Recorded(cfg, late, launcher, "t", tmp_path / "control")
     asyncio.run(sup._launch())
-    asyncio.run(sup._execute(CommandKind.JOB_STOP, {}))
+    asyncio.run(sup._execute(_command(CommandKind.JOB_STOP)))
     crashes = [e for e in sup.posted if e.kind == "rank.crash"]
     # rank 0's exit is its own; rank 1 ended by the stop's SIGTERM and is no crash
     assert [(e.source.rank, e.payload.exit_code) for e in crashes] == [(0, 3)]
@@ -98,7 +102,7 @@ def test_a_restart_during_the_watchs_stop_keeps_the_next_gang_running(tmp_path: 
         await sup._launch()
         watch = asyncio.create_task(sup._watch())
         await asyncio.to_thread(stopping.wait, 30)  # the watch loop saw rank 0 die
-        await sup._execute(CommandKind.JOB_RESTART, {})
+        await sup._execute(_command(CommandKind.JOB_RESTART))
         while not any(e.kind == "rank.crash" for e in sup.posted):
             await asyncio.sleep(0.05)
         sup.done.set()

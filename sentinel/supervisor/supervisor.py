@@ -24,24 +24,26 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from pydantic import ValidationError
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Reply, Unreachable, request
 from sentinel.lighthouse import Lighthouse
 from sentinel.processes import Teardown, free_rendezvous_port
 from sentinel.protocol import (
+    Command,
     CommandKind,
     EventBatch,
     JobState,
     JobStatusEvent,
     JobStatusPayload,
+    ProtocolError,
     RankCrashEvent,
     RankCrashPayload,
     Recovery,
     RepairPlan,
     Source,
     StopPlan,
+    decode_command,
     encode,
 )
 from sentinel.supervisor.flight import FlightAnalysis
@@ -151,26 +153,33 @@ class Supervisor:
                 log.warning("command poll refused: %s %s", r.status, r.error())
                 await asyncio.sleep(1.0)
                 continue
-            for cmd in r.json()["commands"]:
+            for raw in r.json()["commands"]:
+                try:
+                    cmd = decode_command(raw)
+                except ProtocolError as e:
+                    await self._unreadable(raw, e)
+                    continue
                 await self._handle(cmd)
 
-    async def _handle(self, cmd: dict[str, Any]) -> None:
-        cid = cmd["id"]
-        if cid not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
-            self.job.seen_commands.add(cid)
-            log.info("command %s %s", cmd["kind"], cid, extra={"command_args": cmd["args"]})
+    async def _handle(self, cmd: Command) -> None:
+        if cmd.id not in self.job.seen_commands:  # redelivered after a lost ack: do not redo
+            self.job.seen_commands.add(cmd.id)
+            log.info("command %s %s", cmd.kind.value, cmd.id, extra={"command_args": cmd.args})
             self.teardown = None
-            await self._execute(cmd["kind"], cmd["args"], issued_at=float(cmd.get("ts") or 0))
-            self._teardowns[cid] = self.teardown
+            await self._execute(cmd)
+            self._teardowns[cmd.id] = self.teardown
         detail: dict[str, Any] = {"generation": self.job.generation, "state": self.job.state}
-        done = self._teardowns.get(cid)
+        done = self._teardowns.get(cmd.id)
         if done is not None:  # how the gang ended: the coordinator's teardown step reads it
             detail["teardown"] = done.as_json()
+        await self._ack(cmd.id, True, detail)
+
+    async def _ack(self, cid: str, ok: bool, detail: dict[str, Any]) -> None:
         try:
             r = await self._call(
                 "POST",
                 f"/v1/commands/{cid}/ack",
-                json={"ok": True, "detail": detail},
+                json={"ok": ok, "detail": detail},
                 timeout=_SHORT,
             )
         except Unreachable as e:  # delivered again later; seen_commands keeps it from a redo
@@ -179,35 +188,45 @@ class Supervisor:
         if r.status != 200:
             log.warning("ack of %s refused: %s", cid, r.error())
 
-    async def _execute(self, kind: str, args: dict[str, Any], issued_at: float = 0.0) -> None:
-        if kind == CommandKind.JOB_STOP:
-            stop = StopPlan.model_validate(args)  # the coordinator sent it through the model
+    async def _unreadable(self, raw: object, error: ProtocolError) -> None:
+        """A command the protocol's decoder refuses. A restart that cannot be read fails the
+        job, loudly: no plan says how to form the gang again. Either way it is refused in its
+        ack, so that it is not delivered again."""
+        doc = raw if isinstance(raw, dict) else {}
+        log.error("coordinator sent a malformed command: %s", error)
+        if doc.get("kind") == CommandKind.JOB_RESTART:
+            async with self._gang_lock:
+                await self._stop_and_report()
+            log.error("cannot restart the job: %s", error)
+            self.job.state = JobState.FAILED
+            self.exit_code = 1
+            self.done.set()
+            await self.report_status()
+        if isinstance(cid := doc.get("id"), str) and cid not in self.job.seen_commands:
+            self.job.seen_commands.add(cid)
+            await self._ack(cid, False, {"error": str(error)})
+
+    async def _execute(self, cmd: Command) -> None:
+        if cmd.kind == CommandKind.JOB_STOP:
+            stop = StopPlan.model_validate(cmd.args)  # the decoder checked it against the model
             async with self._gang_lock:
                 await self._stop_and_report(keep=frozenset(self.job.nodes) - set(stop.replace))
                 self.job.state = JobState.STOPPED
-        elif kind == CommandKind.JOB_RESTART:
-            try:
-                plan = RepairPlan.model_validate(args)
-            except ValidationError as e:  # a plan that is not one: fail the job, loudly
-                async with self._gang_lock:
-                    await self._stop_and_report()
-                log.error("cannot restart the job: %s", e)
-                self.job.state = JobState.FAILED
-                self.exit_code = 1
-                self.done.set()
-                return
+        elif cmd.kind == CommandKind.JOB_RESTART:
             async with self._gang_lock:
-                await self._restart(plan)
+                await self._restart(RepairPlan.model_validate(cmd.args))
         else:  # rank-level: hand it to the ranks through the control file
             with self.control_file.open("a") as f:
-                f.write(json.dumps({"kind": kind, "args": args}) + "\n")
-            if kind == CommandKind.FR_DUMP and (self.cfg.fr_dir or self.cfg.fr_from_coordinator):
+                f.write(json.dumps({"kind": cmd.kind, "args": cmd.args}) + "\n")
+            if cmd.kind == CommandKind.FR_DUMP and (
+                self.cfg.fr_dir or self.cfg.fr_from_coordinator
+            ):
                 # Ranks may have the command from their node's agent before this copy came:
                 # their dumps count from when it was issued (the coordinator's clock; not later
                 # than now).
-                since = min(issued_at or time.time(), time.time())
+                since = min(cmd.ts or time.time(), time.time())
                 world = len(self.job.nodes) * self.job.gpus_per_node
-                analysis = self.flight.analyze(args.get("check_id"), since, world)
+                analysis = self.flight.analyze(cmd.args.get("check_id"), since, world)
                 task = asyncio.create_task(analysis)
                 self._background.add(task)
                 task.add_done_callback(self._background_done)
