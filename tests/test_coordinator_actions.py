@@ -16,7 +16,7 @@ from sentinel.coordinator.core.actions.base import ActionParams, BaseAction, Ste
 from sentinel.coordinator.core.ingest import Ingestor
 from sentinel.coordinator.core.playbooks import load_playbooks
 from sentinel.coordinator.core.rows import RunContext
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import SqliteStore
 from sentinel.protocol import EventBatch
 
 
@@ -38,7 +38,7 @@ class Probe(BaseAction[ProbeParams], name="probe", dry_run="would probe"):
 def context(tmp_path: Path, dry_run: bool) -> ActionContext:
     """A step's context on a real store holding one real incident (an XID on node-0)."""
     c = cfg(tmp_path)
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     Ingestor(store, load_playbooks(ROOT / "playbooks"), c).ingest(
         EventBatch(events=[xid("node-0")]), 1000.0
     )

@@ -34,7 +34,7 @@ from sentinel.coordinator.backends import ExcludeFileBackend, make_backend
 from sentinel.coordinator.core.engine import Engine
 from sentinel.coordinator.core.ingest import Ingestor
 from sentinel.coordinator.core.playbooks import load_playbooks
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import SqliteStore
 from sentinel.protocol import EventBatch, encode, new_id
 
 STANDIN = ROOT / "tests" / "helpers" / "scontrol_standin.py"
@@ -64,11 +64,11 @@ def coordinator(tmp_path: Path, slurm_env: Path) -> Iterator[Coordinator]:
     c.stop()
 
 
-def _drain_recorded_not_made(tmp_path: Path) -> tuple[Any, Store, Engine, Any]:
+def _drain_recorded_not_made(tmp_path: Path) -> tuple[Any, SqliteStore, Engine, Any]:
     """An XID on node-7 with the Slurm backend: the engine records the drain's intent but
     makes no call (effects not run inline). Returns (config, store, engine, the effect)."""
     c = cfg(tmp_path, eviction_backend="slurm", scontrol=str(STANDIN))
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     ingest = Ingestor(store, PLAYBOOKS, c)
     before = Engine(store, PLAYBOOKS, c, make_backend(c), lambda: 1000.0, inline_effects=False)
     ingest.ingest(EventBatch(events=[job_status("j", FLEET, ["spare-0"]), xid("node-7")]), 1000.0)

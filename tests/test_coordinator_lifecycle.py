@@ -27,7 +27,7 @@ from sentinel.coordinator.core.states import (
     TransitionError,
 )
 from sentinel.coordinator.core.store import STATE_WRITERS
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import SqliteStore
 from sentinel.coordinator.store.schema import nodes
 
 SENTINEL = ROOT / "sentinel"
@@ -148,7 +148,7 @@ def test_every_table_is_complete() -> None:
 
 
 def test_a_move_checks_the_table_and_writes_the_audit_entry(tmp_path: Path) -> None:
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     with store.tx():
         lifecycle.add_node(store, "node-1", NodeState.ACTIVE, 1.0)
     assert lifecycle.move(store, Entity.NODE, "node-1", NodeState.DRAINING, 2.0, "t", "test")
@@ -174,7 +174,7 @@ def test_a_stale_writer_loses() -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        store = Store(Path(d) / "c.db")
+        store = SqliteStore(Path(d) / "c.db")
         lifecycle.add_node(store, "n", NodeState.ACTIVE, 1.0)
         assert store.set_state(Entity.NODE, "n", NodeState.DRAINING, 2.0, expected="active")
         assert not store.set_state(Entity.NODE, "n", NodeState.SPARE, 3.0, expected="active")
@@ -189,7 +189,7 @@ def test_the_docs_show_the_tables_the_code_uses(page: str) -> None:
 
 
 def test_incident_ids_beyond_64_bits_name_nothing(tmp_path: Path) -> None:
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     huge = 10**30
     assert store.incident(huge) is None and store.incident_view(huge, 10) is None
     assert not store.acknowledge_incident(huge, "op", 1.0)

@@ -22,7 +22,7 @@ from sentinel.coordinator.core.states import INCIDENT as TRANSITIONS
 from sentinel.coordinator.core.states import RUN as RUN_TRANSITIONS
 from sentinel.coordinator.core.states import Entity, IncidentState, RunState, TransitionError, check
 from sentinel.coordinator.runtime import Service
-from sentinel.coordinator.store import SqlStore, Store, wal_path
+from sentinel.coordinator.store import SqliteStore, SqlStore, wal_path
 from sentinel.coordinator.store.migrate import head, migrate, revision
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (
@@ -84,17 +84,17 @@ def test_incident_transition_table() -> None:
 
 
 def test_schema_is_versioned(tmp_path: Path) -> None:
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     assert revision(store) == head()
     assert one(store, "PRAGMA journal_mode")["journal_mode"] == "wal"
     store.close()
-    assert migrate(Store(tmp_path / "c.db")) == head()  # reopening is a no-op
+    assert migrate(SqliteStore(tmp_path / "c.db")) == head()  # reopening is a no-op
 
 
 def test_the_wal_restarts_under_a_steady_stream_of_commits(tmp_path: Path) -> None:
     """A background checkpoint never catches up with commits made while it runs; unless the
     writer copies that remainder itself, the WAL grows with everything ever written."""
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     store.start_checkpointer(every_s=0.02)
     wal = wal_path(store.path)
     row = "x" * 16_000  # four pages: a few frames per commit
@@ -375,7 +375,7 @@ def test_require_approval_holds_the_run_until_approved(tmp_path: Path) -> None:
         )
     )
     c = cfg(tmp_path)
-    store = Store(tmp_path / "c.db")
+    store = SqliteStore(tmp_path / "c.db")
     books = load_playbooks(book)
     ingest, engine = Ingestor(store, books, c), Engine(store, books, c, make_backend(c), time.time)
     ingest.ingest(
@@ -768,7 +768,7 @@ def test_a_commit_group_stores_in_order_and_a_failing_batch_fails_alone(
     seen = {r["name"] for r in query(store, "SELECT name FROM nodes")}
     assert seen == {"node-0", "node-1", "node-2", "node-3"}
     # A batch the database refuses fails alone, its run's other batches are stored.
-    if isinstance(store, Store):
+    if isinstance(store, SqliteStore):
         execute(
             store,
             "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.node='node-9'"

@@ -10,7 +10,7 @@ import pytest
 from coord_util import query
 
 from sentinel.coordinator.core.states import Entity
-from sentinel.coordinator.store import Store
+from sentinel.coordinator.store import SqliteStore
 from sentinel.coordinator.store.migrate import head, revision
 
 # The SQLite layout the old migrations left (schema_version 6), as sqlite_master held it.
@@ -82,7 +82,7 @@ def _legacy(path: Path, version: int) -> None:
 def test_a_store_made_before_alembic_is_taken_over_with_what_it_held(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     _legacy(path, 6)
-    store = Store(path)
+    store = SqliteStore(path)
     try:
         assert revision(store) == head()
         rows = query(store, "SELECT seq, id, incident_id FROM events ORDER BY seq")
@@ -101,7 +101,7 @@ def test_a_store_made_before_alembic_is_taken_over_with_what_it_held(tmp_path: P
         assert new == set()
     finally:
         store.close()
-    reopened = Store(path)  # and opens again as it is
+    reopened = SqliteStore(path)  # and opens again as it is
     assert revision(reopened) == head()
     reopened.close()
 
@@ -110,4 +110,4 @@ def test_a_store_at_an_older_legacy_version_is_refused_with_what_to_do(tmp_path:
     path = tmp_path / "c.db"
     _legacy(path, 5)
     with pytest.raises(RuntimeError, match=r"legacy version 5.*release before this one"):
-        Store(path)
+        SqliteStore(path)

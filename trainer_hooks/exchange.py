@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,24 @@ import torch.distributed as dist
 from trainer_hooks.sdc import digest_to_ints, ints_to_digest
 
 Row = TypeVar("Row")
+
+
+class ExchangeRow(NamedTuple):
+    """What a rank posts at an exchange: its step window (`straggler.StepLog.take()`) and
+    whether it was asked for an SDC check or a checkpoint. On the wire: the window's floats,
+    then the two requests as 0.0 / 1.0."""
+
+    window: list[float]
+    sdc: bool
+    checkpoint: bool
+
+    def values(self) -> list[float]:
+        return [*self.window, float(self.sdc), float(self.checkpoint)]
+
+    @classmethod
+    def parse(cls, values: Sequence[float]) -> ExchangeRow:
+        *window, sdc, checkpoint = values
+        return cls(window, bool(sdc), bool(checkpoint))
 
 
 class Gathered(Generic[Row]):

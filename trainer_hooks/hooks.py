@@ -42,19 +42,19 @@ from sentinel.protocol import (
     RankHangPayload,
     RankLaunchPayload,
     RankRegistration,
-    RankSdcPayload,
     RankStepPayload,
     RankStragglerPayload,
     Source,
     encode_registration,
     make_event,
 )
-from trainer_hooks import mfu, sdc, stacks, timing
+from trainer_hooks import mfu, stacks, timing
 from trainer_hooks.anomaly import AnomalyMonitor
 from trainer_hooks.config import HooksConfig
-from trainer_hooks.exchange import GangExchange, Gathered
+from trainer_hooks.exchange import ExchangeRow, GangExchange, Gathered
 from trainer_hooks.flight import FlightRecorder, SignalDumper, recorder_enabled
 from trainer_hooks.scalars import ScalarReader
+from trainer_hooks.sdc_check import Finish, SdcCheck
 from trainer_hooks.straggler import StepLog, StragglerScorer, decode_row
 from trainer_hooks.transport import AgentTransport
 from trainer_hooks.watchdog import HangWatchdog
@@ -62,8 +62,6 @@ from trainer_hooks.watchdog import HangWatchdog
 log = logging.getLogger("trainer_hooks")
 P = ParamSpec("P")
 R = TypeVar("R")
-# What to do with a gather's rows once they are in, given the hooked step it is taken at.
-Finish = Callable[[list[Any], int | None], None]
 
 
 def _guarded(fn: Callable[P, R]) -> Callable[P, R | None]:
@@ -149,10 +147,8 @@ class SentinelHooks:
             clock=clock,
             poll_s=cfg.watchdog_poll_s,
         )
+        self.sdc_check = SdcCheck(cfg, self.device, model, self._send, rank_offset, replica_groups)
         self._requests = {"sdc": threading.Event(), "checkpoint": threading.Event()}
-        self._sdc_check_id: str | None = None  # the coordinator's id for a requested check
-        self._first_step: int | None = None  # the first step this process ran
-        self._sdc_clean_step: int | None = None  # the last step whose SDC check all agreed
         self._checkpoint_due = False
         self._launch: RankLaunchPayload | None = None  # reported after the next step ends
         self._steps_done = 0
@@ -195,8 +191,7 @@ class SentinelHooks:
         if not self.config.enabled:
             return
         self._step, self._tokens = step, tokens
-        if self._first_step is None:
-            self._first_step = step
+        self.sdc_check.saw_step(step)
         self._step_wall0 = self._clock()
         self.timer.begin(step)
 
@@ -324,7 +319,7 @@ class SentinelHooks:
         if self.flight is None:
             return None
         try:
-            path, entries = self.flight.dump(reason, self._last_step())
+            path, entries = self.flight.dump(reason, self.watchdog.last_step)
         except Exception:
             self.errors += 1
             log.exception("flight recorder dump failed")
@@ -332,7 +327,7 @@ class SentinelHooks:
         self._send(
             EventKind.RANK_FR_DUMP,
             RankFrDumpPayload(
-                step=self._last_step(), path=str(path), reason=reason, entries=entries
+                step=self.watchdog.last_step, path=str(path), reason=reason, entries=entries
             ),
         )
         return path
@@ -348,9 +343,6 @@ class SentinelHooks:
             self.transport.stop()
 
     # --- internals ---------------------------------------------------------------------------
-
-    def _last_step(self) -> int | None:
-        return self.watchdog._last_step
 
     def _send(self, kind: EventKind, payload: BaseModel) -> None:
         self.transport.send(make_event(kind, self.source, payload))
@@ -424,17 +416,19 @@ class SentinelHooks:
             self._requests["checkpoint"].clear()
         sdc_every = self.config.sdc_every or 0
         periodic = bool(sdc_every) and self._steps_done % sdc_every == 0
-        gathered = self.exchange.gather([*self.steplog.take(), float(sdc_req), float(ckpt_req)])
+        row = ExchangeRow(self.steplog.take(), sdc=sdc_req, checkpoint=ckpt_req)
+        gathered = self.exchange.gather(row.values())
         self._inflight.append(
             (gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
         )
         self.periodic_work = self.periodic_work or "exchange"
 
     def _exchanged(
-        self, step: int, periodic_sdc: bool, rows: list[list[float]], now: int | None
+        self, step: int, periodic_sdc: bool, values: list[list[float]], now: int | None
     ) -> None:
         cfg = self.config
-        timings = [decode_row(r[:-2]) for r in rows]
+        rows = [ExchangeRow.parse(v) for v in values]
+        timings = [decode_row(r.window) for r in rows]
         for found in self.stragglers.update(timings, self.peer_groups):
             if found.rank == self.exchange.rank:
                 payload = RankStragglerPayload(
@@ -445,88 +439,14 @@ class SentinelHooks:
                     median_compute_s=found.median_compute_s,
                 )
                 self._send(EventKind.RANK_STRAGGLER, payload)
-        if any(r[-1] for r in rows):
+        if any(r.checkpoint for r in rows):
             self._checkpoint_due = True
-        if periodic_sdc or any(r[-2] for r in rows):
+        if periodic_sdc or any(r.sdc for r in rows):
             if now is None:
                 log.info("sentinel hooks: an SDC check fell due at close; not started")
             else:
-                self._sdc_check(now)
-
-    def _sdc_check(self, step: int) -> None:
-        """Compute this rank's digests after `step` and post them; judged at the next step."""
-        cfg = self.config
-        self.periodic_work = "sdc"
-        requested, self._sdc_check_id = self._sdc_check_id, None
-        check_id = requested or f"sdc-{step}"
-        local = [sdc.matmul_digest(step, cfg.sdc_size, cfg.sdc_chain, self.device)]
-        model = self.model if cfg.sdc_params else None
-        if model is not None:
-            local.append(sdc.param_digest(model))
-        gathered = self.exchange.gather_digests(local)
-        params = model is not None
-        self._inflight.append(
-            (gathered, lambda rows, _: self._judge_sdc(step, check_id, params, rows))
-        )
-
-    def _judge_sdc(self, step: int, check_id: str, params: bool, rows: list[list[str]]) -> None:
-        digests = [row[0] for row in rows]
-        top, bad = sdc.majority(digests)
-        me = self.exchange.rank
-        # Corruption that struck after the last check every rank passed may have spread into
-        # every rank's state through the collectives: all of those steps are suspect.
-        since = self._suspect_since()
-        self._send(
-            EventKind.RANK_SDC,
-            RankSdcPayload(
-                step=step,
-                digest=digests[me],
-                check_id=check_id,
-                mismatch=me in bad,
-                check="matmul",
-                mismatched_ranks=[b + self.rank_offset for b in bad],
-                suspect_since=since if me in bad else None,
-            ),
-        )
-        clean = top is not None and not bad
-        if params:
-            clean = self._param_check(step, check_id, since, [row[1] for row in rows]) and clean
-        if clean:
-            self._sdc_clean_step = step
-
-    def _suspect_since(self) -> int | None:
-        """The first step after the last clean check (or this process's first step)."""
-        if self._sdc_clean_step is not None:
-            return self._sdc_clean_step + 1
-        return self._first_step
-
-    def _param_check(self, step: int, check_id: str, since: int | None, digests: list[str]) -> bool:
-        """Compare replicas' parameter digests (every rank's, by rank); False when some
-        replica disagrees."""
-        groups = self.replica_groups or [list(range(len(digests)))]
-        me = self.exchange.rank
-        clean = True
-        for group in groups:
-            if len(group) < 3:
-                continue  # a majority needs at least three replicas
-            _, bad_local = sdc.majority([digests[r] for r in group])
-            clean = clean and not bad_local
-            if me not in group:
-                continue
-            bad = [group[i] for i in bad_local]
-            self._send(
-                EventKind.RANK_SDC,
-                RankSdcPayload(
-                    step=step,
-                    digest=digests[me],
-                    check_id=f"{check_id}-params",
-                    mismatch=me in bad,
-                    check="params",
-                    mismatched_ranks=[b + self.rank_offset for b in bad],
-                    suspect_since=since if me in bad else None,
-                ),
-            )
-        return clean
+                self.periodic_work = "sdc"
+                self._inflight.append(self.sdc_check.start(now, self.exchange))
 
     def _on_hang(self, step: int | None, waited_s: float, timeout_s: float) -> None:
         path = self.dump_flight_recorder("hang")
@@ -548,7 +468,7 @@ class SentinelHooks:
             self.dump_flight_recorder("command")
         elif cmd.kind == CommandKind.SDC_CHECK:
             check_id = cmd.args.get("check_id")
-            self._sdc_check_id = str(check_id) if check_id else None  # answers quote it
+            self.sdc_check.requested_id = str(check_id) if check_id else None  # quoted back
             self._requests["sdc"].set()
         elif cmd.kind == CommandKind.CHECKPOINT_NOW:
             self._requests["checkpoint"].set()
@@ -562,7 +482,7 @@ class SentinelHooks:
         if not isinstance(request_id, str):
             log.warning("a stacks.dump without a request id: not answered")
             return
-        payload = stacks.capture(request_id, self._last_step())
+        payload = stacks.capture(request_id, self.watchdog.last_step)
         self._send(EventKind.RANK_STACKS, payload)
 
     def _dump_before_exit(self, reason: str) -> None:

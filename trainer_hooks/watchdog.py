@@ -43,7 +43,7 @@ class HangWatchdog:
         self._poll_s = poll_s
         self._step_times: deque[float] = deque(maxlen=history)
         self._last_progress = clock()
-        self._last_step: int | None = None
+        self.last_step: int | None = None  # the last step that made progress
         self._fired = False
         self._paused = 0
         self._lock = threading.Lock()
@@ -63,7 +63,7 @@ class HangWatchdog:
             wake = self._fired or not self._step_times  # first_step_s or a stall ends
             self._step_times.append(step_s if step_s is not None else now - self._last_progress)
             self._last_progress = now
-            self._last_step = step
+            self.last_step = step
             self._fired = False
         if wake:
             self._rearm.set()
@@ -91,7 +91,7 @@ class HangWatchdog:
                 return False
             self._fired = True
             self.fired_count += 1
-            step = self._last_step
+            step = self.last_step
         self.on_hang(step, waited, timeout)
         return True
 

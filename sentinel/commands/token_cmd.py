@@ -42,7 +42,7 @@ def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-
     from sentinel.commands.coordinator_cmd import coordinator_config
     from sentinel.config import CoordinatorConfig
     from sentinel.coordinator.core.auth import TokenStore
-    from sentinel.coordinator.store import STORE_FILE, Store
+    from sentinel.coordinator.store import STORE_FILE, SqliteStore
 
     cfg = coordinator_config(args)
     if cfg.store is not None:  # the replicas' shared PostgreSQL (config key `store`)
@@ -58,7 +58,7 @@ def _tokens(args: argparse.Namespace, create: bool = False):  # type: ignore[no-
         how = "is it the coordinator's state dir?" if named else "give --state-dir DIR or --config"
         raise InputError(f"no coordinator token store at {path}: {how}")
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    return TokenStore(Store(path))
+    return TokenStore(SqliteStore(path))
 
 
 def run_create(args: argparse.Namespace) -> int:

@@ -39,10 +39,9 @@ from sentinel.protocol import JobState
 
 log = logging.getLogger("sentinel.coordinator.engine")
 
-R = RunState
 _STEP_END = {
-    St.FAILED: (R.FAILED, IncidentState.FAILED),
-    St.ESCALATE: (R.ESCALATED, IncidentState.ESCALATED),
+    St.FAILED: (RunState.FAILED, IncidentState.FAILED),
+    St.ESCALATE: (RunState.ESCALATED, IncidentState.ESCALATED),
 }
 _STEP_STATE = {
     St.DONE: StepState.DONE,
@@ -111,13 +110,15 @@ class Engine:
             return 0  # closed since this tick read it (done by another repair's restart)
         book = self._book(run)
         if book is None:
-            self._end(run, R.FAILED, IncidentState.FAILED, now, f"playbook {run.playbook} gone")
+            self._end(
+                run, RunState.FAILED, IncidentState.FAILED, now, f"playbook {run.playbook} gone"
+            )
             return 0
-        if run.status == R.PENDING:
+        if run.status == RunState.PENDING:
             with self.store.tx():
                 self._set_run(
                     run,
-                    R.RUNNING,
+                    RunState.RUNNING,
                     now,
                     "incident matched the playbook",
                     what="run.start",
@@ -136,7 +137,7 @@ class Engine:
             run_state, inc_state = _STEP_END[result.status]
             self._end(run, run_state, inc_state, now, str(result.detail))
             return finished
-        self._end(run, R.DONE, IncidentState.MITIGATED, now, "every step done")
+        self._end(run, RunState.DONE, IncidentState.MITIGATED, now, "every step done")
         return finished
 
     def _step(self, run: RunRow, book: Playbook | _ManualBook, now: float) -> StepResult:
@@ -216,7 +217,11 @@ class Engine:
         nothing. A step waiting on a slow effect (a 20 s drain) is passed every tick; a write
         each time was a commit to disk each tick on the store thread, which the ingest path's
         acknowledgements queue behind."""
-        if result.status != St.WAIT or run.status != R.WAITING or run.context != context_before:
+        if (
+            result.status != St.WAIT
+            or run.status != RunState.WAITING
+            or run.context != context_before
+        ):
             return False
         row = self.store.step(key)
         return (
@@ -254,10 +259,10 @@ class Engine:
             )
         if result.status == St.DONE:
             run.step_index += 1
-        if result.status == St.WAIT and run.status == R.RUNNING:
-            self._set_run(run, R.WAITING, now, "a step waits")
-        elif result.status != St.WAIT and run.status == R.WAITING:
-            self._set_run(run, R.RUNNING, now, "the waiting step finished")
+        if result.status == St.WAIT and run.status == RunState.RUNNING:
+            self._set_run(run, RunState.WAITING, now, "a step waits")
+        elif result.status != St.WAIT and run.status == RunState.WAITING:
+            self._set_run(run, RunState.RUNNING, now, "the waiting step finished")
         self.store.save_run(run, now)
 
     def _end(self, run: RunRow, state: RunState, inc: IncidentState, now: float, why: str) -> None:

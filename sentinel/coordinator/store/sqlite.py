@@ -129,6 +129,3 @@ def _pragmas(dbapi: sqlite3.Connection, _record: Any) -> None:
     dbapi.execute("PRAGMA journal_mode=WAL")
     dbapi.execute("PRAGMA synchronous=FULL")
     dbapi.execute("PRAGMA busy_timeout=5000")
-
-
-Store = SqliteStore  # the embedded default
