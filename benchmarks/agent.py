@@ -51,7 +51,7 @@ def busy_node(gpus: int) -> list[fake_nvml.FakeGpu]:
 
 def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
     """One sweep = read every GPU + drain XIDs, as the agent's collection loop does."""
-    from sentinel.agent.nvml import NvmlBackend
+    from sentinel.agent.nvml.backend import NvmlBackend
 
     with NvmlBackend() as backend:
         assert backend.gpu_count() == GPUS, backend.gpu_count()
@@ -89,9 +89,9 @@ def measure_sweep(sweeps: int, warmup: int = 20) -> dict[str, float]:
 def measure_collect(collects: int, warmup: int = 20) -> dict[str, float]:
     """One collection as the agent runs it: the sweep plus judging it (rules with their holds,
     rates, peer outliers, XIDs) and building the snapshot and events."""
-    from sentinel.agent.health import HealthEvaluator
+    from sentinel.agent.health.judge import HealthEvaluator
     from sentinel.agent.monitor import NodeMonitor
-    from sentinel.agent.nvml import NvmlBackend
+    from sentinel.agent.nvml.backend import NvmlBackend
     from sentinel.config import HealthThresholds
 
     with NvmlBackend() as backend:
@@ -120,9 +120,9 @@ def measure_render(renders: int = 300) -> dict[str, float]:
     the agent's own metrics) after a real sweep: what one Prometheus scrape costs the agent."""
     from prometheus_client import generate_latest
 
-    from sentinel.agent.exposition import TextRenderer
+    from sentinel.agent.export.exposition import TextRenderer
     from sentinel.agent.host import PsutilHost
-    from sentinel.agent.nvml import NvmlBackend
+    from sentinel.agent.nvml.backend import NvmlBackend
     from sentinel.agent.service import Agent
     from sentinel.config import AgentConfig
 

@@ -2,7 +2,7 @@
 
     python benchmarks/agent_outliers.py [--hours 24] [--nodes 125] [--seed 7]
 
-Runs the agent's own detector (`sentinel.agent.outliers.PeerOutliers`, default thresholds)
+Runs the agent's own detector (`sentinel.agent.health.outliers.PeerOutliers`, default thresholds)
 node by node, poll by poll at 1 Hz, on readings with realistic noise:
 
 - each node runs one job: busy (95-100% util) with short idle spells (a checkpoint or eval
@@ -41,9 +41,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sentinel.agent.holds import Holds  # noqa: E402
-from sentinel.agent.outliers import PeerOutliers  # noqa: E402
-from sentinel.agent.readings import GpuReading  # noqa: E402
+from sentinel.agent.health.holds import Holds  # noqa: E402
+from sentinel.agent.health.outliers import PeerOutliers  # noqa: E402
+from sentinel.agent.nvml.readings import GpuReading  # noqa: E402
 from sentinel.config import HealthThresholds  # noqa: E402
 from sentinel.faults.catalog import rule  # noqa: E402
 from sentinel.protocol import Finding  # noqa: E402
@@ -119,7 +119,7 @@ def detectors(nodes: int) -> list[PeerOutliers]:
 
 def false_flags(nodes: int, polls: int, seed: int) -> dict[str, object]:
     """Flags as the agent raises them: `peer_outlier` through the rule's own raise, clear and
-    hold (sentinel/agent/holds.py), one poll a second."""
+    hold (sentinel/agent/health/holds.py), one poll a second."""
     fleet = Fleet(nodes, np.random.default_rng(seed))
     found = detectors(nodes)
     holds = Holds()

@@ -75,7 +75,7 @@ class LogConfig(StrictModel):
 
 
 class HealthThresholds(StrictModel):
-    """Limits the health rules judge readings against (sentinel.agent.health)."""
+    """Limits the health rules judge readings against (sentinel.agent.health.judge)."""
 
     gpu_temp_degraded_c: float = 85.0
     gpu_temp_unhealthy_c: float = 92.0
@@ -87,7 +87,7 @@ class HealthThresholds(StrictModel):
     remapped_rows_uncorrectable_degraded: int = Field(default=1, ge=1)
     # Temperatures clear this far below the limit that raised them (hysteresis).
     temp_hysteresis_c: float = Field(default=3.0, ge=0)
-    # Error counters are judged as increases per minute over this window (see agent/rates.py).
+    # Error counters are judged as increases per minute over this window (see agent/health/rates.py).
     rate_window_s: float = Field(default=300.0, gt=0)
     # DCGM's PCIe replay-rate limit is 8 per minute.
     pcie_replay_rate_degraded: float = Field(default=8.0, gt=0)
@@ -145,7 +145,7 @@ class AgentConfig(StrictModel):
     # slowly: read this often rather than every sweep, where they cost a third of the sweep.
     host_interval_s: float = Field(default=5.0, gt=0)
     # NVML readings costly to the driver (total energy ~3 ms a read on an H200, PCIe replays
-    # ~0.2 ms; sentinel/agent/nvml_scalars.py): counters judged as rates, read this often.
+    # ~0.2 ms; sentinel/agent/nvml/scalars.py): counters judged as rates, read this often.
     costly_reads_interval_s: float = Field(default=10.0, ge=0)
     # GPUs this node should have; None: count NVIDIA display devices under pci_devices_dir.
     expected_gpus: int | None = Field(default=None, ge=0)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sentinel.agent.health import HealthEvaluator
+from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.monitor import NodeMonitor
-from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
+from sentinel.agent.nvml.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.config import HealthThresholds
 from sentinel.faults.catalog import RULES, rule
 from sentinel.protocol import EventKind

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sentinel.agent.health import HealthEvaluator
+from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.host import HostStats
 from sentinel.agent.monitor import NodeMonitor
-from sentinel.agent.sim import SimulatedGpus
+from sentinel.agent.nvml.sim import SimulatedGpus
 from sentinel.config import HealthThresholds
 
 

@@ -10,7 +10,7 @@ import pytest
 from fake_nvml import FakeGpu, build_library
 from fake_nvml.agent import FakeNvmlAgent, wait_until
 
-from sentinel.agent.kmsg import KernelLog, XidPairing, normal_bus_id, watched_devices
+from sentinel.agent.health.kmsg import KernelLog, XidPairing, normal_bus_id, watched_devices
 from sentinel.faults.catalog import rule
 
 SEQ = iter(range(1000, 100_000))

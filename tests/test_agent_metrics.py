@@ -7,12 +7,12 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sentinel.agent.exposition import TextRenderer
-from sentinel.agent.metrics import DCGM_SERIES
-from sentinel.agent.rank_metrics import STEP_SERIES, RankMetrics
-from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
+from sentinel.agent.export.exposition import TextRenderer
+from sentinel.agent.export.metrics import DCGM_SERIES
+from sentinel.agent.export.rank_metrics import STEP_SERIES, RankMetrics
+from sentinel.agent.nvml.readings import GpuBackend, GpuReading, XidEvent
+from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.agent.service import Agent
-from sentinel.agent.sim import SimulatedGpus, inject
 from sentinel.config import AgentConfig
 from sentinel.protocol import RankStepEvent, RankStepPayload, Source
 

@@ -13,8 +13,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from sentinel.agent import nvml_fields
-from sentinel.agent.nvml_fields import FieldBatch
+from sentinel.agent.nvml import fields as nvml_fields
+from sentinel.agent.nvml.fields import FieldBatch
 
 ANSWERS: list[tuple[int, str, Any]] = [  # (value type, union member, value)
     (pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", -2.5),

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from sentinel.agent.outliers import PeerOutliers, temp_at_power
-from sentinel.agent.readings import GpuReading
+from sentinel.agent.health.outliers import PeerOutliers, temp_at_power
+from sentinel.agent.nvml.readings import GpuReading
 from sentinel.config import HealthThresholds
 
 T = HealthThresholds()

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 from loopback import serve
 
-from sentinel.agent.delivery import Deliverer, Outcome
-from sentinel.agent.rank_socket import RankSocketServer
-from sentinel.agent.spool import Spool
+from sentinel.agent.ranks.listener import RankSocketServer
 from sentinel.agent.systemd import Notifier
+from sentinel.agent.uplink.delivery import Deliverer, Outcome
+from sentinel.agent.uplink.spool import Spool
 from sentinel.failover import Coordinators
 from sentinel.protocol import (
     AgentHeartbeatPayload,
@@ -249,7 +249,7 @@ def test_watchdog_pid_for_another_process_is_ignored() -> None:
 async def test_command_relay_delivers_to_ranks_then_acknowledges(tmp_path: Path) -> None:
     """Against a stand-in for the coordinator's two command endpoints (its real format: see
     sentinel/coordinator/queries.py take_commands); the real coordinator is used in the demo."""
-    from sentinel.agent.commands import CommandRelay
+    from sentinel.agent.uplink.commands import CommandRelay
 
     command = Command(kind=CommandKind.SDC_CHECK, target=Source(node="node-0"))
     acks: list[tuple[str, dict[str, object]]] = []

@@ -31,8 +31,8 @@ from aiohttp import web
 from coord_util import SENTINEL, Coordinator, wait_for
 from loopback import serve
 
-from sentinel.agent.delivery import Deliverer, Outcome
-from sentinel.agent.spool import Spool
+from sentinel.agent.uplink.delivery import Deliverer, Outcome
+from sentinel.agent.uplink.spool import Spool
 from sentinel.config import ConfigError, load_config
 from sentinel.failover import Coordinators, Unreachable, parse_urls, request, retry_after_s
 from sentinel.processes import free_port, spawn, stop_process, wait_ready

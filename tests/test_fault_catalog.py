@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.agent.health import HealthEvaluator
+from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.monitor import NodeMonitor
-from sentinel.agent.sim import SimulatedGpus, inject
+from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.config import HealthThresholds
 from sentinel.coordinator.core.correlation import clause_for, compile_condition
 from sentinel.coordinator.core.playbooks import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 from coord_util import Coordinator
 
-from sentinel.agent.fr_carry import FrCarrier
+from sentinel.agent.uplink.fr_carry import FrCarrier
 from sentinel.failover import Coordinators
 
 

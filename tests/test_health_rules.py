@@ -6,8 +6,8 @@ from dataclasses import fields, replace
 
 import pytest
 
-from sentinel.agent.health import RULES, HealthEvaluator, judge
-from sentinel.agent.readings import GpuReading, XidEvent
+from sentinel.agent.health.judge import RULES, HealthEvaluator, judge
+from sentinel.agent.nvml.readings import GpuReading, XidEvent
 from sentinel.config import HealthThresholds
 from sentinel.faults.catalog import CATALOG, describe
 from sentinel.faults.catalog import RULES as CATALOG_RULES

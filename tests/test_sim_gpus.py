@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.agent.health import HealthEvaluator
-from sentinel.agent.readings import GpuReading
-from sentinel.agent.sim import SimulatedGpus, inject
+from sentinel.agent.health.judge import HealthEvaluator
+from sentinel.agent.nvml.readings import GpuReading
+from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.config import HealthThresholds
 from sentinel.exitcodes import InputError
 from sentinel.faults.catalog import rule
@@ -259,7 +259,7 @@ def test_garbage_lines_are_logged_and_skipped(
         b"\n"
         b'{"kind": "xid", "gpu": 2, "xid": 31, "node": "node-1", "at_step": 4}\n'
     )
-    with caplog.at_level(logging.WARNING, logger="sentinel.agent.sim"):
+    with caplog.at_level(logging.WARNING, logger="sentinel.agent.nvml.sim"):
         assert [(e.gpu, e.xid) for e in sim.drain_xids()] == [(2, 31)]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 7

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from coord_util import Coordinator, job_status, wait_for, xid
 
-from sentinel.agent.sim import inject
+from sentinel.agent.nvml.sim import inject
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import EventBatch, encode
 

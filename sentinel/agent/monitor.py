@@ -16,12 +16,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sentinel.agent.deadline import Stall
-from sentinel.agent.health import GpuHealth, HealthEvaluator, NodeHealth, XidOutcome
+from sentinel.agent.health.judge import GpuHealth, HealthEvaluator, NodeHealth, XidOutcome
+from sentinel.agent.health.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
+from sentinel.agent.health.node_rules import NodeSignals, Report
 from sentinel.agent.host import HostSource, HostStats
-from sentinel.agent.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
-from sentinel.agent.node_rules import NodeSignals, Report
-from sentinel.agent.readings import GpuBackend, GpuReading, XidEvent
+from sentinel.agent.nvml.deadline import Stall
+from sentinel.agent.nvml.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.protocol import (
     Event,
     GpuVerdict,

@@ -24,28 +24,28 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import Metric
 
 from sentinel import __version__
-from sentinel.agent.commands import CommandRelay
-from sentinel.agent.deadline import SweepThread
-from sentinel.agent.delivery import Deliverer
-from sentinel.agent.expected import expected_gpus
-from sentinel.agent.exposition import CONTENT_TYPE, TextRenderer
-from sentinel.agent.fr_carry import FrCarrier
-from sentinel.agent.health import HealthEvaluator
-from sentinel.agent.host import HostSource
-from sentinel.agent.kmsg import KernelLog, watched_devices
-from sentinel.agent.metrics import AgentCollector
-from sentinel.agent.monitor import NodeMonitor
-from sentinel.agent.pipeline_metrics import (
+from sentinel.agent.export.exposition import CONTENT_TYPE, TextRenderer
+from sentinel.agent.export.metrics import AgentCollector
+from sentinel.agent.export.pipeline_metrics import (
     backend_error_families,
     delivery_families,
     rank_socket_families,
 )
-from sentinel.agent.rank_metrics import RankMetrics
-from sentinel.agent.rank_socket import RankSocketServer
-from sentinel.agent.readings import GpuBackend
-from sentinel.agent.spool import Spool
+from sentinel.agent.export.rank_metrics import RankMetrics
+from sentinel.agent.health.judge import HealthEvaluator
+from sentinel.agent.health.kmsg import KernelLog, watched_devices
+from sentinel.agent.host import HostSource
+from sentinel.agent.monitor import NodeMonitor
+from sentinel.agent.nvml.deadline import SweepThread
+from sentinel.agent.nvml.expected import expected_gpus
+from sentinel.agent.nvml.readings import GpuBackend
+from sentinel.agent.ranks.listener import RankSocketServer
 from sentinel.agent.systemd import Notifier
-from sentinel.agent.validation import NodeValidator
+from sentinel.agent.uplink.commands import CommandRelay
+from sentinel.agent.uplink.delivery import Deliverer
+from sentinel.agent.uplink.fr_carry import FrCarrier
+from sentinel.agent.uplink.spool import Spool
+from sentinel.agent.uplink.validation import NodeValidator
 from sentinel.config import AgentConfig, ConfigError, load_config
 from sentinel.failover import Coordinators
 from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict

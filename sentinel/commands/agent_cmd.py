@@ -12,7 +12,7 @@ from sentinel.commands.status_cmd import coordinator_option
 from sentinel.exitcodes import ExitCode, InputError
 
 if TYPE_CHECKING:
-    from sentinel.agent.readings import GpuBackend
+    from sentinel.agent.nvml.readings import GpuBackend
     from sentinel.config import AgentConfig
 
 log = logging.getLogger("sentinel.agent")
@@ -97,12 +97,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _backend(cfg: AgentConfig, faults: Path | None) -> GpuBackend | None:
     if cfg.sim is not None:
-        from sentinel.agent.sim import SimulatedGpus
+        from sentinel.agent.nvml.sim import SimulatedGpus
 
         return SimulatedGpus(
             cfg.sim.gpus, cfg.sim.model, seed=cfg.sim.seed, faults_file=faults, node_id=cfg.node_id
         )
-    from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
+    from sentinel.agent.nvml.backend import NvmlBackend, NvmlUnavailable
 
     try:
         return NvmlBackend(slow_every_s=cfg.costly_reads_interval_s)

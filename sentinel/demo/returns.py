@@ -68,7 +68,7 @@ def validation_env(baseline: Path, compression: int) -> dict[str, str]:
 
 
 def damage_lines(spec: ReturnDrill) -> list[dict[str, Any]]:
-    """The sim faults that keep the GPU damaged (`sentinel.agent.sim`)."""
+    """The sim faults that keep the GPU damaged (`sentinel.agent.nvml.sim`)."""
     return [
         {"kind": "slow", "gpu": spec.gpu, "slowdown": spec.slowdown}
         if kind == "slow"

@@ -20,7 +20,7 @@ inspection). Pure application faults (13, 31, 43, 45, 69) do not escalate: the j
 
 Rules. `RULES` is the rule table: each health rule's verdict and action, when it raises, when it
 clears and how long it holds after its condition last held (the agent's conditions live in
-`sentinel.agent.health` and `sentinel.agent.node_rules`, keyed by these names). The README and
+`sentinel.agent.health.judge` and `sentinel.agent.health.node_rules`, keyed by these names). The README and
 docs/agent.md embed it as printed by `python -m sentinel.faults.catalog` (a test compares).
 """
 

@@ -8,7 +8,7 @@
 - `inject`: the drill injector, which follows a training run and writes node faults at their step.
 - `agent_demo`: `python -m sentinel.sim.agent_demo`, two hardware faults on four agents.
 
-The simulated GPUs themselves (`sentinel.agent.sim`) stay with the agent: they are one of its
+The simulated GPUs themselves (`sentinel.agent.nvml.sim`) stay with the agent: they are one of its
 GPU backends, and the agent does not depend on this package. Faults a trainer injects into
 itself (rank faults, `corrupt_batch`) are in `trainer_hooks.reference.faults`, inside the
 training process.

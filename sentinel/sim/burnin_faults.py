@@ -74,8 +74,8 @@ def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankF
 
 def faults_for_sim_gpu(faults_file: Path, gpu: int) -> RankFaults:
     """The faults striking `gpu` of a simulated node now: its agent's faults file replayed
-    (`sentinel.agent.sim`; a `clear` repairs the GPU). For the validation burn-in."""
-    from sentinel.agent.sim import Clear, EccDbe, Sdc, Slow, Thermal, Xid, parse_fault
+    (`sentinel.agent.nvml.sim`; a `clear` repairs the GPU). For the validation burn-in."""
+    from sentinel.agent.nvml.sim import Clear, EccDbe, Sdc, Slow, Thermal, Xid, parse_fault
 
     slow, sdc, err = 1.0, False, None
     try:

@@ -120,7 +120,7 @@ class SimFleet:
                        timeout_s=timeout_s, deadline=deadline)  # fmt: skip
 
     def inject(self, node: str, fault: dict[str, object]) -> None:
-        from sentinel.agent.sim import inject
+        from sentinel.agent.nvml.sim import inject
 
         inject(self.agents[node].faults_file, fault)
 

@@ -19,8 +19,8 @@ from collections import Counter
 
 import pynvml
 
-from sentinel.agent.deadline import CallWatch
-from sentinel.agent.nvml import NvmlBackend, NvmlUnavailable
+from sentinel.agent.nvml.backend import NvmlBackend, NvmlUnavailable
+from sentinel.agent.nvml.deadline import CallWatch
 from sentinel.logs import setup_logging
 
 CALLS: Counter[str] = Counter()

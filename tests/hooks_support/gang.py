@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sentinel.agent.rank_registry import is_registration, parse_registration
+from sentinel.agent.ranks.registry import is_registration, parse_registration
 from sentinel.processes import free_port
 from sentinel.protocol import Command, Event, RankRegistration, decode_batch, encode
 

@@ -26,9 +26,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sentinel.agent.node_rules import Report
+from sentinel.agent.health.node_rules import Report
 
-log = logging.getLogger("sentinel.agent.kmsg")
+log = logging.getLogger("sentinel.agent.health.kmsg")
 
 MAX_RECORDS_PER_POLL = 4096
 _RECORD = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sentinel.agent.deadline import Stall
+    from sentinel.agent.nvml.deadline import Stall
 
 
 @dataclass(frozen=True, slots=True)

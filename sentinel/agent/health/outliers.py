@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sentinel.agent.peer_stats import MIN_PEERS, PeerSignal, Score, Signal
-from sentinel.agent.readings import GpuReading
+from sentinel.agent.health.peer_stats import MIN_PEERS, PeerSignal, Score, Signal
+from sentinel.agent.nvml.readings import GpuReading
 from sentinel.stats import median
 
 TEMP, CLOCK, POWER, ERRORS = "temperature at power", "SM clock", "power", "error rate"

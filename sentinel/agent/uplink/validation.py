@@ -30,7 +30,7 @@ from sentinel.protocol import (
     ValidationCheck,
 )
 
-log = logging.getLogger("sentinel.agent.validation")
+log = logging.getLogger("sentinel.agent.uplink.validation")
 DEFAULT_TIMEOUT_S = 600.0
 
 

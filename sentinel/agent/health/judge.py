@@ -19,12 +19,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from sentinel.agent.holds import Holds
-from sentinel.agent.node_rules import NODE_RULES, NodeRule, NodeSignals, Report
-from sentinel.agent.outliers import PeerOutliers
-from sentinel.agent.rates import CounterRates
-from sentinel.agent.readings import GpuReading, XidEvent
-from sentinel.agent.rules import (
+from sentinel.agent.health.holds import Holds
+from sentinel.agent.health.node_rules import NODE_RULES, NodeRule, NodeSignals, Report
+from sentinel.agent.health.outliers import PeerOutliers
+from sentinel.agent.health.rates import CounterRates
+from sentinel.agent.health.rules import (
     RULES,
     THROTTLE_HW_SLOWDOWN,
     THROTTLE_HW_THERMAL,
@@ -32,6 +31,7 @@ from sentinel.agent.rules import (
     GpuRule,
     GpuView,
 )
+from sentinel.agent.nvml.readings import GpuReading, XidEvent
 from sentinel.config import HealthThresholds
 from sentinel.faults.catalog import RECOVERY_ACTIONS, describe, is_known_xid
 from sentinel.protocol import ACTION_SEVERITY, VERDICT_SEVERITY, Action, Finding, Verdict

@@ -39,8 +39,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from sentinel.agent.health import THROTTLE_HW_SLOWDOWN, THROTTLE_HW_THERMAL, THROTTLE_SW_THERMAL
-from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
+from sentinel.agent.health.judge import (
+    THROTTLE_HW_SLOWDOWN,
+    THROTTLE_HW_THERMAL,
+    THROTTLE_SW_THERMAL,
+)
+from sentinel.agent.nvml.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
 from sentinel.exitcodes import InputError
 from sentinel.protocol import format_validation_error
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sentinel.agent.deadline import Stall
+from sentinel.agent.nvml.deadline import Stall
 from sentinel.faults.catalog import RULE_BY_NAME, RuleInfo
 
 # Rules raised by a report (a kernel-log line, an unknown value) rather than by a level.

@@ -10,7 +10,7 @@ Every pynvml function goes through `deadline.TracedLibrary`, so the agent can se
 has not returned and name it (a driver wedged under an error storm), without touching the call.
 The driver's requested recovery action, the NVLink link states and every per-GPU counter NVML
 also serves as a field id (ECC, retired pages, remapped rows, energy, PCIe replay: see
-nvml_scalars) ride in the field-value batch, one call per GPU instead of one per counter.
+scalars.py) ride in the field-value batch, one call per GPU instead of one per counter.
 
 Cost matters (the target is a full 8-GPU sweep in a few milliseconds): handles, identity, the
 active NVLink links and GPM sample buffers are set up once in `__init__`; NVLink counters for
@@ -31,12 +31,12 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from sentinel.agent import nvml_compat as compat
-from sentinel.agent.deadline import CallWatch, Stall, TracedLibrary, trace
-from sentinel.agent.nvml_fields import FieldBatch
-from sentinel.agent.nvml_processes import ProcessReader
-from sentinel.agent.nvml_scalars import Convert, Scalar, scalars
-from sentinel.agent.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
+from sentinel.agent.nvml import compat
+from sentinel.agent.nvml.deadline import CallWatch, Stall, TracedLibrary, trace
+from sentinel.agent.nvml.fields import FieldBatch
+from sentinel.agent.nvml.processes import ProcessReader
+from sentinel.agent.nvml.readings import GpuBackend, GpuProcess, GpuReading, XidEvent
+from sentinel.agent.nvml.scalars import Convert, Scalar, scalars
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class _Gpu:
     fields: FieldBatch | None = None  # per-GPU scalars + NVLink DL counters, one call
     scalar_outputs: list[tuple[str, int, Convert]] = field(default_factory=list)  # in the batch
     scalars: list[Scalar] = field(default_factory=list)  # those in the batch, first, in order
-    # The costly scalars (nvml_scalars): their own batch, read every `slow_every_s`; the
+    # The costly scalars (nvml/scalars.py): their own batch, read every `slow_every_s`; the
     # readings carry the last values in between.
     slow_fields: FieldBatch | None = None
     slow_scalars: list[Scalar] = field(default_factory=list)
@@ -149,7 +149,7 @@ class NvmlBackend(GpuBackend):
 
     def __init__(self, slow_every_s: float = 10.0) -> None:
         """`slow_every_s`: how often the readings costly to the driver are read (0: every
-        sweep); see nvml_scalars."""
+        sweep); see nvml/scalars.py."""
         self._slow_every_s = slow_every_s
         try:
             nvml.nvmlInit()
@@ -367,7 +367,7 @@ class NvmlBackend(GpuBackend):
         out["throttle_reasons"] = call(gpu, "throttle_reasons", self._clock_reasons, h)
 
     def _process_reader(self) -> Callable[[Any], tuple[GpuProcess, ...]]:
-        """Past pynvml where the driver has the v3 call (see nvml_processes), through it
+        """Past pynvml where the driver has the v3 call (see nvml/processes.py), through it
         where not; either way under the deadline watch."""
         try:
             reader = ProcessReader().read
@@ -407,7 +407,7 @@ class NvmlBackend(GpuBackend):
     # ---- NVLink, GPM ----------------------------------------------------------------------
 
     def _build_fields(self, gpu: _Gpu) -> None:
-        """The field-value batch: the per-GPU scalars (nvml_scalars) this GPU still answers in
+        """The field-value batch: the per-GPU scalars (nvml/scalars.py) this GPU still answers in
         it, then the DL counters and state of each active link.
 
         Summing NVLink counters over the links active at start keeps the sums monotonic (they
@@ -433,7 +433,7 @@ class NvmlBackend(GpuBackend):
         gpu.fields = FieldBatch(requests) if requests else None
 
     def _read_batch(self, gpu: _Gpu, batch: FieldBatch) -> tuple[Sequence[int], list[Any]]:
-        self.watch.begin("nvmlDeviceGetFieldValues")  # called past pynvml: see nvml_fields
+        self.watch.begin("nvmlDeviceGetFieldValues")  # called past pynvml: see nvml/fields.py
         try:
             return batch.read(gpu.handle)
         except pynvml.NVMLError as exc:  # the whole call: every field in it is missing

@@ -15,8 +15,8 @@ from typing import Any
 
 import pynvml as nvml
 
-from sentinel.agent import nvml_compat as compat
-from sentinel.agent.readings import GpuProcess
+from sentinel.agent.nvml import compat
+from sentinel.agent.nvml.readings import GpuProcess
 
 # nvmlProcessInfo_v3_t: pid, (padding), usedGpuMemory, gpuInstanceId, computeInstanceId
 _ENTRY = struct.Struct("=I4xQ8x")

@@ -1,7 +1,7 @@
 """The local Unix socket training ranks write JSON-line protocol events to.
 
 The agent relays what it receives like its own events and re-exports rank metrics. A rank may
-also register which GPU it owns (`rank_registry`); the registration lasts while its connection
+also register which GPU it owns (`registry.py`); the registration lasts while its connection
 is open. A line that is not a valid event or registration for this node is counted and
 dropped, never fatal, and never closes the connection: a rank's bug must not cost the node its
 monitoring.
@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from sentinel.agent.rank_registry import RankRegistry, is_registration, parse_registration
+from sentinel.agent.ranks.registry import RankRegistry, is_registration, parse_registration
 from sentinel.protocol import Event, ProtocolError, decode_batch, decode_event
 
 log = logging.getLogger("sentinel.agent.ranks")

@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sentinel.agent.export.node_metrics import family, input_families, node_families
+from sentinel.agent.health.rules import THROTTLE_REASONS
 from sentinel.agent.monitor import NodeMonitor, Snapshot
-from sentinel.agent.node_metrics import family, input_families, node_families
-from sentinel.agent.readings import GpuReading
-from sentinel.agent.rules import THROTTLE_REASONS
+from sentinel.agent.nvml.readings import GpuReading
 from sentinel.protocol import Action, Verdict
 
 MIB = 1024 * 1024

@@ -16,7 +16,7 @@ from typing import Any
 
 import pynvml as nvml
 
-from sentinel.agent import nvml_compat as compat
+from sentinel.agent.nvml import compat
 
 # nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, value union
 _LAYOUT = struct.Struct("=IIqqII8s")

@@ -16,14 +16,14 @@ import time
 
 import aiohttp
 
-from sentinel.agent.delivery import Backoff
-from sentinel.agent.fr_carry import FrCarrier
-from sentinel.agent.rank_socket import RankSocketServer
-from sentinel.agent.validation import NodeValidator
+from sentinel.agent.ranks.listener import RankSocketServer
+from sentinel.agent.uplink.delivery import Backoff
+from sentinel.agent.uplink.fr_carry import FrCarrier
+from sentinel.agent.uplink.validation import NodeValidator
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Refused, Unreachable, request
 from sentinel.protocol import Command, CommandKind, ProtocolError, decode_command, encode
 
-log = logging.getLogger("sentinel.agent.commands")
+log = logging.getLogger("sentinel.agent.uplink.commands")
 
 
 class CommandRelay:

@@ -17,11 +17,11 @@ from enum import Enum
 
 import aiohttp
 
-from sentinel.agent.spool import Spool
+from sentinel.agent.uplink.spool import Spool
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Unreachable, request
 from sentinel.protocol import EventBatch, encode
 
-log = logging.getLogger("sentinel.agent.delivery")
+log = logging.getLogger("sentinel.agent.uplink.delivery")
 
 
 class Outcome(Enum):

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sentinel.agent.delivery import Deliverer
-from sentinel.agent.rank_socket import RankSocketServer
-from sentinel.agent.readings import GpuBackend
-from sentinel.agent.spool import Spool
+from sentinel.agent.nvml.readings import GpuBackend
+from sentinel.agent.ranks.listener import RankSocketServer
+from sentinel.agent.uplink.delivery import Deliverer
+from sentinel.agent.uplink.spool import Spool
 
 
 def delivery_families(spool: Spool, deliverer: Deliverer) -> Iterator[Metric]:

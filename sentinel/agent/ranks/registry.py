@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sentinel.agent.readings import GpuReading
+from sentinel.agent.nvml.readings import GpuReading
 from sentinel.protocol import (
     SUPPORTED_VERSIONS,
     ProtocolError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sentinel.agent.readings import GpuReading
+from sentinel.agent.nvml.readings import GpuReading
 from sentinel.config import HealthThresholds
 from sentinel.faults.catalog import RECOVERY_ACTIONS, RULE_BY_NAME, RuleInfo
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pynvml
 
-from sentinel.agent import nvml_compat as compat
+from sentinel.agent.nvml import compat
 
 Convert = Callable[[Any], Any]
 

@@ -1,0 +1,1 @@
+"""The agent's Prometheus exposition: GPU, node, rank and plumbing series."""

@@ -1,0 +1,2 @@
+"""The agent's link to the coordinator: the spool and delivery of events, the commands it
+polls, flight-recorder dumps it carries, and validations it runs when asked."""
