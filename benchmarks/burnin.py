@@ -6,7 +6,7 @@
 - quick_s: wall time of `sentinel burnin --sim-nodes 4 --gpus-per-node 2 --quick`.
 - straggler screen: `--straggler-runs N` (default 10) process-level runs of
   `sentinel burnin --sim-nodes 4 --gpus-per-node 2 --phases stragglers` with rank 5's GPU 1.05x
-  slow (busy, not asleep: `sentinel.sim.burnin_faults`), and N runs with no fault.
+  slow (busy, not asleep: `sentinel.burnin.faults`), and N runs with no fault.
   `straggler_flagged_runs`: runs that flagged rank 5 and no other rank (target >= 9 of 10);
   `straggler_clean_false_runs`: clean runs that flagged any rank (target 0 of 10). Each run's
   flagged ranks and the slow rank's relative GEMM time are listed; the machine's load average
@@ -78,7 +78,7 @@ def rank_main(out: Path) -> None:
 
 
 def busbw_efficiency() -> dict[str, object]:
-    from sentinel.sim.burnin import spawn_fleet
+    from sentinel.lab.sim.burnin import spawn_fleet
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bw.json"

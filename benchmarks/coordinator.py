@@ -58,7 +58,7 @@ from stats import percentile_ms
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.core.auth import Role, TokenStore
 from sentinel.coordinator.store import STORE_FILE, open_store, wal_path
-from sentinel.harness.postgres import ThrowawayPostgres
+from sentinel.lab.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import new_id
 

@@ -29,7 +29,7 @@ from stats import median
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.core.auth import Role, TokenStore
 from sentinel.coordinator.store import open_store
-from sentinel.harness.postgres import ThrowawayPostgres
+from sentinel.lab.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, stop_process
 from sentinel.protocol import Action as RecAction
 from sentinel.protocol import (

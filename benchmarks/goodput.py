@@ -12,7 +12,7 @@ Prints a JSON object as the last line: `sentinel_ratio`, `baseline_ratio` and `d
 effective training time ratio over `--runs` seeds at 16,384 GPUs, each fault on the catalog's
 path, same failures for both), `interruptions_mean` (vs the trace's 419),
 `young_daly_interval_s`, `checkpoint_cost_s` and `checkpoint_commit_lag_s` (derived by
-`sentinel/goodput/checkpoint.py`), `run_ms` (one simulated 54-day run of 16,384 GPUs, wall clock,
+`sentinel/lab/goodput/checkpoint.py`), `run_ms` (one simulated 54-day run of 16,384 GPUs, wall clock,
 mean), and `by_size`: per fleet size, the spares and the ratio of the baseline, today's restart,
 the warm restart and the live configuration.
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sentinel.goodput.compare import compare, rule_spares  # noqa: E402
-from sentinel.goodput.inputs import Plan, build_models, default_rows  # noqa: E402
-from sentinel.goodput.measurements import read_measurements  # noqa: E402
-from sentinel.goodput.recovery_bench import read_recovery_bench  # noqa: E402
-from sentinel.goodput.simulate import Fleet  # noqa: E402
-from sentinel.goodput.trace import LLAMA3  # noqa: E402
+from sentinel.lab.goodput.compare import compare, rule_spares  # noqa: E402
+from sentinel.lab.goodput.inputs import Plan, build_models, default_rows  # noqa: E402
+from sentinel.lab.goodput.measurements import read_measurements  # noqa: E402
+from sentinel.lab.goodput.recovery_bench import read_recovery_bench  # noqa: E402
+from sentinel.lab.goodput.simulate import Fleet  # noqa: E402
+from sentinel.lab.goodput.trace import LLAMA3  # noqa: E402
 
 SIZES = (16384, 100000)
 

@@ -6,7 +6,7 @@
 Runs each scenario as a `--quick` drill (as `sentinel demo --scenario NAME --quick` does) on the
 simulated fleet, or, with `--results`, reads drill run directories made before
 (`sentinel demo --out DIR`), and merges every timed fault into one measurements file
-(`sentinel/goodput/measurements.py`): per fault class the mean detection and repair seconds,
+(`sentinel/lab/goodput/measurements.py`): per fault class the mean detection and repair seconds,
 the sample count and the drills they came from, with its date, this command and the machine's
 load (default `build/goodput_measurements.json`, where `make bench` leaves it).
 `sentinel goodput --measurements FILE` reads it; the copy shipped in
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sentinel.goodput.drills import drill_of, read_run, samples_of  # noqa: E402
-from sentinel.goodput.measurements import (  # noqa: E402
+from sentinel.lab.goodput.drills import drill_of, read_run, samples_of  # noqa: E402
+from sentinel.lab.goodput.measurements import (  # noqa: E402
     FORMAT,
     Drill,
     Measurements,
@@ -56,7 +56,7 @@ def machine(ran_drills: bool) -> str:
 
 
 def run_drills(scenarios: list[str], fleet: str, keep: Path) -> list[Path]:
-    from sentinel.demo.drill import run_drill
+    from sentinel.lab.demo.drill import run_drill
     from sentinel.scenario import load_scenario
 
     out = []

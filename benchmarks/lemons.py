@@ -1,4 +1,4 @@
-"""Lemon scoring in the goodput simulator (sentinel/goodput/lemons.py).
+"""Lemon scoring in the goodput simulator (sentinel/lab/goodput/lemons.py).
 
     python benchmarks/lemons.py [--runs N]
 
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sentinel.goodput.lemons import LemonFleet, LemonPolicy, compare  # noqa: E402
+from sentinel.lab.goodput.lemons import LemonFleet, LemonPolicy, compare  # noqa: E402
 
 QUESTIONS = {
     "lemons": LemonFleet(),

@@ -71,9 +71,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sentinel.lab.sim.inject import MetricsTail, Polling  # noqa: E402
 from sentinel.lighthouse import SETTINGS as LIGHTHOUSE  # noqa: E402
 from sentinel.scenario import Scenario  # noqa: E402
-from sentinel.sim.inject import MetricsTail, Polling  # noqa: E402
 from trainer_hooks.reference.config import FT_TIMEOUT_ENV, FT_TIMEOUT_S  # noqa: E402
 
 WAYS = ("restart", "warm_restart", "live", "live_no_detection")
@@ -313,7 +313,7 @@ def plot(timelines: dict[str, list[Commit]], strikes: dict[str, list[float | Non
     in `stopped` did not finish, and says where it stopped."""
     import matplotlib
 
-    from sentinel.demo.plot import INK, PALETTE, STYLE, new_figure
+    from sentinel.lab.demo.plot import INK, PALETTE, STYLE, new_figure
 
     with matplotlib.rc_context(STYLE):
         fig = new_figure(8.0, 4.5)

@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sentinel.demo.drill import run_drill  # noqa: E402
+from sentinel.lab.demo.drill import run_drill  # noqa: E402
 from sentinel.scenario import load_scenario  # noqa: E402
 
 TARGET_S = 60.0

@@ -34,7 +34,7 @@ def coord(tmp_path: Path) -> Iterator[Coordinator]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
-    from sentinel.harness.postgres import ThrowawayPostgres
+    from sentinel.lab.harness.postgres import ThrowawayPostgres
 
     with ThrowawayPostgres() as pg:
         yield pg

@@ -10,8 +10,8 @@ from typing import Any
 
 from burnin_sample import SAMPLE_REPORT
 
-from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
-from sentinel.demo.result import Generation
+from sentinel.lab.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
+from sentinel.lab.demo.result import Generation
 
 EVIL = "rank-5<script>alert(1)</script>"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from system_deps import require_command, require_root
 
-from sentinel.slurm.cluster import missing_requirements
+from sentinel.lab.slurm.cluster import missing_requirements
 
 _COMMANDS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "munged": "munge",
              "nsenter": "util-linux", "unshare": "util-linux", "ip": "iproute2"}  # fmt: skip

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fake_nvml import FakeGpu, build_library, fake_env, write_config
 
+from sentinel.lab.sim.fleet import AgentProcess
 from sentinel.processes import free_port
-from sentinel.sim.fleet import AgentProcess
 
 
 def wait_until(pred, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]

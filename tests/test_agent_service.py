@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.lab.sim.fleet import AgentProcess, SimFleet
 from sentinel.processes import free_port
 from sentinel.protocol import (
     AgentHeartbeatPayload,
@@ -30,7 +31,6 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.sim.fleet import AgentProcess, SimFleet
 
 
 class Ingest(BaseHTTPRequestHandler):
@@ -300,7 +300,7 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
 def test_agent_and_its_deps_never_import_torch() -> None:
     code = (
         "import sys, sentinel.cli, sentinel.commands.agent_cmd, sentinel.agent.service, "
-        "sentinel.agent.nvml.sim, sentinel.agent.nvml.backend, sentinel.sim.fleet; "
+        "sentinel.agent.nvml.sim, sentinel.agent.nvml.backend, sentinel.lab.sim.fleet; "
         "sentinel.cli.build_parser(); "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'numpy', 'trainer_hooks'))))"

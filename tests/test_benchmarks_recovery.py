@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sentinel.goodput.recovery_bench import read_recovery_bench
+from sentinel.lab.goodput.recovery_bench import read_recovery_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 

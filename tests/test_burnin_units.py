@@ -20,12 +20,12 @@ import torch
 from sentinel.burnin import links, sdc, stragglers
 from sentinel.burnin.collectives import bus_factor, elements
 from sentinel.burnin.comm import Compute
+from sentinel.burnin.faults import FaultyCompute, RankFaults
 from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, baseline_from, load_baseline, render
 from sentinel.burnin.settings import BurninSettings, Thresholds, parse_size
 from sentinel.cli import main
 from sentinel.exitcodes import InputError
-from sentinel.sim.burnin_faults import FaultyCompute, RankFaults
 
 TH = Thresholds()
 
@@ -287,7 +287,7 @@ def test_scenario_fleet_must_agree(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_cli_modules_do_not_import_torch() -> None:
     code = (
         "import sys, sentinel.cli, sentinel.commands.burnin_cmd, sentinel.burnin.cli, "
-        "sentinel.sim.burnin; sentinel.cli.build_parser(); assert 'torch' not in sys.modules"
+        "sentinel.lab.sim.burnin; sentinel.cli.build_parser(); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

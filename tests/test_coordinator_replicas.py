@@ -29,7 +29,7 @@ from sentinel.coordinator.core.states import Entity
 from sentinel.coordinator.core.store import Fenced, StoreUnavailable
 from sentinel.coordinator.store.lease import claim_leadership
 from sentinel.coordinator.store.postgres import PostgresStore
-from sentinel.harness.postgres import ThrowawayPostgres
+from sentinel.lab.harness.postgres import ThrowawayPostgres
 from sentinel.processes import free_port, spawn, stop_process
 from sentinel.protocol import EventBatch, encode
 

@@ -1,13 +1,13 @@
 """What each repair cost, read from the supervisor's log and the trainer's step lines
-(sentinel/demo/repairs.py)."""
+(sentinel/lab/demo/repairs.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from sentinel.demo.repairs import repair_costs, restarts
-from sentinel.sim.inject import Launch
+from sentinel.lab.demo.repairs import repair_costs, restarts
+from sentinel.lab.sim.inject import Launch
 
 NODES = ["node-0", "node-1"]
 

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from demo_report_data import make_data
 
-from sentinel.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
-from sentinel.demo.drill import rank_samples
-from sentinel.demo.figures import loss_chart, loss_top
-from sentinel.demo.lanes import place_labels
-from sentinel.demo.rankmap import (
+from sentinel.lab.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
+from sentinel.lab.demo.drill import rank_samples
+from sentinel.lab.demo.figures import loss_chart, loss_top
+from sentinel.lab.demo.lanes import place_labels
+from sentinel.lab.demo.rankmap import (
     blocks,
     colour_norm,
     describe,
@@ -30,9 +30,9 @@ from sentinel.demo.rankmap import (
     rank_heatmap,
     report_stride,
 )
-from sentinel.demo.readings import GOODPUT_PARTS, rolled_back_from, straggler_note
-from sentinel.demo.report import write_report
-from sentinel.demo.result import Generation
+from sentinel.lab.demo.readings import GOODPUT_PARTS, rolled_back_from, straggler_note
+from sentinel.lab.demo.report import write_report
+from sentinel.lab.demo.result import Generation
 
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "wbr", "source"}
 
@@ -263,7 +263,11 @@ def test_without_matplotlib_each_figure_says_how_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Matplotlib is the demo's extra: without it the page still holds everything else."""
-    for module in ("sentinel.demo.figures", "sentinel.demo.rankmap", "sentinel.demo.lanes"):
+    for module in (
+        "sentinel.lab.demo.figures",
+        "sentinel.lab.demo.rankmap",
+        "sentinel.lab.demo.lanes",
+    ):
         monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
     html = write_report(tmp_path, make_data()).read_text(encoding="utf-8")
     parse(html)

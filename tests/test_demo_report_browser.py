@@ -29,7 +29,7 @@ from demo_report_data import make_data
 from PIL import Image
 from system_deps import require_command
 
-from sentinel.demo.report import write_report
+from sentinel.lab.demo.report import write_report
 
 pytestmark = pytest.mark.slow
 FIGURES = {

@@ -6,10 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sentinel.demo.account import time_account
-from sentinel.demo.result import Evidence, Generation, Strike, Timing, build_result, goodput_input
+from sentinel.lab.demo.account import time_account
+from sentinel.lab.demo.result import (
+    Evidence,
+    Generation,
+    Strike,
+    Timing,
+    build_result,
+    goodput_input,
+)
+from sentinel.lab.sim.inject import CheckpointSave, Launch, StepLine
 from sentinel.scenario import Scenario
-from sentinel.sim.inject import CheckpointSave, Launch, StepLine
 
 T0 = 1000.0
 
@@ -213,7 +220,7 @@ def test_the_time_account_puts_every_second_in_one_category() -> None:
 def test_drills_run_the_shipped_hooks_defaults_compressed_by_one_factor() -> None:
     """The demo cannot import trainer_hooks: its copy of the shipped defaults must match them,
     and the drill's settings are exactly those divided by the one compression factor."""
-    from sentinel.demo.run import (
+    from sentinel.lab.demo.run import (
         DRILL_COMPRESSION,
         SHIPPED_HOOKS_SECONDS,
         SHIPPED_HOOKS_STEPS,

@@ -20,8 +20,8 @@ import yaml
 from system_deps import require_command
 
 from sentinel.config import load_config
+from sentinel.lab.sim.fleet import SimFleet
 from sentinel.processes import free_port
-from sentinel.sim.fleet import SimFleet
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

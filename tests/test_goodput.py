@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from sentinel.cli import main
-from sentinel.goodput.checkpoint import CheckpointSpec
-from sentinel.goodput.model import baseline_model, sentinel_model
-from sentinel.goodput.simulate import CATEGORIES, Fleet, run_once
-from sentinel.goodput.trace import LLAMA3, FaultClass
-from sentinel.goodput.youngdaly import young_daly_interval
+from sentinel.lab.goodput.checkpoint import CheckpointSpec
+from sentinel.lab.goodput.model import baseline_model, sentinel_model
+from sentinel.lab.goodput.simulate import CATEGORIES, Fleet, run_once
+from sentinel.lab.goodput.trace import LLAMA3, FaultClass
+from sentinel.lab.goodput.youngdaly import young_daly_interval
 
 SEEDS = list(range(8))
 

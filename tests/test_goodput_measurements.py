@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from sentinel.cli import main
-from sentinel.goodput.drills import drill_of, samples_of
-from sentinel.goodput.measurements import (
+from sentinel.lab.goodput.drills import drill_of, samples_of
+from sentinel.lab.goodput.measurements import (
     FORMAT,
     Drill,
     Measurements,
@@ -18,7 +18,7 @@ from sentinel.goodput.measurements import (
     read_measurements,
     summarise,
 )
-from sentinel.goodput.trace import FaultClass
+from sentinel.lab.goodput.trace import FaultClass
 from sentinel.scenario import load_scenario
 
 FAST = ["--runs", "1", "--days", "5", "--json"]
@@ -267,7 +267,7 @@ def test_a_drill_result_becomes_samples_and_a_class_without_one_says_why() -> No
 
 
 def test_hang_mirrors_match_the_shipped_hooks() -> None:
-    from sentinel.goodput.inputs import HANG_FLOOR_S, HANG_K
+    from sentinel.lab.goodput.inputs import HANG_FLOOR_S, HANG_K
     from trainer_hooks.config import HooksConfig
 
     assert (HooksConfig().hang_floor_s, HooksConfig().hang_k) == (HANG_FLOOR_S, HANG_K)

@@ -10,13 +10,13 @@ import pytest
 
 from sentinel.cli import main
 from sentinel.commands.goodput_cmd import RECOVERY
-from sentinel.goodput.compare import rule_spares
-from sentinel.goodput.inputs import default_rows
-from sentinel.goodput.measurements import read_measurements
-from sentinel.goodput.model import LiveSpec, RepairPath, sentinel_model
-from sentinel.goodput.paths import KIND_PATH, Recovery, catalog_path, new_process, paths_for
-from sentinel.goodput.repairs import Layout, restart_parts, warm_parts
-from sentinel.goodput.scaling import (
+from sentinel.lab.goodput.compare import rule_spares
+from sentinel.lab.goodput.inputs import default_rows
+from sentinel.lab.goodput.measurements import read_measurements
+from sentinel.lab.goodput.model import LiveSpec, RepairPath, sentinel_model
+from sentinel.lab.goodput.paths import KIND_PATH, Recovery, catalog_path, new_process, paths_for
+from sentinel.lab.goodput.repairs import Layout, restart_parts, warm_parts
+from sentinel.lab.goodput.scaling import (
     harmonic,
     poisson_quantile,
     read_s,
@@ -24,8 +24,8 @@ from sentinel.goodput.scaling import (
     spares_for,
     throughput,
 )
-from sentinel.goodput.simulate import Fleet, run_once
-from sentinel.goodput.trace import LLAMA3, NEEDS_NODE, FaultClass
+from sentinel.lab.goodput.simulate import Fleet, run_once
+from sentinel.lab.goodput.trace import LLAMA3, NEEDS_NODE, FaultClass
 
 FAST = ["--runs", "1", "--days", "5", "--json"]
 

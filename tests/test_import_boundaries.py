@@ -23,6 +23,10 @@ CORE_FORBIDS = (
     "sqlite3", "psycopg", "sqlalchemy", "sentinel.coordinator.store", "sentinel.coordinator.http",
     "sentinel.coordinator.backends", "sentinel.coordinator.runtime",
 )  # fmt: skip
+# The daemons, and the lab (drills, simulation, test clusters, modelling) that none of them may
+# load, however indirectly.
+DAEMONS = ("agent", "coordinator", "supervisor", "ranks")
+LAB = "sentinel.lab"
 LIBRARY = {"sentinel.protocol", "sentinel.ranks.current"}
 REFERENCE = LIBRARY | {
     "sentinel.processes",
@@ -108,3 +112,49 @@ def test_importing_the_repair_core_loads_no_web_server_or_driver() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def _module_file(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _reaches(path: Path) -> dict[str, str]:
+    """Every `sentinel` module `path` loads, directly or through others (imports anywhere in
+    a module, type-only ones too), each with the module that imports it."""
+    found: dict[str, str] = {}
+    todo = [path]
+    while todo:
+        current = todo.pop()
+        tree = ast.parse(current.read_text())
+        names = set(_sentinel_imports(current))
+        for node in ast.walk(tree):  # `from sentinel.x import y`: y may be a module itself
+            if isinstance(node, ast.ImportFrom) and node.module and node.module in names:
+                names |= {f"{node.module}.{a.name}" for a in node.names}
+        for name in sorted(names):
+            parts = name.split(".")
+            for i in range(2, len(parts) + 1):  # a package's __init__ loads with its module
+                prefix = ".".join(parts[:i])
+                file = _module_file(prefix)
+                if file is not None and prefix not in found:
+                    found[prefix] = str(current.relative_to(ROOT))
+                    todo.append(file)
+    return found
+
+
+def test_no_daemon_loads_the_lab() -> None:
+    wrong = {}
+    for daemon in DAEMONS:
+        for path in sorted((ROOT / "sentinel" / daemon).rglob("*.py")):
+            lab = {m: by for m, by in _reaches(path).items() if m.startswith(LAB)}
+            if lab:
+                wrong[str(path.relative_to(ROOT))] = lab
+    assert wrong == {}
+
+
+def test_the_lab_check_follows_imports_through_other_modules() -> None:
+    reached = _reaches(ROOT / "sentinel" / "commands" / "demo_cmd.py")
+    assert any(m.startswith(LAB) for m in reached)

@@ -1,6 +1,6 @@
-"""Lemon scoring in the goodput simulator (sentinel/goodput/lemons.py)."""
+"""Lemon scoring in the goodput simulator (sentinel/lab/goodput/lemons.py)."""
 
-from sentinel.goodput.lemons import LemonFleet, LemonPolicy, compare, replay
+from sentinel.lab.goodput.lemons import LemonFleet, LemonPolicy, compare, replay
 
 
 def test_lemon_scoring_cuts_lost_time_and_spares_the_innocent() -> None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sentinel.harness.postgres import PostgresUnavailable, ThrowawayPostgres, find_bindir
+from sentinel.lab.harness.postgres import PostgresUnavailable, ThrowawayPostgres, find_bindir
 
 psycopg = pytest.importorskip("psycopg")
 

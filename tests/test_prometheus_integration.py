@@ -39,8 +39,8 @@ from system_deps import require_command
 from sentinel.dashboards import build_all
 from sentinel.dashboards.burnin_metrics import exposition
 from sentinel.dashboards.panels import expressions
+from sentinel.lab.sim.fleet import AgentProcess, SimFleet
 from sentinel.processes import free_port
-from sentinel.sim.fleet import AgentProcess, SimFleet
 from trainer_hooks.reference.launch import Gang, launch
 
 ROOT = Path(__file__).resolve().parent.parent

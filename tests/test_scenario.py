@@ -87,7 +87,7 @@ def test_an_unknown_name_lists_the_shipped_scenarios() -> None:
 
 
 def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
-    from sentinel.demo.quick import quick
+    from sentinel.lab.demo.quick import quick
 
     def timed(s: Scenario) -> list[int]:
         return [getattr(f, "at_step", getattr(f, "batch", -1)) for f in s.faults]
@@ -117,7 +117,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
 
 def test_quick_mirrors_the_hooks_shipped_warmups() -> None:
     """`sentinel` cannot import trainer_hooks: the warm-ups quick() respects must match them."""
-    from sentinel.demo.quick import CORRUPT_BATCH_EARLIEST, LOSS_SPIKE_WARMUP, STRAGGLER_PERSIST
+    from sentinel.lab.demo.quick import CORRUPT_BATCH_EARLIEST, LOSS_SPIKE_WARMUP, STRAGGLER_PERSIST
     from trainer_hooks.anomaly import make_policy
     from trainer_hooks.config import HooksConfig
 
@@ -129,7 +129,7 @@ def test_quick_mirrors_the_hooks_shipped_warmups() -> None:
 def test_the_validation_scenario_returns_a_node_of_its_fleet() -> None:
     from pydantic import ValidationError
 
-    from sentinel.demo.quick import quick
+    from sentinel.lab.demo.quick import quick
 
     sc = load_scenario("validation")
     assert sc.returns is not None and sc.returns.node == "node-1" and sc.returns.damage == ["sdc"]

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from slurm_support import require_cluster
 
-from sentinel.slurm.cluster import SlurmCluster
+from sentinel.lab.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -15,7 +15,7 @@ import pytest
 from coord_util import ROOT, Coordinator
 from slurm_support import require_cluster
 
-from sentinel.slurm.cluster import SlurmCluster
+from sentinel.lab.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

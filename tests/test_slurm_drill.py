@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from slurm_support import require_cluster
 
-from sentinel.demo.slurm import SlurmDemo
+from sentinel.lab.demo.slurm import SlurmDemo
+from sentinel.lab.slurm.cluster import SlurmCluster
 from sentinel.scenario import Scenario
-from sentinel.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SCENARIO = Path(__file__).parent / "slurm_drill.yaml"

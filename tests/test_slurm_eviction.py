@@ -13,6 +13,7 @@ from coord_util import Coordinator, job_status, wait_for, xid
 from slurm_support import require_cluster
 
 from sentinel.burnin.baseline import ValidationBaseline, save_validation_baseline
+from sentinel.lab.slurm.cluster import SlurmCluster
 from sentinel.protocol import (
     AgentHeartbeatPayload,
     EventBatch,
@@ -23,7 +24,6 @@ from sentinel.protocol import (
     encode,
     make_event,
 )
-from sentinel.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from slurm_support import require_cluster
 
+from sentinel.lab.slurm.cluster import SlurmCluster
 from sentinel.slurm.allocation import Allocation
-from sentinel.slurm.cluster import SlurmCluster
 from sentinel.slurm.task import rank_env
 from sentinel.supervisor.launcher import Gang, GangPlan, RankExit
 from sentinel.supervisor.slurm_launcher import SlurmLauncher, parse_task_exit

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from coord_util import ROOT, SENTINEL, Coordinator, wait_for
 
+from sentinel.lab.sim.fleet import SimFleet
 from sentinel.processes import spawn, stop_process
-from sentinel.sim.fleet import SimFleet
 
 pytestmark = pytest.mark.slow
 NODES = ["node-0", "node-1"]

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
         report = run_rank(settings)
         return ExitCode.OK if report is None else publish(report, args)
-    from sentinel.sim.burnin import run_sim
+    from sentinel.lab.sim.burnin import run_sim
 
     nodes, gpus = sim_fleet(args)
     with tempfile.TemporaryDirectory(prefix="sentinel-burnin-") as tmp:

@@ -19,10 +19,10 @@ import torch.distributed as dist
 
 from sentinel.burnin import collectives, links, sdc, stragglers
 from sentinel.burnin.comm import Comm, Compute
+from sentinel.burnin.faults import faults_for_rank, inject
 from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, load_baseline
 from sentinel.burnin.settings import BurninSettings
-from sentinel.sim.burnin_faults import faults_for_rank, inject
 from sentinel.stats import median, variance
 
 BISECTION_FROM_NODES = 16  # `auto`: the circle search up to this many nodes, bisection above

@@ -60,7 +60,7 @@ def _compute(gpu: int, sim_faults: Path | None) -> Compute:
     device = torch.device(f"cuda:{gpu}") if torch.cuda.is_available() else torch.device("cpu")
     if sim_faults is None:
         return Compute(device)
-    from sentinel.sim.burnin_faults import FaultyCompute, faults_for_sim_gpu
+    from sentinel.burnin.faults import FaultyCompute, faults_for_sim_gpu
 
     return FaultyCompute(device, faults_for_sim_gpu(sim_faults, gpu))
 

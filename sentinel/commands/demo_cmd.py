@@ -92,14 +92,14 @@ def with_recovery(scenario: Scenario, recovery: str) -> Scenario:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sentinel.demo.drill import run_drill, summary_lines
+    from sentinel.lab.demo.drill import run_drill, summary_lines
     from sentinel.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
     if args.recovery is not None:
         scenario = with_recovery(scenario, args.recovery)
     if args.fleet == "slurm":
-        from sentinel.slurm.cluster import missing_requirements
+        from sentinel.lab.slurm.cluster import missing_requirements
 
         why = missing_requirements()
         if why:

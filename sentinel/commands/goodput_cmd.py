@@ -11,9 +11,9 @@ from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
 
 if TYPE_CHECKING:
-    from sentinel.goodput.origin import Input
+    from sentinel.lab.goodput.origin import Input
 
-# `sentinel.goodput.paths.Recovery`'s values (a test checks), here so that `sentinel --help`
+# `sentinel.lab.goodput.paths.Recovery`'s values (a test checks), here so that `sentinel --help`
 # does not load the simulator.
 RECOVERY = ("catalog", "restart", "warm_restart")
 COMPARE_GPUS = (16384, 100000)
@@ -138,7 +138,7 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def _overrides(items: list[str], flag: str) -> dict[str, float]:
-    from sentinel.goodput.trace import FaultClass
+    from sentinel.lab.goodput.trace import FaultClass
 
     out: dict[str, float] = {}
     for item in items:
@@ -172,11 +172,11 @@ CHECKPOINT_FLAGS = {
 
 def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, Any]]:
     """Every input with its origin: the measurements, then a drill's file, then the flags."""
-    from sentinel.goodput.inputs import default_rows, override
-    from sentinel.goodput.inputs_report import measurements_dict
-    from sentinel.goodput.measurements import read_measurements
-    from sentinel.goodput.model import load_demo_times
-    from sentinel.goodput.recovery_bench import read_recovery_bench
+    from sentinel.lab.goodput.inputs import default_rows, override
+    from sentinel.lab.goodput.inputs_report import measurements_dict
+    from sentinel.lab.goodput.measurements import read_measurements
+    from sentinel.lab.goodput.model import load_demo_times
+    from sentinel.lab.goodput.recovery_bench import read_recovery_bench
 
     meas, where = read_measurements(args.measurements)
     bench, bench_where = (
@@ -212,15 +212,15 @@ def _sources(rows: list[Input], prefix: str) -> str:
 
 
 def run_goodput(args: argparse.Namespace) -> int:
-    from sentinel.goodput.compare import compare, compare_dict, render_compare, rule_spares
-    from sentinel.goodput.inputs import Plan, build_models
-    from sentinel.goodput.inputs_report import inputs_json, render_inputs
-    from sentinel.goodput.levers import lever_rows
-    from sentinel.goodput.paths import Recovery
-    from sentinel.goodput.report import build_report, render_text
-    from sentinel.goodput.sensitivity import sensitivity
-    from sentinel.goodput.simulate import Fleet
-    from sentinel.goodput.trace import LLAMA3, load_trace
+    from sentinel.lab.goodput.compare import compare, compare_dict, render_compare, rule_spares
+    from sentinel.lab.goodput.inputs import Plan, build_models
+    from sentinel.lab.goodput.inputs_report import inputs_json, render_inputs
+    from sentinel.lab.goodput.levers import lever_rows
+    from sentinel.lab.goodput.paths import Recovery
+    from sentinel.lab.goodput.report import build_report, render_text
+    from sentinel.lab.goodput.sensitivity import sensitivity
+    from sentinel.lab.goodput.simulate import Fleet
+    from sentinel.lab.goodput.trace import LLAMA3, load_trace
 
     trace = load_trace(args.trace) if args.trace else LLAMA3
     gpus = args.gpus or trace.gpus

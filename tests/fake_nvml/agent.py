@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fake_nvml import FakeGpu, fake_env, write_config
+from sentinel.lab.sim.fleet import AgentProcess
 from sentinel.processes import free_port
-from sentinel.sim.fleet import AgentProcess
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 

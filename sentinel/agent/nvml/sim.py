@@ -19,7 +19,7 @@ way a real one would. Each fault changes exactly the readings the real fault cha
                                              faults are over
 
 The validation burn-in of a simulated node (`sentinel burnin --validate --sim-faults FILE`)
-reads the same file to make its arithmetic really slow or corrupt (`sentinel.sim.burnin_faults`).
+reads the same file to make its arithmetic really slow or corrupt (`sentinel.burnin.faults`).
 
 A malformed line is logged and skipped; it never stops the simulator.
 """

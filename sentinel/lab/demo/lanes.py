@@ -1,0 +1,153 @@
+"""The incident timeline chart: one lane per kind of entry, by time since the demo started,
+with bars for each fault's measured time to detect and time to resume. Labels that would
+overlap are left out of the chart; the table under it lists every entry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.axes import Axes
+
+from sentinel.lab.demo.data import TimelineEntry
+from sentinel.lab.demo.plot import (
+    DETECT_COLOUR,
+    FAULT_COLOUR,
+    MUTED,
+    Chart,
+    chart,
+    new_figure,
+    styled,
+)
+
+LANES = (
+    ("Faults", ("fault",), FAULT_COLOUR),
+    ("Detection", ("detect", "incident"), DETECT_COLOUR),
+    ("Actions", ("action",), "#0072B2"),
+    ("Resume", ("resume",), "#009E73"),
+    ("Burn-in", ("burnin",), "#E69F00"),
+    ("Info", ("info",), MUTED),
+)
+LABEL_LEVELS = 3  # label rows per lane before a label is left to the table
+LABEL_CHARS = 28
+CHAR_IN = 0.065  # the width of one 8-point character, in inches, near enough to avoid overlaps
+WIDTH_IN = 10.0
+
+
+@dataclass(frozen=True)
+class Span:
+    """A bar on a lane from `start` to `end` (demo seconds)."""
+
+    lane: str
+    start: float
+    end: float
+    label: str
+    colour: str
+
+
+def repair_spans(
+    entries: Sequence[TimelineEntry], faults: Sequence[dict[str, Any]], lanes: Sequence[str]
+) -> list[Span]:
+    """Bars for each fault's measured time to detect (from its injection entry) and time to
+    resume (from detection), on the Detection and Resume lanes where those exist."""
+    out = []
+    for f in faults:
+        start = next(
+            (
+                e.t
+                for e in entries
+                if e.kind == "fault"
+                and e.target == f.get("target")
+                and e.step in (None, f.get("injected_step"))
+            ),
+            None,
+        )
+        detect, resume = f.get("time_to_detect_s"), f.get("time_to_resume_s")
+        if start is None or not isinstance(detect, int | float):
+            continue
+        if "Detection" in lanes:
+            out.append(
+                Span("Detection", start, start + detect, f"{detect:.1f} s to detect", "#c8b6f2")
+            )
+        if isinstance(resume, int | float) and "Resume" in lanes:
+            end = start + detect + resume
+            out.append(Span("Resume", start + detect, end, f"{resume:.1f} s to resume", "#9fd8c0"))
+    return out
+
+
+def short(text: str) -> str:
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
+
+
+def place_labels(xs: Sequence[float], texts: Sequence[str], span_s: float) -> list[int | None]:
+    """A label row for each event (None: no room left), so that no two labels overlap."""
+    per_s = span_s / (WIDTH_IN * 0.8)  # seconds per inch of plot
+    ends: list[float] = []  # right end of the last label on each row
+    out: list[int | None] = []
+    for x, text in zip(xs, texts, strict=True):
+        level = next((i for i, end in enumerate(ends) if x > end), None)
+        if level is None and len(ends) < LABEL_LEVELS:
+            level = len(ends)
+            ends.append(0.0)
+        if level is not None:
+            ends[level] = x + len(text) * CHAR_IN * per_s + 0.1 * per_s
+        out.append(level)
+    return out
+
+
+@styled
+def timeline_chart(entries: Sequence[TimelineEntry], result: dict[str, Any]) -> Chart:
+    lanes = [(name, kinds, c) for name, kinds, c in LANES if any(e.kind in kinds for e in entries)]
+    names = [name for name, _k, _c in lanes]
+    spans = repair_spans(entries, result.get("faults") or [], names)
+    t_end = max([e.t for e in entries] + [s.end for s in spans])
+    fig = new_figure(WIDTH_IN, 1.0 + 0.75 * len(lanes))
+    ax = fig.add_subplot()
+    ax.set_xlim(0, max(1.0, t_end * 1.02))
+    ax.set_ylim(len(lanes) - 0.4, -0.6)
+    ax.set_yticks(range(len(lanes)), names)
+    ax.grid(True, axis="x")
+    for s in spans:
+        y = names.index(s.lane)
+        ax.barh(y + 0.22, s.end - s.start, left=s.start, height=0.22, color=s.colour)
+        ax.text(s.start, y + 0.22, f" {s.label}", va="center", fontsize=7, color="#1f2328")
+    for y, (_name, kinds, colour) in enumerate(lanes):
+        mine = sorted((e for e in entries if e.kind in kinds), key=lambda e: e.t)
+        _lane(ax, y, mine, colour, ax.get_xlim()[1])
+    ax.set_xlabel("seconds since the demo started")
+    title = "Faults, detection, repair and resume over time"
+    ax.set_title(title)
+    return chart(fig, "timeline", title, timeline_caption(entries, spans))
+
+
+def _lane(ax: Axes, y: int, mine: Sequence[TimelineEntry], colour: str, span_s: float) -> None:
+    ax.scatter([e.t for e in mine], [y] * len(mine), marker="D", s=28, color=colour, zorder=3)
+    texts = [short(e.text) for e in mine]
+    for e, text, level in zip(
+        mine, texts, place_labels([e.t for e in mine], texts, span_s), strict=True
+    ):
+        if level is not None:
+            ax.annotate(
+                text,
+                (e.t, y),
+                xytext=(-3, 6 + 9 * level),
+                textcoords="offset points",
+                fontsize=7,
+                color="#1f2328",
+                va="bottom",
+            )
+
+
+def timeline_caption(entries: Sequence[TimelineEntry], spans: Sequence[Span]) -> str:
+    firsts = [
+        e
+        for e in sorted(entries, key=lambda e: e.t)
+        if e.kind in ("fault", "detect", "incident", "resume")
+    ]
+    text = f"{len(entries)} timeline entries over {max(e.t for e in entries):.0f} s."
+    if firsts:
+        text += " " + "; ".join(f"{e.t:.1f} s: {e.text}" for e in firsts[:12]) + "."
+    if spans:
+        text += " Measured: " + ", ".join(s.label for s in spans) + "."
+    return text + " The table below lists every entry."
