@@ -166,10 +166,21 @@ def measure_agent_cpu(seconds: float, scrape_every_s: float = 15.0) -> dict[str,
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="sentinel-bench-agent-") as tmp:
         cmd = [
-            sys.executable, "-m", "sentinel", "agent", "--node-id", "bench-node",
-            "--listen", f"127.0.0.1:{port}", "--interval", "1",
-            "--rank-socket", str(Path(tmp) / "agent.sock"), "--expected-gpus", str(GPUS),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "sentinel",
+            "agent",
+            "--node-id",
+            "bench-node",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "1",
+            "--rank-socket",
+            str(Path(tmp) / "agent.sock"),
+            "--expected-gpus",
+            str(GPUS),
+        ]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         try:
             url = f"http://127.0.0.1:{port}/metrics"

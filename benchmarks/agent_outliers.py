@@ -103,8 +103,9 @@ class Fleet:
         return util, power, temp, clock
 
 
-def readings(util: list[int], power: list[float], temp: list[float], clock: list[float]
-             ) -> list[GpuReading]:  # fmt: skip
+def readings(
+    util: list[int], power: list[float], temp: list[float], clock: list[float]
+) -> list[GpuReading]:
     """One node's readings, from its rows of the fleet's arrays (as Python lists)."""
     return [
         GpuReading(index=g, util_gpu_pct=u, power_w=p, temp_gpu_c=t, sm_clock_mhz=int(c))
@@ -135,10 +136,16 @@ def false_flags(nodes: int, polls: int, seed: int) -> dict[str, object]:
             for g, (why, clear) in found[n].update(node, quiet).items():
                 if why is None and (n, g) not in raised:
                     continue  # quiet and nothing held: the agent's fast path
-                finding = None if why is None else Finding(
-                    rule="peer_outlier", verdict=PEER_OUTLIER.verdict,
-                    action=PEER_OUTLIER.action, detail=why,
-                )  # fmt: skip
+                finding = (
+                    None
+                    if why is None
+                    else Finding(
+                        rule="peer_outlier",
+                        verdict=PEER_OUTLIER.verdict,
+                        action=PEER_OUTLIER.action,
+                        detail=why,
+                    )
+                )
                 up = holds.step((n, g), PEER_OUTLIER, finding, lambda c=clear: c, float(t))
                 if up is not None and (n, g) not in raised:
                     episodes += 1

@@ -286,9 +286,20 @@ def _start_coordinator(
 ) -> tuple[subprocess.Popen, int, int]:
     """The coordinator pinned to its core; (process, API port, ingest port) once it answers."""
     port, ingest = free_port(), free_port()  # the API, and the fleet's ingest listener
-    argv = [sys.executable, "-m", "sentinel", "--log-level", "warning", "coordinator",
-            "--listen", f"127.0.0.1:{port}", "--ingest-listen", f"127.0.0.1:{ingest}",
-            "--state-dir", str(state)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sentinel",
+        "--log-level",
+        "warning",
+        "coordinator",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--ingest-listen",
+        f"127.0.0.1:{ingest}",
+        "--state-dir",
+        str(state),
+    ]
     if store_url:
         argv += ["--store", store_url]
     coord = subprocess.Popen(
@@ -306,9 +317,15 @@ def _start_coordinator(
 
 
 def _paced_step(
-    coord: subprocess.Popen, url: str, token: str, ingest: int, node_tokens: list[str],
-    nodes: int, seconds: float, wal: Path | None,
-) -> dict[str, Any]:  # fmt: skip
+    coord: subprocess.Popen,
+    url: str,
+    token: str,
+    ingest: int,
+    node_tokens: list[str],
+    nodes: int,
+    seconds: float,
+    wal: Path | None,
+) -> dict[str, Any]:
     proc = psutil.Process(coord.pid)
     hist0 = _server_ack_buckets(url, token)
     q: mp.Queue = mp.Queue()
@@ -346,9 +363,13 @@ def _paced_step(
 
 
 def _measure_store(
-    store_url: str | None, sizes: list[int], seconds: float, closed_loop: int | None,
-    db_pid: int | None, drain_s: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    store_url: str | None,
+    sizes: list[int],
+    seconds: float,
+    closed_loop: int | None,
+    db_pid: int | None,
+    drain_s: float | None = None,
+) -> dict[str, Any]:
     """Paced steps (or the closed loop) against one coordinator on this store; with `drain_s`,
     each step with a drain pending that takes that long (`slow_drain.py`)."""
     state = Path(tempfile.mkdtemp(prefix="sentinel-bench-"))
@@ -376,8 +397,15 @@ def _measure_store(
         stop_process(coord, 10.0)
     ok = [s for s in steps if _holds(s)]
     at_target = next((s for s in steps if s["nodes"] == TARGET_NODES), steps[-1])
-    keys = ("events_per_s", "batches_per_s", "ack_ms_p50", "ack_ms_p99", "cpu_ms_per_batch",
-            "projected_nodes_per_core", "cpu_core_fraction")  # fmt: skip
+    keys = (
+        "events_per_s",
+        "batches_per_s",
+        "ack_ms_p50",
+        "ack_ms_p99",
+        "cpu_ms_per_batch",
+        "projected_nodes_per_core",
+        "cpu_core_fraction",
+    )
     return {
         **{k: at_target[k] for k in keys},
         "fleet_nodes": at_target["nodes"],

@@ -70,9 +70,20 @@ class Replica:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "sentinel", "--log-level", "warning", "coordinator",
-                "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.state),
-                "--store", self.dsn]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "--log-level",
+            "warning",
+            "coordinator",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--state-dir",
+            str(self.state),
+            "--store",
+            self.dsn,
+        ]
         self.proc = subprocess.Popen(argv)
         deadline = time.monotonic() + 30
         while self.role() is None and time.monotonic() < deadline:
@@ -156,8 +167,13 @@ def _rolling_restart(dsn: str, group: list[Replica], token: str) -> dict[str, An
     def load() -> None:
         n = 0
         while not stop.is_set():
-            events = [make_event(EventKind.AGENT_HEARTBEAT, Source(node=f"load-{n % 16}"),
-                                 AgentHeartbeatPayload(gpus=8, verdict=Verdict.HEALTHY, agent_version="b"))]  # fmt: skip
+            events = [
+                make_event(
+                    EventKind.AGENT_HEARTBEAT,
+                    Source(node=f"load-{n % 16}"),
+                    AgentHeartbeatPayload(gpus=8, verdict=Verdict.HEALTHY, agent_version="b"),
+                )
+            ]
             n += 1
             if any(r.post(token, encode(EventBatch(events=events)).encode()) for r in group):
                 acked.extend(e.id for e in events)

@@ -50,8 +50,9 @@ def main() -> None:
     )
     values = {r.key: r.value for r in default_rows(meas, where, bench, bench_where)}
     gpus = LLAMA3.gpus
-    plan = Plan(gpus=gpus, spares=rule_spares(LLAMA3, gpus, values), interval_s=None,
-                asynchronous=True)  # fmt: skip
+    plan = Plan(
+        gpus=gpus, spares=rule_spares(LLAMA3, gpus, values), interval_s=None, asynchronous=True
+    )
     sentinel, baseline, _spec = build_models(values, plan)
     seeds = list(range(args.runs))
     fleet = Fleet(LLAMA3, gpus=gpus, days=LLAMA3.days, seeds=seeds)

@@ -62,8 +62,9 @@ def run_drills(scenarios: list[str], fleet: str, keep: Path) -> list[Path]:
     out = []
     for name in scenarios:
         run_dir = keep / name
-        result = run_drill(load_scenario(name), run_dir, shorten=True, echo=lambda _l: None,
-                           fleet=fleet)  # fmt: skip
+        result = run_drill(
+            load_scenario(name), run_dir, shorten=True, echo=lambda _l: None, fleet=fleet
+        )
         print(f"{name}: {result['verdict']}", flush=True)
         out.append(run_dir)
     return out
@@ -91,12 +92,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenarios", default=SCENARIOS, help=f"drills to run (default {SCENARIOS})")
     ap.add_argument("--fleet", choices=["local", "slurm"], default="local")
-    ap.add_argument("--results", type=Path, nargs="+", metavar="DIR",
-                    help="read these drill run directories instead of running drills")  # fmt: skip
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help=f"measurements file (default: {DEFAULT_OUT.relative_to(ROOT)})")  # fmt: skip
-    ap.add_argument("--keep", type=Path, metavar="DIR",
-                    help="keep the drills' run directories in DIR (default: a temporary one)")  # fmt: skip
+    ap.add_argument(
+        "--results",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="read these drill run directories instead of running drills",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"measurements file (default: {DEFAULT_OUT.relative_to(ROOT)})",
+    )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep the drills' run directories in DIR (default: a temporary one)",
+    )
     args = ap.parse_args()
     command = shlex.join(["python", "benchmarks/goodput_measurements.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="goodput-drills-") as tmp:
@@ -105,11 +119,20 @@ def main() -> int:
         m = merge(dirs, command, ran_drills=not args.results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(dump(m))
-    classes = {str(k): v.model_dump(include={"detect_s", "repair_s", "samples"})
-               for k, v in m.classes.items()}  # fmt: skip
-    print(json.dumps({"benchmark": "goodput_measurements", "out": str(args.out),
-                      "drills": [f"{d.scenario}: {d.verdict}" for d in m.drills],
-                      "classes": classes}))  # fmt: skip
+    classes = {
+        str(k): v.model_dump(include={"detect_s", "repair_s", "samples"})
+        for k, v in m.classes.items()
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "goodput_measurements",
+                "out": str(args.out),
+                "drills": [f"{d.scenario}: {d.verdict}" for d in m.drills],
+                "classes": classes,
+            }
+        )
+    )
     return 0
 
 

@@ -41,10 +41,12 @@ def main() -> int:
     args = ap.parse_args()
     seeds = list(range(args.runs))
     out = {
-        name: {k: round(v, 3) if isinstance(v, float) else v
-               for k, v in dataclasses.asdict(compare(fleet, LemonPolicy(), seeds)).items()}
+        name: {
+            k: round(v, 3) if isinstance(v, float) else v
+            for k, v in dataclasses.asdict(compare(fleet, LemonPolicy(), seeds)).items()
+        }
         for name, fleet in QUESTIONS.items()
-    }  # fmt: skip
+    }
     print(json.dumps(out))
     return 0
 

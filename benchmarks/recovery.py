@@ -285,8 +285,17 @@ def fault_rows(
     rows: list[list[object]] = []
     for way, f in figures.items():
         for i, fault in enumerate(faults):
-            rows.append([way, fault_label(fault), f["detect_s"][i], f["stall_s"][i],
-                         f["stall_s_lines"][i], f["join_s"][i], f["paths"][i]])  # fmt: skip
+            rows.append(
+                [
+                    way,
+                    fault_label(fault),
+                    f["detect_s"][i],
+                    f["stall_s"][i],
+                    f["stall_s_lines"][i],
+                    f["join_s"][i],
+                    f["paths"][i],
+                ]
+            )
     return rows
 
 
@@ -294,21 +303,47 @@ def way_rows(figures: dict[str, dict[str, Any]]) -> list[list[object]]:
     rows: list[list[object]] = []
     for way, f in figures.items():
         loss = f["final_loss"]
-        rows.append([way, f["wall_s"], f["steps"], f["stall_s_max"], f["join_s_max"],
-                     f["checkpoint_reads"], f["survivors_restarted"],
-                     "exact" if f["ledger_exact"] else "NOT EXACT",
-                     None if loss is None else f"{loss:.6f}", f["verdict"],
-                     "-".join(f"{x:g}" for x in f.get("load_avg", []))])  # fmt: skip
+        rows.append(
+            [
+                way,
+                f["wall_s"],
+                f["steps"],
+                f["stall_s_max"],
+                f["join_s_max"],
+                f["checkpoint_reads"],
+                f["survivors_restarted"],
+                "exact" if f["ledger_exact"] else "NOT EXACT",
+                None if loss is None else f"{loss:.6f}",
+                f["verdict"],
+                "-".join(f"{x:g}" for x in f.get("load_avg", [])),
+            ]
+        )
     return rows
 
 
-WAY_HEADER = ["way", "wall_s", "steps", "stall_max_s", "join_max_s", "ckpt_reads",
-              "survivors_restarted", "ledger", "final_loss", "demo", "load"]  # fmt: skip
+WAY_HEADER = [
+    "way",
+    "wall_s",
+    "steps",
+    "stall_max_s",
+    "join_max_s",
+    "ckpt_reads",
+    "survivors_restarted",
+    "ledger",
+    "final_loss",
+    "demo",
+    "load",
+]
 FAULT_HEADER = ["way", "fault", "detect_s", "stall_s", "stall_lines_s", "join_s", "path"]
 
 
-def plot(timelines: dict[str, list[Commit]], strikes: dict[str, list[float | None]],
-         at_steps: Sequence[int], stopped: set[str], path: Path) -> None:  # fmt: skip
+def plot(
+    timelines: dict[str, list[Commit]],
+    strikes: dict[str, list[float | None]],
+    at_steps: Sequence[int],
+    stopped: set[str],
+    path: Path,
+) -> None:
     """Step against seconds since the first step, one line per way, each strike marked; a way
     in `stopped` did not finish, and says where it stopped."""
     import matplotlib
@@ -320,14 +355,32 @@ def plot(timelines: dict[str, list[Commit]], strikes: dict[str, list[float | Non
         ax = fig.add_subplot()
         for i, (way, tl) in enumerate(timelines.items()):
             colour = PALETTE[i % len(PALETTE)]
-            ax.plot([c.t for c in tl], [c.step for c in tl], color=colour, label=way,
-                    linewidth=1.4, drawstyle="steps-post")  # fmt: skip
+            ax.plot(
+                [c.t for c in tl],
+                [c.step for c in tl],
+                color=colour,
+                label=way,
+                linewidth=1.4,
+                drawstyle="steps-post",
+            )
             hits = [(t, at) for t, at in zip(strikes[way], at_steps, strict=True) if t is not None]
-            ax.plot([t for t, _ in hits], [at for _, at in hits], linestyle="none", marker="x",
-                    markersize=8, markeredgewidth=2, color=colour)  # fmt: skip
+            ax.plot(
+                [t for t, _ in hits],
+                [at for _, at in hits],
+                linestyle="none",
+                marker="x",
+                markersize=8,
+                markeredgewidth=2,
+                color=colour,
+            )
             if way in stopped and tl:
-                ax.annotate(f"stopped at step {tl[-1].step}", (tl[-1].t, tl[-1].step),
-                            xytext=(6, -12), textcoords="offset points", color=colour)  # fmt: skip
+                ax.annotate(
+                    f"stopped at step {tl[-1].step}",
+                    (tl[-1].t, tl[-1].step),
+                    xytext=(6, -12),
+                    textcoords="offset points",
+                    color=colour,
+                )
         ax.plot([], [], linestyle="none", marker="x", color=INK, label="fault strikes")
         ax.set_xlabel("seconds since the first committed step")
         ax.set_ylabel("step")
@@ -370,8 +423,18 @@ class WayRun:
 def run_way(way: str, schedule: Path, out: Path) -> WayRun:
     """`sentinel demo` on the schedule for one way, its step lines followed as it trains."""
     run_dir = out / way
-    argv = [sys.executable, "-m", "sentinel", "demo", "--scenario", str(schedule),
-            "--recovery", "live" if way == SHADOW else way, "--out", str(run_dir)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sentinel",
+        "demo",
+        "--scenario",
+        str(schedule),
+        "--recovery",
+        "live" if way == SHADOW else way,
+        "--out",
+        str(run_dir),
+    ]
     env = dict(os.environ)
     if way == SHADOW:
         env["SENTINEL_COORDINATOR__DRY_RUN"] = "true"
@@ -421,11 +484,15 @@ def report(runs: dict[str, WayRun], out: Path, ft_timeout_s: float) -> dict[str,
             f"\nSentinel's detection: survivors' stall without it minus with it, per fault: {saved}"
         )
         off = figures[SHADOW]
-        print(f"  ({SHADOW}: stalls {off['stall_s']}, {off['steps']} of "
-              f"{SCHEDULE['trainer']['steps']} steps; torchft timeout {ft_timeout_s:g} s)")  # fmt: skip
+        print(
+            f"  ({SHADOW}: stalls {off['stall_s']}, {off['steps']} of "
+            f"{SCHEDULE['trainer']['steps']} steps; torchft timeout {ft_timeout_s:g} s)"
+        )
         if not off["finished"]:
-            print(f"  {SHADOW} stopped at step {off['steps']}: no step committed in the run's last "
-                  f"{off['idle_at_end_s']} s")  # fmt: skip
+            print(
+                f"  {SHADOW} stopped at step {off['steps']}: no step committed in the run's last "
+                f"{off['idle_at_end_s']} s"
+            )
     for miss in line.get("live_targets_missed", []):
         print(f"live: target missed: {miss}")
     try:
@@ -457,15 +524,20 @@ def main(argv: list[str] | None = None) -> int:
     # The trainer's shipped torchft timeout; torchft's own variable, set here, reaches the ranks
     # and wins (as it does inside torchft's Manager).
     ft_timeout_s = float(os.environ.get(FT_TIMEOUT_ENV["timeout"], FT_TIMEOUT_S))
-    print(f"schedule {schedule}; torchft timeout {ft_timeout_s:g} s; load {os.getloadavg()[0]:.2f}",
-          flush=True)  # fmt: skip
+    print(
+        f"schedule {schedule}; torchft timeout {ft_timeout_s:g} s; load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     runs: dict[str, WayRun] = {}
     for way in ways:
         run = run_way(way, schedule, args.out)
         runs[way] = run
         verdict = (run.result or {}).get("verdict", "no result")
-        print(f"{way}: {len(run.commits)} step lines, demo {verdict} (exit {run.exit_code}) in "
-              f"{run.elapsed_s:.0f} s; log {args.out / f'{way}.log'}", flush=True)  # fmt: skip
+        print(
+            f"{way}: {len(run.commits)} step lines, demo {verdict} (exit {run.exit_code}) in "
+            f"{run.elapsed_s:.0f} s; log {args.out / f'{way}.log'}",
+            flush=True,
+        )
     line = report(runs, args.out, ft_timeout_s)
     print(json.dumps(line))
     return 0 if all(r.result is not None for r in runs.values()) else 1

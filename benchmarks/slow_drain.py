@@ -51,9 +51,14 @@ def _calls(state: Path) -> list[str]:
 def start(url: str, token: str, state: Path, step: int) -> str:
     """A DBE on one node of a job with spares; returns once its drain has begun."""
     node = NODES[step % len(NODES)]
-    status = JobStatusPayload(state="running", generation=0, world_size=len(NODES),
-                              gpus_per_node=1, nodes=NODES,
-                              spares=[f"drain-spare-{i}" for i in range(8)])  # fmt: skip
+    status = JobStatusPayload(
+        state="running",
+        generation=0,
+        world_size=len(NODES),
+        gpus_per_node=1,
+        nodes=NODES,
+        spares=[f"drain-spare-{i}" for i in range(8)],
+    )
     xid = XidReport(gpu=0, xid=48, name="Double-bit ECC error", action=Action.RESET_GPU)
     health = NodeHealthPayload(verdict=Verdict.UNHEALTHY, action=Action.RESET_GPU, xids=[xid])
     batch = EventBatch(

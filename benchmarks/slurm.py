@@ -87,8 +87,11 @@ def breakdown(out: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
     restarts, launches = _log_times(out / "supervisor.log")
     rows = []
     for f in result["faults"]:
-        row: dict[str, Any] = {"kind": f["kind"], "detect_s": f["time_to_detect_s"],
-                               "repair_s": f["time_to_resume_s"]}  # fmt: skip
+        row: dict[str, Any] = {
+            "kind": f["kind"],
+            "detect_s": f["time_to_detect_s"],
+            "repair_s": f["time_to_resume_s"],
+        }
         inc = f.get("incident")
         opened = db.execute("SELECT opened_at FROM incidents WHERE id=?", (inc,)).fetchone()
         if opened is not None and f["time_to_resume_s"] is not None:
@@ -135,8 +138,16 @@ def main() -> int:
     met = bool(slurm) and all(
         r["verdict"] == "pass" and (r.get("repair_s") or 0.0) <= TARGET_S for r in slurm
     )
-    print(json.dumps({"benchmark": "slurm_repair", "target_resume_s": TARGET_S,
-                      "slurm_target_met": met, "kinds": figures}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "benchmark": "slurm_repair",
+                "target_resume_s": TARGET_S,
+                "slurm_target_met": met,
+                "kinds": figures,
+            }
+        )
+    )
     return 0
 
 

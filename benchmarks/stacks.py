@@ -55,10 +55,14 @@ def _frames(leaf: list[str], depth: int = 30) -> list[StackFrame]:
     outer = ["<module>", "main", "run", "train", "train_step", "_call_impl", "forward"]
     model = [f"block_{i}_forward" for i in range(depth - len(outer) - len(leaf))]
     return [
-        StackFrame(file=f"/opt/train/{'model' if f.startswith('block') else 'train'}.py",
-                   line=100 + i, func=f, code=f"x = {f}(x)")
+        StackFrame(
+            file=f"/opt/train/{'model' if f.startswith('block') else 'train'}.py",
+            line=100 + i,
+            func=f,
+            code=f"x = {f}(x)",
+        )
         for i, f in enumerate([*outer, *model, *leaf])
-    ]  # fmt: skip
+    ]
 
 
 def _place(rank: int) -> list[str]:
@@ -73,9 +77,14 @@ def _place(rank: int) -> list[str]:
 
 def stacks_of(rank: int, request_id: str) -> RankStacksPayload:
     def thread(name: str, funcs: list[str]) -> ThreadStack:
-        return ThreadStack(name=name, daemon=True, frames=[
-            StackFrame(file="/opt/sentinel/trainer_hooks/x.py", line=10 + i, func=f)
-            for i, f in enumerate(funcs)])  # fmt: skip
+        return ThreadStack(
+            name=name,
+            daemon=True,
+            frames=[
+                StackFrame(file="/opt/sentinel/trainer_hooks/x.py", line=10 + i, func=f)
+                for i, f in enumerate(funcs)
+            ],
+        )
 
     return RankStacksPayload(
         request_id=request_id,
@@ -101,11 +110,13 @@ async def agent(url: str, token: str, node: int, stop: asyncio.Event) -> None:
             for cmd in commands:
                 rid = cmd["args"]["request_id"]
                 events = [
-                    make_event(EventKind.RANK_STACKS,
-                               Source(node=f"node-{node}", rank=rank, job=JOB),
-                               stacks_of(rank, rid))
+                    make_event(
+                        EventKind.RANK_STACKS,
+                        Source(node=f"node-{node}", rank=rank, job=JOB),
+                        stacks_of(rank, rid),
+                    )
                     for rank in range(node * PER_NODE, (node + 1) * PER_NODE)
-                ]  # fmt: skip
+                ]
                 body = encode(EventBatch(events=events))
                 ct = {"Content-Type": "application/json"}
                 async with s.post("/v1/events", data=body, headers=ct) as r:
@@ -130,11 +141,20 @@ def run_agents(url: str, tokens: list[str], ready: threading.Event, done: thread
 
 
 def register_job(url: str, admin: str) -> None:
-    status = JobStatusPayload(state="running", generation=0, world_size=WORLD,
-                              gpus_per_node=PER_NODE, nodes=[f"node-{i}" for i in range(NODES)])  # fmt: skip
+    status = JobStatusPayload(
+        state="running",
+        generation=0,
+        world_size=WORLD,
+        gpus_per_node=PER_NODE,
+        nodes=[f"node-{i}" for i in range(NODES)],
+    )
     body = encode(EventBatch(events=[make_event(EventKind.JOB_STATUS, Source(job=JOB), status)]))
-    req = urllib.request.Request(f"{url}/v1/events", data=body.encode(), method="POST", headers={
-        "Authorization": f"Bearer {admin}", "Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"{url}/v1/events",
+        data=body.encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req, timeout=30).close()
 
 
@@ -156,8 +176,19 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         log = Path(tmp) / "coordinator.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sentinel", "coordinator", "--listen", f"127.0.0.1:{port}",
-             "--state-dir", str(state)], stdout=log.open("wb"), stderr=subprocess.STDOUT)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sentinel",
+                "coordinator",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--state-dir",
+                str(state),
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
         ready, done = threading.Event(), threading.Event()
         agents = threading.Thread(target=run_agents, args=(url, node_tokens, ready, done))
         try:
@@ -176,20 +207,23 @@ def main() -> None:
             stop_process(proc, 10.0)
     grouped_s, render_s = grouping_alone()
     groups = [g["ranks_text"] for g in doc["groups"]]
-    right = (doc["answered"] == WORLD and groups[:2] == ["517", str(WORLD - 1)]
-             and len(groups) == 5)  # fmt: skip
+    right = doc["answered"] == WORLD and groups[:2] == ["517", str(WORLD - 1)] and len(groups) == 5
     print(text.splitlines()[0])
     print(f"groups, odd ones out first: {groups}")
-    print(json.dumps({
-        "stacks_1024_s": round(end_to_end, 3),
-        "grouping_1024_s": round(grouped_s, 4),
-        "render_1024_s": round(render_s, 4),
-        "ranks": WORLD,
-        "answered": doc["answered"],
-        "groups": len(groups),
-        "odd_ones_first": right,
-        "target_s": TARGET_S,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "stacks_1024_s": round(end_to_end, 3),
+                "grouping_1024_s": round(grouped_s, 4),
+                "render_1024_s": round(render_s, 4),
+                "ranks": WORLD,
+                "answered": doc["answered"],
+                "groups": len(groups),
+                "odd_ones_first": right,
+                "target_s": TARGET_S,
+            }
+        )
+    )
     sys.exit(0 if right and end_to_end <= TARGET_S else 1)
 
 

@@ -35,11 +35,27 @@ PREFIX = "sentinel.coordinator"
 LAYERS = {"core": 0, "store": 1, "backends": 1, "runtime": 2, "http": 3}
 TOP = 4  # modules directly under sentinel/coordinator
 OLD_LAYERS = {
-    "lifecycle": 0, "incidents": 0, "ingest": 0, "engine": 0, "effects": 0, "playbooks": 0,
-    "actions": 0, "validation": 0, "stages": 0, "retention": 0, "auth": 0,
-    "service": 2, "leadership": 2, "app": 3, "front": 3, "openapi": 3, "metrics": 3,
-    "queries": 3, "stacks": 3, "fr_files": 3,
-}  # fmt: skip
+    "lifecycle": 0,
+    "incidents": 0,
+    "ingest": 0,
+    "engine": 0,
+    "effects": 0,
+    "playbooks": 0,
+    "actions": 0,
+    "validation": 0,
+    "stages": 0,
+    "retention": 0,
+    "auth": 0,
+    "service": 2,
+    "leadership": 2,
+    "app": 3,
+    "front": 3,
+    "openapi": 3,
+    "metrics": 3,
+    "queries": 3,
+    "stacks": 3,
+    "fr_files": 3,
+}
 LINE_LIMIT = 400
 STORE = PREFIX + ".store"  # the walk's floor: each call into the store returns at once
 

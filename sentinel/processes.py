@@ -74,14 +74,20 @@ def spawn(
     own, so that `stop(..., group=True)` ends its children too."""
     if log is None:
         return subprocess.Popen(
-            list(argv), env=None if env is None else dict(env), stdin=stdin,
+            list(argv),
+            env=None if env is None else dict(env),
+            stdin=stdin,
             start_new_session=new_session,
-        )  # fmt: skip
+        )
     with log.open("ab" if append else "wb") as out:
         return subprocess.Popen(
-            list(argv), env=None if env is None else dict(env), stdin=stdin, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=new_session,
-        )  # fmt: skip
+            list(argv),
+            env=None if env is None else dict(env),
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )
 
 
 def fork_child(body: Callable[[], int | None]) -> int:
@@ -231,9 +237,13 @@ def teardown(
         live = _wait_gone(own, tree, clock() + kill_wait_s, clock)
     codes = [p.poll() for p in procs]
     return Teardown(
-        sorted(tree.keys() | own.keys()), killed, sorted(live), clock() - t0, codes,
+        sorted(tree.keys() | own.keys()),
+        killed,
+        sorted(live),
+        clock() - t0,
+        codes,
         tuple(ended_before),
-    )  # fmt: skip
+    )
 
 
 def _signal_pids(tree: dict[int, int], own: dict[int, Process], sig: int) -> None:

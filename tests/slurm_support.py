@@ -7,8 +7,14 @@ from system_deps import require_command, require_root
 
 from sentinel.lab.slurm.cluster import missing_requirements
 
-_COMMANDS = {"slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "munged": "munge",
-             "nsenter": "util-linux", "unshare": "util-linux", "ip": "iproute2"}  # fmt: skip
+_COMMANDS = {
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "munged": "munge",
+    "nsenter": "util-linux",
+    "unshare": "util-linux",
+    "ip": "iproute2",
+}
 
 
 def require_cluster() -> None:

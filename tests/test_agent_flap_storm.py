@@ -35,9 +35,13 @@ def test_a_flap_storm_is_one_episode_and_one_incident(coord: Coordinator, tmp_pa
     token.write_text(coord.token("--role", "node", "--node", NODE))
     cool, hot = FakeGpu(index=0, temp_gpu=55), FakeGpu(index=0, temp_gpu=97)
     agent = FakeNvmlAgent(
-        tmp_path, lib, [cool], node=NODE, args=["--coordinator", coord.url],
+        tmp_path,
+        lib,
+        [cool],
+        node=NODE,
+        args=["--coordinator", coord.url],
         env={"SENTINEL_AGENT__TOKEN_FILE": str(token)},
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: agent.verdict() == "healthy", 20, "a healthy start")
         verdicts: list[str] = []

@@ -24,9 +24,17 @@ from sentinel.protocol import EventKind
 
 POLL_S = 30.0  # the holds are minutes: a coarse poll keeps the property test quick
 FINE = GpuReading(
-    index=0, temp_gpu_c=55.0, temp_mem_c=60.0, power_w=500.0, util_gpu_pct=95, sm_clock_mhz=1980,
-    throttle_reasons=0, nvlink_links_down=(), recovery_action=0, reset_required=False,
-)  # fmt: skip
+    index=0,
+    temp_gpu_c=55.0,
+    temp_mem_c=60.0,
+    power_w=500.0,
+    util_gpu_pct=95,
+    sm_clock_mhz=1980,
+    throttle_reasons=0,
+    nvlink_links_down=(),
+    recovery_action=0,
+    reset_required=False,
+)
 
 # Quiet this long clears every rule a storm can raise (its own, and peer_outlier beside it).
 SETTLE_POLLS = int(max(r.hold_s for r in RULES) // POLL_S) + 2

@@ -19,9 +19,14 @@ class CountingHost:
     def read(self) -> HostStats:
         self.reads += 1
         return HostStats(
-            cpu_utilization=0.5, cpu_count=4, memory_used_bytes=self.reads,
-            memory_total_bytes=1 << 30, load1=1.0, load5=1.0, load15=1.0,
-        )  # fmt: skip
+            cpu_utilization=0.5,
+            cpu_count=4,
+            memory_used_bytes=self.reads,
+            memory_total_bytes=1 << 30,
+            load1=1.0,
+            load5=1.0,
+            load15=1.0,
+        )
 
 
 class Clock:

@@ -42,10 +42,20 @@ def test_ranks_label_their_gpus_while_connected(tmp_path: Path, lib: Path) -> No
     agent = FakeNvmlAgent(tmp_path, lib, gpus, args=["--kmsg", "off"])
     sock = tmp_path / "agent.sock"
     try:
-        by_index = _connect(sock, {"v": 1, "register": {
-            "job": "llm-70b", "rank": 9, "gpu": 1, "tp": 1, "pp": 0, "dp": 4}})  # fmt: skip
-        by_pid = _connect(sock, {"v": 1, "register": {
-            "job": "llm-70b", "rank": 8, "pid": 5000, "tp": 0, "pp": 0, "dp": 4}})  # fmt: skip
+        by_index = _connect(
+            sock,
+            {
+                "v": 1,
+                "register": {"job": "llm-70b", "rank": 9, "gpu": 1, "tp": 1, "pp": 0, "dp": 4},
+            },
+        )
+        by_pid = _connect(
+            sock,
+            {
+                "v": 1,
+                "register": {"job": "llm-70b", "rank": 8, "pid": 5000, "tp": 0, "pp": 0, "dp": 4},
+            },
+        )
         bad = _connect(
             sock,
             {"v": 1, "register": {"job": "no spaces allowed", "rank": 1, "gpu": 0}},
@@ -54,11 +64,25 @@ def test_ranks_label_their_gpus_while_connected(tmp_path: Path, lib: Path) -> No
         )
         wait_until(lambda: len(_owners(agent)) == 2, what="two owners")
         assert _owners(agent) == [
-            {"node": "gpu-node-1", "gpu": "0", "job": "llm-70b", "rank": "8", "tp": "0",
-             "pp": "0", "dp": "4"},
-            {"node": "gpu-node-1", "gpu": "1", "job": "llm-70b", "rank": "9", "tp": "1",
-             "pp": "0", "dp": "4"},
-        ]  # fmt: skip
+            {
+                "node": "gpu-node-1",
+                "gpu": "0",
+                "job": "llm-70b",
+                "rank": "8",
+                "tp": "0",
+                "pp": "0",
+                "dp": "4",
+            },
+            {
+                "node": "gpu-node-1",
+                "gpu": "1",
+                "job": "llm-70b",
+                "rank": "9",
+                "tp": "1",
+                "pp": "0",
+                "dp": "4",
+            },
+        ]
         dropped = agent.scrape()["sentinel_agent_rank_garbage_lines_total"]
         assert sum(v for _, v in dropped) == 3
         by_index.close()  # rank 9 exits: GPU 1 is no longer its
@@ -75,8 +99,11 @@ def test_the_job_join_in_prometheus() -> None:
     promtool = require_command("promtool", "prometheus")
     r = subprocess.run(
         [promtool, "test", "rules", "queries_test.yml"],
-        cwd=PROM, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=PROM,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -90,8 +117,17 @@ def test_the_hooks_transport_registers_and_registers_again_after_an_agent_restar
     transport = AgentTransport(tmp_path / "agent.sock", reconnect_s=0.1)
     transport.register(encode_registration(reg))
     transport.start()
-    want = [{"node": "gpu-node-1", "gpu": "1", "job": "llm", "rank": "3", "tp": "1", "pp": "0",
-             "dp": "1"}]  # fmt: skip
+    want = [
+        {
+            "node": "gpu-node-1",
+            "gpu": "1",
+            "job": "llm",
+            "rank": "3",
+            "tp": "1",
+            "pp": "0",
+            "dp": "1",
+        }
+    ]
     try:
         for _ in range(2):  # the agent, then the agent started again
             agent = FakeNvmlAgent(tmp_path, lib, gpus, args=["--kmsg", "off"])

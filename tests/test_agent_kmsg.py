@@ -57,9 +57,14 @@ def test_parse_every_kind_of_line(tmp_path: Path) -> None:
     xids, reports = kl.poll()
     assert [(x.pci_bus_id, x.xid) for x in xids] == [("0000:18:00", 79)]
     assert [r.rule for r in reports] == [
-        "fs_read_only", "machine_check", "pcie_aer_fatal", "hung_task",
-        "fs_read_only", "unknown_signal", "unknown_signal",
-    ]  # fmt: skip
+        "fs_read_only",
+        "machine_check",
+        "pcie_aer_fatal",
+        "hung_task",
+        "fs_read_only",
+        "unknown_signal",
+        "unknown_signal",
+    ]
     assert "/ckpt (nvme1n1)" in reports[4].detail
     assert dict(kl.garbage) == {"unreadable NVRM Xid line": 1, "not a kmsg record": 1}
     with log_file.open("a") as f:
@@ -124,8 +129,10 @@ def test_the_agent_turns_kernel_log_lines_into_findings(tmp_path: Path, lib: Pat
         write(f"NVRM: Xid (PCI:{bus1}): 48, pid=77, name=python, Ch 00000010")
         agent.serve(xids=[(1, 48)])
         wait_until(lambda: xid_count("1", "48") == 1, what="xid 48")
-        wait_until(lambda: sum(v for _, v in agent.scrape()["sentinel_agent_xid_reports_total"])
-                   == 1, what="one report")  # fmt: skip
+        wait_until(
+            lambda: sum(v for _, v in agent.scrape()["sentinel_agent_xid_reports_total"]) == 1,
+            what="one report",
+        )
         assert "xid_48" in agent.gpu_rules(1)
         # An XID only the kernel log saw still counts, judged by the catalog.
         write(f"NVRM: Xid (PCI:{normal_bus_id(gpus[0].pci_bus_id)}): 94, pid=78, name=python")

@@ -73,11 +73,20 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
     dog = Watchdog(tmp_path / "notify.sock")
     env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "2000000"}
     agent = FakeNvmlAgent(
-        tmp_path, lib, [FakeGpu(index=0), FakeGpu(index=1)], env=env,
-        args=["--coordinator", f"http://127.0.0.1:{coord.port}", "--kmsg", "off",
-              "--expected-gpus", "2"],
+        tmp_path,
+        lib,
+        [FakeGpu(index=0), FakeGpu(index=1)],
+        env=env,
+        args=[
+            "--coordinator",
+            f"http://127.0.0.1:{coord.port}",
+            "--kmsg",
+            "off",
+            "--expected-gpus",
+            "2",
+        ],
         config="agent:\n  thresholds:\n    hold_s: {nvml_unresponsive: 3}\n",  # catalog: 60 s
-    )  # fmt: skip
+    )
     scrapes: list[float] = []
     try:
         wait_until(lambda: _timed_scrape(agent, scrapes) == "healthy", what="healthy at start")

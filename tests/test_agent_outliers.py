@@ -23,9 +23,12 @@ def node(rng: random.Random, **odd: float) -> list[GpuReading]:
     for g in range(8):
         power = 620 + rng.gauss(0, 15)
         r = GpuReading(
-            index=g, util_gpu_pct=97, power_w=power, temp_gpu_c=30 + 0.045 * power
-            + rng.gauss(0, 0.8), sm_clock_mhz=1980 - 15 * rng.randint(0, 2),
-        )  # fmt: skip
+            index=g,
+            util_gpu_pct=97,
+            power_w=power,
+            temp_gpu_c=30 + 0.045 * power + rng.gauss(0, 0.8),
+            sm_clock_mhz=1980 - 15 * rng.randint(0, 2),
+        )
         out.append(replace(r, **odd) if g == 5 else r)  # type: ignore[arg-type]
     return out
 

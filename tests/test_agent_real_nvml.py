@@ -34,9 +34,20 @@ def test_agent_process_serves_what_nvml_served(tmp_path: Path) -> None:
     gpus = [FakeGpu(index=0, temp_gpu=61, power_mw=512_345), FakeGpu(index=1, ecc_sbe_volatile=7)]
     write_config(config, gpus)
     port = free_port()
-    cmd = [sys.executable, "-m", "sentinel", "agent", "--node-id", "gpu-node-1",
-           "--listen", f"127.0.0.1:{port}", "--interval", "0.2",
-           "--rank-socket", str(tmp_path / "agent.sock")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sentinel",
+        "agent",
+        "--node-id",
+        "gpu-node-1",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--interval",
+        "0.2",
+        "--rank-socket",
+        str(tmp_path / "agent.sock"),
+    ]
     log = (tmp_path / "agent.log").open("wb")
     proc = subprocess.Popen(cmd, env=fake_env(lib, config), stderr=log)
     agent = AgentProcess("gpu-node-1", port, tmp_path / "none", tmp_path / "agent.sock", tmp_path)
@@ -75,8 +86,16 @@ def test_agent_without_a_driver_says_so_and_exits_nonzero(tmp_path: Path) -> Non
     lib = build_library(tmp_path / "lib")
     config = tmp_path / "fake-nvml.conf"
     write_config(config, [FakeGpu(index=0)], init_error=9)  # NVML_ERROR_DRIVER_NOT_LOADED
-    cmd = [sys.executable, "-m", "sentinel", "agent", "--listen", f"127.0.0.1:{free_port()}",
-           "--rank-socket", str(tmp_path / "s.sock")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sentinel",
+        "agent",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--rank-socket",
+        str(tmp_path / "s.sock"),
+    ]
     res = subprocess.run(cmd, env=fake_env(lib, config), capture_output=True, text=True, timeout=30)
     assert res.returncode == 1
     assert "cannot read GPUs" in res.stderr and "--sim" in res.stderr

@@ -109,8 +109,14 @@ def test_metrics_fault_and_events_reach_the_coordinator(
     coordinator.start()
     token = tmp_path / "token"
     token.write_text("node-token\n")
-    fleet = SimFleet(tmp_path, ["node-0"], 4, interval_s=0.2,
-                     coordinator_url=f"http://127.0.0.1:{coordinator.port}", token_file=token)  # fmt: skip
+    fleet = SimFleet(
+        tmp_path,
+        ["node-0"],
+        4,
+        interval_s=0.2,
+        coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+        token_file=token,
+    )
     with fleet:
         a = fleet.agents["node-0"]
         samples = a.scrape()
@@ -137,8 +143,13 @@ def test_metrics_fault_and_events_reach_the_coordinator(
 def test_no_event_lost_while_coordinator_is_down_and_agent_restarts(
     tmp_path: Path, coordinator: StandInCoordinator
 ) -> None:
-    fleet = SimFleet(tmp_path, ["node-1"], 2, interval_s=0.2,
-                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    fleet = SimFleet(
+        tmp_path,
+        ["node-1"],
+        2,
+        interval_s=0.2,
+        coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+    )
     fleet.start()
     fleet.inject("node-1", {"kind": "xid", "gpu": 1, "xid": 79})
     a = fleet.agents["node-1"]
@@ -161,11 +172,27 @@ def test_sighup_reloads_thresholds_and_bad_reload_keeps_running(tmp_path: Path) 
     cfg.write_text("agent:\n  thresholds: {gpu_temp_degraded_c: 85}\n")
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sentinel", "agent", "--config", str(cfg), "--sim", "--gpus", "2",
-         "--node-id", "node-5", "--listen", f"127.0.0.1:{port}", "--interval", "0.2",
-         "--rank-socket", str(tmp_path / "s.sock")],
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "agent",
+            "--config",
+            str(cfg),
+            "--sim",
+            "--gpus",
+            "2",
+            "--node-id",
+            "node-5",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.2",
+            "--rank-socket",
+            str(tmp_path / "s.sock"),
+        ],
         stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     a = AgentProcess("node-5", port, tmp_path / "f", tmp_path / "s.sock", tmp_path / "log")
     try:
         wait_until(lambda: _answers(a))
@@ -202,11 +229,26 @@ def test_systemd_notify_ready_and_watchdog_from_a_real_agent(tmp_path: Path) -> 
     sock.settimeout(10)
     env = {"NOTIFY_SOCKET": str(notify), "WATCHDOG_USEC": "400000", "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sentinel", "agent", "--sim", "--gpus", "1", "--node-id", "n",
-         "--listen", f"127.0.0.1:{free_port()}", "--interval", "0.1",
-         "--rank-socket", str(tmp_path / "r.sock")],
-        env=env, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "agent",
+            "--sim",
+            "--gpus",
+            "1",
+            "--node-id",
+            "n",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--interval",
+            "0.1",
+            "--rank-socket",
+            str(tmp_path / "r.sock"),
+        ],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         messages = [sock.recv(4096).decode() for _ in range(3)]
         assert messages[0].startswith("READY=1")
@@ -223,8 +265,13 @@ def test_rank_events_are_relayed_and_reexported(
     tmp_path: Path, coordinator: StandInCoordinator
 ) -> None:
     coordinator.start()
-    fleet = SimFleet(tmp_path, ["node-3"], 2, interval_s=0.2,
-                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    fleet = SimFleet(
+        tmp_path,
+        ["node-3"],
+        2,
+        interval_s=0.2,
+        coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+    )
     with fleet:
         a = fleet.agents["node-3"]
         payload = AgentHeartbeatPayload(gpus=1, verdict=Verdict.HEALTHY, agent_version="rank")
@@ -256,8 +303,13 @@ def test_a_checkpoint_the_hooks_report_is_relayed_and_reexported(
     from trainer_hooks import HooksConfig, SentinelHooks  # torch: only in this test's process
 
     coordinator.start()
-    fleet = SimFleet(tmp_path, ["node-3"], 2, interval_s=0.2,
-                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    fleet = SimFleet(
+        tmp_path,
+        ["node-3"],
+        2,
+        interval_s=0.2,
+        coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+    )
     with fleet:
         a = fleet.agents["node-3"]
         cfg = HooksConfig(
@@ -318,19 +370,26 @@ def test_hardware_faults_are_judged_between_sweeps(
     coordinator as an unhealthy GPU verdict long before the next sweep, because the urgent
     check between sweeps (every 0.25 s) sees them move and sweeps at once."""
     coordinator.start()
-    fleet = SimFleet(tmp_path, ["node-0"], 4, interval_s=10.0,
-                     coordinator_url=f"http://127.0.0.1:{coordinator.port}")  # fmt: skip
+    fleet = SimFleet(
+        tmp_path,
+        ["node-0"],
+        4,
+        interval_s=10.0,
+        coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+    )
     with fleet:
         wait_until(lambda: "node.health" in coordinator.kinds())
         time.sleep(0.5)  # clear of the first sweep: the next is ~9.5 s away
-        for gpu, fault in enumerate(({"kind": "ecc_dbe"}, {"kind": "thermal", "temp_c": 96},
-                                     {"kind": "xid", "xid": 79})):  # fmt: skip
+        for gpu, fault in enumerate(
+            ({"kind": "ecc_dbe"}, {"kind": "thermal", "temp_c": 96}, {"kind": "xid", "xid": 79})
+        ):
             start = time.monotonic()
             fleet.inject("node-0", {**fault, "gpu": gpu})
 
             def unhealthy(g: int = gpu) -> bool:
-                return any(v.gpu == g and v.verdict == "unhealthy"
-                           for _, v in gpu_verdicts(coordinator))  # fmt: skip
+                return any(
+                    v.gpu == g and v.verdict == "unhealthy" for _, v in gpu_verdicts(coordinator)
+                )
 
             wait_until(unhealthy, timeout_s=5.0)
             assert time.monotonic() - start < 5.0, fault  # half the sweep interval

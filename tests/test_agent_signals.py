@@ -77,9 +77,12 @@ def test_fewer_gpus_than_the_pci_bus_shows_is_gpu_missing(tmp_path: Path, lib: P
     _pci_device(pci, "0000:05:00.0", 0x10DE, 0x068000)  # an NVSwitch: not a GPU
     _pci_device(pci, "0000:00:1f.0", 0x8086, 0x060100)  # the chipset
     agent = FakeNvmlAgent(
-        tmp_path, lib, [FakeGpu(index=0), FakeGpu(index=1)], args=["--kmsg", "off"],
+        tmp_path,
+        lib,
+        [FakeGpu(index=0), FakeGpu(index=1)],
+        args=["--kmsg", "off"],
         config=f"agent:\n  pci_devices_dir: {pci}\n",
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: agent.verdict() == "unhealthy", what="gpu_missing")
         assert agent.node_rules() == {"gpu_missing"}
@@ -95,9 +98,11 @@ def test_fewer_gpus_than_the_pci_bus_shows_is_gpu_missing(tmp_path: Path, lib: P
 
 def test_configured_gpu_count_wins_and_a_full_node_is_ready(tmp_path: Path, lib: Path) -> None:
     agent = FakeNvmlAgent(
-        tmp_path, lib, [FakeGpu(index=0), FakeGpu(index=1)],
+        tmp_path,
+        lib,
+        [FakeGpu(index=0), FakeGpu(index=1)],
         args=["--kmsg", "off", "--expected-gpus", "2"],
-    )  # fmt: skip
+    )
     try:
         wait_until(lambda: agent.get("/readyz")[0] == 200, what="ready")
         assert agent.verdict() == "healthy" and agent.node_rules() == set()

@@ -71,8 +71,16 @@ def test_step_lines_become_one_commit_per_step_at_its_commit_time(
     lines: list[dict[str, Any]] = []
     for step, t in ((1, 1_001.0), (2, 1_001.5), (3, 1_037.25)):
         for replica, quorum_rank in ((0, 0), (1, 1), (2, 2)) if step < 3 else ((0, 0), (2, 1)):
-            lines.append({"step": step, "loss": 4.0, "replica": replica, "quorum_rank": quorum_rank,
-                          "participants": 3 if step < 3 else 2, "t": t + 0.125 * replica})  # fmt: skip
+            lines.append(
+                {
+                    "step": step,
+                    "loss": 4.0,
+                    "replica": replica,
+                    "quorum_rank": quorum_rank,
+                    "participants": 3 if step < 3 else 2,
+                    "t": t + 0.125 * replica,
+                }
+            )
     lines.insert(4, {"uncommitted": {"step": 2, "error": "timeout", "t": 1_036.0}, "replica": 0})
     lines.append({"heal": {"step": 3, "from_step": 0, "quorum_s": 0.2}, "replica": 1})
     lines.append({"checkpoint": 20, "replica": 0, "wait_s": 0.0})
@@ -87,14 +95,28 @@ def result_json(
     path: str, stalls: list[float], joins: list[float], reads: int, restarted: int
 ) -> dict[str, Any]:
     repairs = [
-        {"incident": 10 + i, "fault": "gpu_ecc_dbe", "path": path, "survivor_stall_s": s,
-         "join_s": j, "checkpoint_reads": reads, "survivors_restarted": restarted}
+        {
+            "incident": 10 + i,
+            "fault": "gpu_ecc_dbe",
+            "path": path,
+            "survivor_stall_s": s,
+            "join_s": j,
+            "checkpoint_reads": reads,
+            "survivors_restarted": restarted,
+        }
         for i, (s, j) in enumerate(zip(stalls, joins, strict=True))
-    ]  # fmt: skip
+    ]
     faults = [{"incident": 10 + i, "time_to_detect_s": 0.8} for i in range(3)]
-    return {"verdict": "pass", "problems": [], "completed_steps": 210, "repairs": repairs,
-            "faults": faults, "ledger_exact": True, "final_loss": 3.21,
-            "reference_final_loss": 3.21}  # fmt: skip
+    return {
+        "verdict": "pass",
+        "problems": [],
+        "completed_steps": 210,
+        "repairs": repairs,
+        "faults": faults,
+        "ledger_exact": True,
+        "final_loss": 3.21,
+        "reference_final_loss": 3.21,
+    }
 
 
 def test_the_last_line_has_one_object_per_way_and_the_goodput_reader_takes_it(
@@ -110,16 +132,29 @@ def test_the_last_line_has_one_object_per_way_and_the_goodput_reader_takes_it(
     figures = {w: bench.way_figures(w, r, commits, faults) for w, r in results.items()}
     # Without detection: no repair; the first fault costs 35 s, the second stops training.
     shadow = steady(bench, range(1, 51), 0.0) + steady(bench, range(51, 111), 14.7 + 35.0)
-    no_detection = {"verdict": "fail", "completed_steps": 110, "repairs": [], "faults": [],
-                    "ledger_exact": True, "final_loss": 3.9}  # fmt: skip
+    no_detection = {
+        "verdict": "fail",
+        "completed_steps": 110,
+        "repairs": [],
+        "faults": [],
+        "ledger_exact": True,
+        "final_loss": 3.9,
+    }
     figures[bench.SHADOW] = bench.way_figures(bench.SHADOW, no_detection, shadow, faults)
     line = bench.summary(figures, [2.5, 3.0, 2.1], 30.0)
 
     live = line["live"]
     assert (live["stall_s"], live["join_s"], live["stall_s_max"], live["join_s_max"]) == (
-        [1.5, 1.6, 1.4], [1.3, 1.2, 1.3], 1.6, 1.3)  # fmt: skip
+        [1.5, 1.6, 1.4],
+        [1.3, 1.2, 1.3],
+        1.6,
+        1.3,
+    )
     assert (live["checkpoint_reads"], live["survivors_restarted"], live["paths"]) == (
-        0, 0, ["live"] * 3)  # fmt: skip
+        0,
+        0,
+        ["live"] * 3,
+    )
     assert line["restart"]["checkpoint_reads"] == 18 and line["restart"]["wall_s"] == 62.7
     off = line[bench.SHADOW]
     assert off["stall_s"] == [35.0, None, None] and off["stall_s_max"] == 35.0
@@ -133,8 +168,17 @@ def test_the_last_line_has_one_object_per_way_and_the_goodput_reader_takes_it(
     assert line["live_targets_missed"] == []
     assert line["load_avg"] == [2.1, 3.0] and line["ft_timeout_s"] == 30.0
     for way in bench.WAYS:
-        assert {"wall_s", "steps", "stall_s_max", "join_s_max", "checkpoint_reads",
-                "ledger_exact", "final_loss", "stall_s", "join_s"} <= set(line[way])  # fmt: skip
+        assert {
+            "wall_s",
+            "steps",
+            "stall_s_max",
+            "join_s_max",
+            "checkpoint_reads",
+            "ledger_exact",
+            "final_loss",
+            "stall_s",
+            "join_s",
+        } <= set(line[way])
 
     out = tmp_path / "recovery.txt"
     out.write_text("per way\n...\n" + json.dumps(line) + "\n")

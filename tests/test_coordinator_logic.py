@@ -449,9 +449,13 @@ def _launch(job: str, node: str, main_at: float) -> Event:
     """Rank 0's report of a new gang's start-up: rendezvous 2 s, load 3 s, ready 8 s after
     main, the first step done 2 s later."""
     payload = RankLaunchPayload(
-        main_at=main_at, rendezvous_s=2.0, load_s=3.0, ready_at=main_at + 8,
-        first_step_at=main_at + 10, resume_step=40,
-    )  # fmt: skip
+        main_at=main_at,
+        rendezvous_s=2.0,
+        load_s=3.0,
+        ready_at=main_at + 8,
+        first_step_at=main_at + 10,
+        resume_step=40,
+    )
     return make_event(EventKind.RANK_LAUNCH, Source(node=node, rank=0, job=job), payload)
 
 
@@ -514,19 +518,35 @@ def test_a_timeline_without_a_drain_and_its_segments() -> None:
     from sentinel.coordinator.core.states import StepState
 
     def step(action: str, started: float, done: float, dry: bool = False) -> StepRow:
-        return StepRow(0, action, 1, 7, action, None, {}, StepState.DONE, {}, dry, "c",
-                       started, done)  # fmt: skip
+        return StepRow(
+            0, action, 1, 7, action, None, {}, StepState.DONE, {}, dry, "c", started, done
+        )
 
     run = RunRow(7, 1, "rank_crash", RunState.DONE, 2, RunContext(), False, 99.0, 99.0, None)
-    launch = RankLaunchPayload(main_at=110.0, rendezvous_s=1.0, load_s=2.0, ready_at=115.0,
-                               first_step_at=116.0, resume_step=30)  # fmt: skip
-    steps = [step("evict_node", 99.0, 99.5, dry=True), step("rollback", 100.0, 100.0),
-             step("resume", 101.0, 112.0)]  # fmt: skip
+    launch = RankLaunchPayload(
+        main_at=110.0,
+        rendezvous_s=1.0,
+        load_s=2.0,
+        ready_at=115.0,
+        first_step_at=116.0,
+        resume_step=30,
+    )
+    steps = [
+        step("evict_node", 99.0, 99.5, dry=True),
+        step("rollback", 100.0, 100.0),
+        step("resume", 101.0, 112.0),
+    ]
     row = timeline(run, 98.0, steps, launch)
     assert row is not None and row.drained_at is None and row.decided_at == 100.0
     at = milestones(row)
-    assert segments(at) == {"decide": 2.0, "prepare": 1.0, "relaunch": 9.0, "rendezvous": 1.0,
-                            "checkpoint_load": 2.0, "build_first_step": 3.0}  # fmt: skip
+    assert segments(at) == {
+        "decide": 2.0,
+        "prepare": 1.0,
+        "relaunch": 9.0,
+        "rendezvous": 1.0,
+        "checkpoint_load": 2.0,
+        "build_first_step": 3.0,
+    }
     assert timeline(run, 98.0, steps[:2], launch) is None
 
 
@@ -840,9 +860,17 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
     from sentinel.coordinator.core import operator as queries
 
     base = tmp_path / "base.json"
-    save_validation_baseline(base, ValidationBaseline(
-        gemm_s=0.002, gemm_size=384, loopback_gbps=1.0, loopback_bytes=1 << 24,
-        sdc_digest="abc", device="cpu"))  # fmt: skip
+    save_validation_baseline(
+        base,
+        ValidationBaseline(
+            gemm_s=0.002,
+            gemm_size=384,
+            loopback_gbps=1.0,
+            loopback_bytes=1 << 24,
+            sdc_digest="abc",
+            device="cpu",
+        ),
+    )
     gate = ValidationConfig(baseline=base, hold_down_s=0)
     store, ingest, engine, clock = setup(tmp_path, new_store, validation=gate)
 

@@ -162,21 +162,60 @@ def clients(replicas: list[Coordinator], tmp_path: Path) -> Iterator[dict[str, P
     secret.chmod(0o600)
     logs = tmp_path / "logs"
     logs.mkdir()
-    env = {**os.environ, "SENTINEL_AGENT__TOKEN_FILE": str(secret),
-           "SENTINEL_AGENT__HEARTBEAT_S": "0.5", "SENTINEL_SUPERVISOR__HEARTBEAT_S": "0.5",
-           "SENTINEL_SUPERVISOR__POLL_WAIT_S": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "SENTINEL_AGENT__TOKEN_FILE": str(secret),
+        "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
+        "SENTINEL_SUPERVISOR__HEARTBEAT_S": "0.5",
+        "SENTINEL_SUPERVISOR__POLL_WAIT_S": "1",
+    }
     agent = spawn(
-        [*SENTINEL, "agent", "--sim", "--gpus", "1", "--node-id", "node-0", "--coordinator", urls,
-         "--spool-dir", str(tmp_path / "spool"), "--rank-socket", str(tmp_path / "agent.sock"),
-         "--listen", f"127.0.0.1:{free_port()}"],
-        env=env, log=tmp_path / "agent.log",
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "agent",
+            "--sim",
+            "--gpus",
+            "1",
+            "--node-id",
+            "node-0",
+            "--coordinator",
+            urls,
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--rank-socket",
+            str(tmp_path / "agent.sock"),
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+        ],
+        env=env,
+        log=tmp_path / "agent.log",
+    )
     supervisor = spawn(
-        [*SENTINEL, "run", "--job-id", "jobk", "--coordinator", urls, "--token-file", str(secret),
-         "--nodes", "4", "--gpus-per-node", "1", "--spares", "2", "--log-dir", str(logs), "--",
-         sys.executable, "-c", "import time; time.sleep(600)"],
-        env=env, log=tmp_path / "supervisor.log",
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "jobk",
+            "--coordinator",
+            urls,
+            "--token-file",
+            str(secret),
+            "--nodes",
+            "4",
+            "--gpus-per-node",
+            "1",
+            "--spares",
+            "2",
+            "--log-dir",
+            str(logs),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(600)",
+        ],
+        env=env,
+        log=tmp_path / "supervisor.log",
+    )
     try:
         yield {"logs": logs}
     finally:

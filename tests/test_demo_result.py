@@ -36,18 +36,33 @@ def action(name: str, **result: Any) -> dict[str, Any]:
     return {"action": name, "state": "done", "target": "job:demo", "result": result}
 
 
-def incident(iid: int, fault: str, t: float, events: list[tuple[str, int | None]],
-             actions: list[dict[str, Any]], target: str = "job:demo",
-             first_step: int | None = None, run: str = "done",
-             rank_kind: str = "rank.hang") -> dict[str, Any]:  # fmt: skip
+def incident(
+    iid: int,
+    fault: str,
+    t: float,
+    events: list[tuple[str, int | None]],
+    actions: list[dict[str, Any]],
+    target: str = "job:demo",
+    first_step: int | None = None,
+    run: str = "done",
+    rank_kind: str = "rank.hang",
+) -> dict[str, Any]:
     """An incident document; events from a rank are rank events (they name their step)."""
     return {
-        "id": iid, "fault": fault, "target": target, "opened_at": T0 + t,
-        "first_step": first_step, "state": "mitigated", "playbook": fault,
-        "events": [{"node": n, "rank": r, "kind": rank_kind if r is not None else "node.health"}
-                   for n, r in events],
-        "actions": actions, "runs": [{"status": run}],
-    }  # fmt: skip
+        "id": iid,
+        "fault": fault,
+        "target": target,
+        "opened_at": T0 + t,
+        "first_step": first_step,
+        "state": "mitigated",
+        "playbook": fault,
+        "events": [
+            {"node": n, "rank": r, "kind": rank_kind if r is not None else "node.health"}
+            for n, r in events
+        ],
+        "actions": actions,
+        "runs": [{"status": run}],
+    }
 
 
 # Generation 0 on node-0 and node-1 trains steps 1-20 (one a second); generation 1 replaces
@@ -55,29 +70,62 @@ def incident(iid: int, fault: str, t: float, events: list[tuple[str, int | None]
 GENERATIONS = [Generation(0.0, 0, ("node-0", "node-1")), Generation(40.0, 1, ("node-0", "spare-0"))]
 
 
-def evidence(sc: Scenario, incidents: list[dict[str, Any]], strikes: dict[int, Strike],
-             digest: str = "d", reference: str = "d",
-             generations: list[Generation] = GENERATIONS) -> Evidence:  # fmt: skip
+def evidence(
+    sc: Scenario,
+    incidents: list[dict[str, Any]],
+    strikes: dict[int, Strike],
+    digest: str = "d",
+    reference: str = "d",
+    generations: list[Generation] = GENERATIONS,
+) -> Evidence:
     steps = [(float(s), s, 0) for s in range(1, 21)] + [(30.0 + s, s, 1) for s in range(11, 41)]
-    return Evidence(sc, T0, incidents, strikes, steps, 40, digest, reference,
-                    generations=generations, timing=Timing(agent_interval_s=1.0))  # fmt: skip
+    return Evidence(
+        sc,
+        T0,
+        incidents,
+        strikes,
+        steps,
+        40,
+        digest,
+        reference,
+        generations=generations,
+        timing=Timing(agent_interval_s=1.0),
+    )
 
 
 def test_a_hang_blamed_on_the_struck_node_passes_with_measured_times() -> None:
     sc = scenario({"kind": "hang", "rank": 3, "at_step": 15})
-    inc = incident(1, "collective_hang", 19.0, [("node-0", 0), ("node-1", 3)],
-                   [action("fr_dump"), action("evict_node", nodes=["node-1"]), action("resume")])  # fmt: skip
+    inc = incident(
+        1,
+        "collective_hang",
+        19.0,
+        [("node-0", 0), ("node-1", 3)],
+        [action("fr_dump"), action("evict_node", nodes=["node-1"]), action("resume")],
+    )
     # The coordinator's recorded stages (epochs): the report and the goodput samples read them.
-    at = {"detected": 18.5, "decided": 19.25, "drained": 20.0, "restart": 21.0, "relaunched": 30.0,
-          "rendezvoused": 31.0, "checkpoint_loaded": 33.0, "first_step": 41.0}  # fmt: skip
+    at = {
+        "detected": 18.5,
+        "decided": 19.25,
+        "drained": 20.0,
+        "restart": 21.0,
+        "relaunched": 30.0,
+        "rendezvoused": 31.0,
+        "checkpoint_loaded": 33.0,
+        "first_step": 41.0,
+    }
     inc["stages"] = [{f"{k}_at": T0 + v for k, v in at.items()}]
     res = build_result(evidence(sc, [inc], {0: Strike(t=15.5, step=15, node="node-1", rank=3)}))
     assert res["verdict"] == "pass"
     assert res["incidents"][0]["stages"] == at
     assert res["faults"][0]["repair_stages_s"] == {
-        "decide": 0.75, "drain": 0.75, "prepare": 1.0, "relaunch": 9.0, "rendezvous": 1.0,
-        "checkpoint_load": 2.0, "build_first_step": 8.0,
-    }  # fmt: skip
+        "decide": 0.75,
+        "drain": 0.75,
+        "prepare": 1.0,
+        "relaunch": 9.0,
+        "rendezvous": 1.0,
+        "checkpoint_load": 2.0,
+        "build_first_step": 8.0,
+    }
     (f,) = res["faults"]
     assert (f["detected"], f["incident"], f["target"]) == (True, 1, "rank-3")
     assert (f["time_to_detect_s"], f["time_to_resume_s"]) == (3.5, 22.0)
@@ -85,14 +133,17 @@ def test_a_hang_blamed_on_the_struck_node_passes_with_measured_times() -> None:
     # Opened at t=19 with no step in its evidence: step 19 closed at t=19, step 20 in progress.
     assert res["incidents"][0]["detected_step"] == 20
     assert [c["met"] for c in res["faults"][0]["targets"]] == [True, True]  # hang and resume
-    assert goodput_input(res) == {"time_to_detect_s": {"hang": 3.5},
-                                  "time_to_resume_s": {"hang": 22.0}}  # fmt: skip
+    assert goodput_input(res) == {
+        "time_to_detect_s": {"hang": 3.5},
+        "time_to_resume_s": {"hang": 22.0},
+    }
 
 
 def test_evicting_the_wrong_node_is_a_miss_and_a_false_incident() -> None:
     sc = scenario({"kind": "hang", "rank": 3, "at_step": 15})
-    inc = incident(1, "collective_hang", 19.0, [("node-1", 3)],
-                   [action("evict_node", nodes=["node-0"])])  # fmt: skip
+    inc = incident(
+        1, "collective_hang", 19.0, [("node-1", 3)], [action("evict_node", nodes=["node-0"])]
+    )
     res = build_result(evidence(sc, [inc], {0: Strike(t=15.5, step=15, node="node-1", rank=3)}))
     assert res["verdict"] == "fail"
     assert not res["faults"][0]["detected"] and res["false_incidents"][0]["id"] == 1
@@ -112,8 +163,15 @@ def test_bit_identity_is_required_unless_the_learning_rate_was_changed() -> None
     sc = scenario({"kind": "corrupt_batch", "batch": 25})
     strike = {0: Strike(t=25.0, step=25, node=None)}
     # The hooks number steps from 0: their step 24 is the trainer's step 25.
-    spike = incident(1, "loss_spike", 26.0, [("node-0", 0)], [action("rollback")], first_step=24,
-                     rank_kind="rank.anomaly")  # fmt: skip
+    spike = incident(
+        1,
+        "loss_spike",
+        26.0,
+        [("node-0", 0)],
+        [action("rollback")],
+        first_step=24,
+        rank_kind="rank.anomaly",
+    )
     res = build_result(evidence(sc, [spike], strike, digest="a", reference="b"))
     assert res["verdict"] == "fail" and res["bit_identity_required"]
     spike["actions"].append(action("lr_scale", factor=0.5, steps=100))
@@ -144,10 +202,15 @@ def test_an_escalated_repair_fails_and_says_why() -> None:
     """No spare: the eviction was refused and escalated, and training went on on the faulty
     node. Detected, but not repaired: the drill fails, and its first problem says why."""
     sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
-    refused = {"action": "evict_node", "state": "escalated", "target": "node-1",
-               "result": {"node": "node-1", "reason": "no hot spare left"}}  # fmt: skip
-    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [refused], target="node-1",
-                   run="escalated")  # fmt: skip
+    refused = {
+        "action": "evict_node",
+        "state": "escalated",
+        "target": "node-1",
+        "result": {"node": "node-1", "reason": "no hot spare left"},
+    }
+    inc = incident(
+        1, "gpu_hardware", 15.5, [("node-1", None)], [refused], target="node-1", run="escalated"
+    )
     one_gen = [Generation(0.0, 0, ("node-0", "node-1"))]
     steps = [(float(s), s, 0) for s in range(1, 41)]
     ev = evidence(sc, [inc], {0: Strike(t=15.0, step=16, node="node-1")}, generations=one_gen)
@@ -163,8 +226,7 @@ def test_an_escalated_repair_fails_and_says_why() -> None:
 
 def test_a_struck_node_that_trains_after_the_repair_is_not_repaired() -> None:
     sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
-    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")],
-                   target="node-1")  # fmt: skip
+    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")], target="node-1")
     same_nodes = [
         Generation(0.0, 0, ("node-0", "node-1")),
         Generation(40.0, 1, ("node-0", "node-1")),
@@ -182,8 +244,7 @@ def test_time_targets_are_checked_not_only_printed() -> None:
     """Detected 1.5 s after the injection with agents sweeping every second, resumed 25.5 s
     after: the detection target is missed, with its figure, and the drill fails."""
     sc = scenario({"kind": "ecc_dbe", "node": "node-1", "gpu": 0, "at_step": 15})
-    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")],
-                   target="node-1")  # fmt: skip
+    inc = incident(1, "gpu_hardware", 15.5, [("node-1", None)], [action("resume")], target="node-1")
     res = build_result(evidence(sc, [inc], {0: Strike(t=14.0, step=15, node="node-1")}))
     (f,) = res["faults"]
     assert f["repaired"] and [(c["target"], c["value"], c["met"]) for c in f["targets"]] == [
@@ -204,15 +265,29 @@ def test_the_time_account_puts_every_second_in_one_category() -> None:
     gen0 = [StepLine(t=5.0 + s, step=s, loss=1.0, batch=s, step_s=1.0) for s in range(1, 13)]
     gen1 = [StepLine(t=26.0 + s, step=s, loss=1.0, batch=s, step_s=1.0) for s in range(11, 21)]
     lines = [(ln, 0) for ln in gen0] + [(ln, 1) for ln in gen1]
-    launches = [Launch(main_t=3.0, rendezvous_s=0.5, load_s=0.0, ready_t=5.0, resume_step=0),
-                Launch(main_t=32.0, rendezvous_s=1.0, load_s=2.0, ready_t=36.0, resume_step=10)]  # fmt: skip
+    launches = [
+        Launch(main_t=3.0, rendezvous_s=0.5, load_s=0.0, ready_t=5.0, resume_step=0),
+        Launch(main_t=32.0, rendezvous_s=1.0, load_s=2.0, ready_t=36.0, resume_step=10),
+    ]
     saves = [CheckpointSave(t=15.0, step=10, held_s=0.5)]
     got = time_account(lines, [(2.0, 0), (30.0, 1)], launches, saves, [27.0], None)
     assert got["wall_s"] == 46.0
-    assert got["seconds"] == {"productive": 20.0, "rollback": 1.5, "detection": 10.0,
-                              "repair": 9.0, "checkpoint": 0.5, "burnin": 0.0, "startup": 5.0}  # fmt: skip
-    assert got["repair_stages_s"] == {"stop": 3.0, "relaunch": 2.0, "rendezvous": 1.0,
-                                      "checkpoint_load": 2.0, "build": 1.0}  # fmt: skip
+    assert got["seconds"] == {
+        "productive": 20.0,
+        "rollback": 1.5,
+        "detection": 10.0,
+        "repair": 9.0,
+        "checkpoint": 0.5,
+        "burnin": 0.0,
+        "startup": 5.0,
+    }
+    assert got["repair_stages_s"] == {
+        "stop": 3.0,
+        "relaunch": 2.0,
+        "rendezvous": 1.0,
+        "checkpoint_load": 2.0,
+        "build": 1.0,
+    }
     assert abs(sum(got["seconds"].values()) - got["wall_s"]) <= 0.01 * got["wall_s"]
     assert got["effective_ratio"] == round(20.0 / 46.0, 4)
 
@@ -247,15 +322,34 @@ def test_a_poison_crash_is_handled_when_the_budget_stops_the_job_and_no_node_is_
     that is the expected end: PASS. Had a playbook evicted the node, it would fail, saying so."""
     sc = scenario({"kind": "crash", "rank": 1, "at_step": 15, "recurs": True})
     restarts = [
-        incident(i, "rank_crash", 15.5 + 10 * i, [("node-0", 1)], [action("rollback"),
-                 action("resume")], rank_kind="rank.crash")
+        incident(
+            i,
+            "rank_crash",
+            15.5 + 10 * i,
+            [("node-0", 1)],
+            [action("rollback"), action("resume")],
+            rank_kind="rank.crash",
+        )
         for i in range(1, 4)
-    ]  # fmt: skip
-    spent = {"action": "resume", "state": "escalated", "target": "job:demo",
-             "result": {"error": "restart budget spent: 3 restart(s) for rank_crash since "
-                                 "checkpoint step 10, no checkpoint committed since"}}  # fmt: skip
-    last = incident(4, "rank_crash", 45.5, [("node-0", 1)], [action("rollback"), spent],
-                    run="escalated", rank_kind="rank.crash")  # fmt: skip
+    ]
+    spent = {
+        "action": "resume",
+        "state": "escalated",
+        "target": "job:demo",
+        "result": {
+            "error": "restart budget spent: 3 restart(s) for rank_crash since "
+            "checkpoint step 10, no checkpoint committed since"
+        },
+    }
+    last = incident(
+        4,
+        "rank_crash",
+        45.5,
+        [("node-0", 1)],
+        [action("rollback"), spent],
+        run="escalated",
+        rank_kind="rank.crash",
+    )
     last["state"] = "escalated"
     strike = {0: Strike(t=15.0, step=16, node="node-0", rank=1)}
     ev = evidence(sc, [*restarts, last], strike, digest=None, reference=None)  # type: ignore[arg-type]
@@ -264,8 +358,12 @@ def test_a_poison_crash_is_handled_when_the_budget_stops_the_job_and_no_node_is_
     (f,) = res["faults"]
     assert res["verdict"] == "pass", res["problems"]
     assert f["repaired"] and res["false_incidents"] == [] and not res["bit_identity_required"]
-    evict = {"action": "evict_node", "state": "done", "target": "job:demo",
-             "result": {"nodes": ["node-0"]}}  # fmt: skip
+    evict = {
+        "action": "evict_node",
+        "state": "done",
+        "target": "job:demo",
+        "result": {"nodes": ["node-0"]},
+    }
     restarts[1]["actions"].insert(0, evict)
     res = build_result(evidence(sc, [*restarts, last], strike, digest=None, reference=None))  # type: ignore[arg-type]
     assert res["verdict"] == "fail"
@@ -280,22 +378,43 @@ def _returns_evidence(attempts: list[dict[str, Any]]) -> Evidence:
         scenario({"kind": "sdc", "rank": 2, "at_step": 12}).model_dump()
         | {"returns": {"node": "node-1", "gpu": 0}}
     )
-    inc = incident(1, "sdc", 16.0, [("node-1", 2)], [action("evict_node", nodes=["node-1"])],
-                   rank_kind="rank.sdc")  # fmt: skip
+    inc = incident(
+        1,
+        "sdc",
+        16.0,
+        [("node-1", 2)],
+        [action("evict_node", nodes=["node-1"])],
+        rank_kind="rank.sdc",
+    )
     # The operator's return_node steps run as manual runs on the same incident: they are not
     # the playbook's run, which is what the fault's repair is graded on.
-    inc["runs"] = [{"id": 1, "playbook": "sdc", "status": "done"},
-                   {"id": 2, "playbook": "manual", "status": "escalated"}]  # fmt: skip
-    inc["actions"] += [{"action": "return_node", "state": "escalated", "run_id": 2,
-                        "target": "node-1", "result": {}}]  # fmt: skip
+    inc["runs"] = [
+        {"id": 1, "playbook": "sdc", "status": "done"},
+        {"id": 2, "playbook": "manual", "status": "escalated"},
+    ]
+    inc["actions"] += [
+        {
+            "action": "return_node",
+            "state": "escalated",
+            "run_id": 2,
+            "target": "node-1",
+            "result": {},
+        }
+    ]
     ev = evidence(sc, [inc], {0: Strike(13.0, 13, "node-1", 2)})
     ev.returns = {"node": "node-1", "damage": ["sdc"], "incident": 1, "attempts": attempts}
     return ev
 
 
 def _attempt(damaged: bool, outcome: str | None, reason: str = "") -> dict[str, Any]:
-    return {"asked_t": 20.0, "still_damaged": damaged, "outcome": outcome, "reason": reason,
-            "answered_t": None if outcome is None else 30.0, "checks": []}  # fmt: skip
+    return {
+        "asked_t": 20.0,
+        "still_damaged": damaged,
+        "outcome": outcome,
+        "reason": reason,
+        "answered_t": None if outcome is None else 30.0,
+        "checks": [],
+    }
 
 
 FAILED = "node-1 stays out of service: it failed validation: sdc: GPU 0: recompute differs"

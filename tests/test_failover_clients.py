@@ -211,11 +211,26 @@ def test_agent_and_supervisor_carry_on_when_the_first_coordinator_is_killed(
         "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
     }
     agent = spawn(
-        [*SENTINEL, "agent", "--sim", "--gpus", "1", "--node-id", "node-0",
-         "--coordinator", f"{dead},{a.url},{b.url}", "--spool-dir", str(tmp_path / "spool"),
-         "--rank-socket", str(sock), "--listen", f"127.0.0.1:{metrics_port}"],
-        env=agent_env, log=tmp_path / "agent.log",
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "agent",
+            "--sim",
+            "--gpus",
+            "1",
+            "--node-id",
+            "node-0",
+            "--coordinator",
+            f"{dead},{a.url},{b.url}",
+            "--spool-dir",
+            str(tmp_path / "spool"),
+            "--rank-socket",
+            str(sock),
+            "--listen",
+            f"127.0.0.1:{metrics_port}",
+        ],
+        env=agent_env,
+        log=tmp_path / "agent.log",
+    )
     sup_env = {
         **os.environ,
         "SENTINEL_SUPERVISOR__HEARTBEAT_S": "0.5",
@@ -224,12 +239,31 @@ def test_agent_and_supervisor_carry_on_when_the_first_coordinator_is_killed(
     logs = tmp_path / "logs"
     logs.mkdir()
     supervisor = spawn(
-        [*SENTINEL, "run", "--job-id", "job1", "--coordinator", f"{dead},{a.url},{b.url}",
-         "--token-file", str(tokens["job"]), "--nodes", "1", "--gpus-per-node", "1",
-         "--spares", "0", "--log-dir", str(logs), "--",
-         sys.executable, "-c", "import time; time.sleep(600)"],
-        env=sup_env, log=tmp_path / "supervisor.log",
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "job1",
+            "--coordinator",
+            f"{dead},{a.url},{b.url}",
+            "--token-file",
+            str(tokens["job"]),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--spares",
+            "0",
+            "--log-dir",
+            str(logs),
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(600)",
+        ],
+        env=sup_env,
+        log=tmp_path / "supervisor.log",
+    )
     rank = None
     try:
         wait_ready(sock.exists, agent, what="agent", log=tmp_path / "agent.log", timeout_s=30)

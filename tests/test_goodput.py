@@ -168,8 +168,10 @@ def test_trace_schema_errors_exit_2_with_the_field_path(
 
 def test_trace_file_json_and_scale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "t.json"
-    cats = [{"name": "GPU", "count": 30, "fault_class": "node"},
-            {"name": "bug", "count": 10, "fault_class": "restart"}]  # fmt: skip
+    cats = [
+        {"name": "GPU", "count": 30, "fault_class": "node"},
+        {"name": "bug", "count": 10, "fault_class": "restart"},
+    ]
     f.write_text(json.dumps({"name": "small", "gpus": 1024, "days": 10, "categories": cats}))
     assert main(["goodput", "--trace", str(f), "--runs", "3", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
@@ -182,8 +184,17 @@ def test_trace_file_json_and_scale(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["goodput", "--runs", "2", "--json", "--gpus", "4096", "--days", "10"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert set(rep) >= {"trace", "fleet", "sentinel", "baseline", "delta", "levers", "target",
-                        "meets_target", "reaches_target"}  # fmt: skip
+    assert set(rep) >= {
+        "trace",
+        "fleet",
+        "sentinel",
+        "baseline",
+        "delta",
+        "levers",
+        "target",
+        "meets_target",
+        "reaches_target",
+    }
     for side in ("sentinel", "baseline"):
         s = rep[side]
         assert set(s["hours"]) == set(CATEGORIES)
@@ -195,8 +206,12 @@ def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
         rep["sentinel"]["ratio_mean"] - rep["baseline"]["ratio_mean"]
     )
     levers = {(r["lever"], r["setting"]) for r in rep["levers"]}
-    assert {("spares", "0"), ("spares", "8"), ("detection time", "x0.5"),
-            ("checkpoint interval", "fixed 1 h")} <= levers  # fmt: skip
+    assert {
+        ("spares", "0"),
+        ("spares", "8"),
+        ("detection time", "x0.5"),
+        ("checkpoint interval", "fixed 1 h"),
+    } <= levers
     assert rep["fleet"]["gpus"] == 4096 and rep["fleet"]["runs"] == 2
     ckpt = rep["checkpoint"]
     assert ckpt["source"] == "derived" and ckpt["asynchronous"]
@@ -213,14 +228,39 @@ def test_overrides_and_demo_times(tmp_path: Path, capsys: pytest.CaptureFixture[
     """Flags over the shipped measurements (a drill's goodput.json over a measurements file is
     tested in test_goodput_measurements.py)."""
     demo = tmp_path / "demo.json"
-    args = ["goodput", "--runs", "1", "--json", "--days", "5", "--detect-s", "sdc=30",
-            "--repair-s", "45", "--checkpoint-interval", "600", "--spares", "2"]  # fmt: skip
+    args = [
+        "goodput",
+        "--runs",
+        "1",
+        "--json",
+        "--days",
+        "5",
+        "--detect-s",
+        "sdc=30",
+        "--repair-s",
+        "45",
+        "--checkpoint-interval",
+        "600",
+        "--spares",
+        "2",
+    ]
     assert main(args) == 0
     s = json.loads(capsys.readouterr().out)["sentinel"]
     assert s["detect_s"]["sdc"] == 30.0 and set(s["resume_s"].values()) == {45.0}
     assert s["checkpoint_interval_s"] == 600 and s["spares"] == 2
-    args = ["goodput", "--runs", "1", "--json", "--days", "2", "--sync-checkpoint",
-            "--storage-tbps", "1", "--coordination-s", "0.5"]  # fmt: skip
+    args = [
+        "goodput",
+        "--runs",
+        "1",
+        "--json",
+        "--days",
+        "2",
+        "--sync-checkpoint",
+        "--storage-tbps",
+        "1",
+        "--coordination-s",
+        "0.5",
+    ]
     assert main(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["sentinel"]["checkpoint_cost_s"] == pytest.approx(0.5 + 5.67)

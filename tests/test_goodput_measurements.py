@@ -23,12 +23,30 @@ from sentinel.scenario import load_scenario
 
 FAST = ["--runs", "1", "--days", "5", "--json"]
 DRILLS = [
-    Drill(scenario="default", fleet="local", nodes=4, gpus_per_node=2, spares=5,
-          layout="tp2 pp2 dp2", steps=86, compression=4, verdict="pass",
-          burnin_kept_out=["link_degraded"]),
-    Drill(scenario="sdc", fleet="local", nodes=2, gpus_per_node=2, spares=1,
-          layout="tp2 pp1 dp2", steps=32, compression=4, verdict="pass"),
-]  # fmt: skip
+    Drill(
+        scenario="default",
+        fleet="local",
+        nodes=4,
+        gpus_per_node=2,
+        spares=5,
+        layout="tp2 pp2 dp2",
+        steps=86,
+        compression=4,
+        verdict="pass",
+        burnin_kept_out=["link_degraded"],
+    ),
+    Drill(
+        scenario="sdc",
+        fleet="local",
+        nodes=2,
+        gpus_per_node=2,
+        spares=1,
+        layout="tp2 pp1 dp2",
+        steps=32,
+        compression=4,
+        verdict="pass",
+    ),
+]
 SAMPLES = [
     Sample(kind="ecc_dbe", fault_class=FaultClass.NODE, drill=0, detect_s=0.4, repair_s=32.0),
     Sample(kind="xid", fault_class=FaultClass.NODE, drill=0, detect_s=0.2, repair_s=30.0),
@@ -41,9 +59,15 @@ SAMPLES = [
 
 
 def measurements(samples: list[Sample] = SAMPLES) -> Measurements:
-    return Measurements(format=FORMAT, date="2026-01-02", command="python benchmarks/x.py",
-                        machine="test", drills=DRILLS, samples=samples,
-                        classes=summarise(DRILLS, samples))  # fmt: skip
+    return Measurements(
+        format=FORMAT,
+        date="2026-01-02",
+        command="python benchmarks/x.py",
+        machine="test",
+        drills=DRILLS,
+        samples=samples,
+        classes=summarise(DRILLS, samples),
+    )
 
 
 @pytest.fixture
@@ -70,9 +94,13 @@ def test_the_default_run_reads_the_shipped_measurements(
     assert (m["date"], m["command"]) == (shipped.date, shipped.command)
     measured = {r["key"] for r in rep["inputs"] if r["origin"] == "measured"}
     # A repair with recorded stages is given by them: the projection carries them to scale.
-    assert {"sentinel.detect_s.node", "sentinel.repair_stage_s.node.relaunch",
-            "sentinel.detect_s.restart", "sentinel.hang_past_watchdog_s",
-            "sentinel.repair_stage_s.hang.rendezvous"} <= measured  # fmt: skip
+    assert {
+        "sentinel.detect_s.node",
+        "sentinel.repair_stage_s.node.relaunch",
+        "sentinel.detect_s.restart",
+        "sentinel.hang_past_watchdog_s",
+        "sentinel.repair_stage_s.hang.rendezvous",
+    } <= measured
     assert not {r["key"] for r in rep["inputs"]} & {"sentinel.resume_s.node"}
     node = next(r for r in rep["inputs"] if r["key"] == "sentinel.detect_s.node")
     assert rep["sentinel"]["detect_s"]["node"] == node["value"] == shipped.classes["node"].detect_s
@@ -105,10 +133,24 @@ def test_overrides_replace_the_measured_inputs(
     capsys: pytest.CaptureFixture[str], meas_file: Path, tmp_path: Path
 ) -> None:
     demo = tmp_path / "goodput.json"
-    demo.write_text(json.dumps({"time_to_detect_s": {"xid": 7.0, "hang": 95.0},
-                                "time_to_resume_s": {"crash": 45.0}}))  # fmt: skip
-    rep = project(capsys, "--measurements", str(meas_file), "--from-demo", str(demo),
-                  "--detect-s", "sdc=30", "--node-repair-h", "24", "--recovery", "restart")  # fmt: skip
+    demo.write_text(
+        json.dumps(
+            {"time_to_detect_s": {"xid": 7.0, "hang": 95.0}, "time_to_resume_s": {"crash": 45.0}}
+        )
+    )
+    rep = project(
+        capsys,
+        "--measurements",
+        str(meas_file),
+        "--from-demo",
+        str(demo),
+        "--detect-s",
+        "sdc=30",
+        "--node-repair-h",
+        "24",
+        "--recovery",
+        "restart",
+    )
     s = rep["sentinel"]
     assert s["detect_s"] == {"node": 7.0, "restart": 0.6, "hang": 95.0, "sdc": 30.0, "link": 60.0}
     assert s["resume_s"]["restart"] == 45.0 and s["resume_s"]["node"] == 31.0
@@ -166,8 +208,13 @@ def test_sensitivity_moves_the_right_way(
     rows = {r["key"]: r for r in rep["sensitivity"]}
     assert set(rows) == {r["key"] for r in rep["inputs"]}
     slower = [k for k in rows if k.startswith(("sentinel.", "hang_watchdog_s", "step_s", "live."))]
-    slower += ["node_repair_h", "manual_replace_min", "checkpoint.coordination_s",
-               "scale.comm_s_per_krank", "scale.start_tail"]  # fmt: skip
+    slower += [
+        "node_repair_h",
+        "manual_replace_min",
+        "checkpoint.coordination_s",
+        "scale.comm_s_per_krank",
+        "scale.start_tail",
+    ]
     for key in slower:  # more time spent never raises goodput
         half, double = rows[key]["points"]
         assert (half["factor"], double["factor"]) == (0.5, 2.0)
@@ -189,10 +236,21 @@ def test_assumptions_are_listed_with_their_sources(
 ) -> None:
     rep = project(capsys, "--measurements", str(meas_file))
     assumed = {r["key"]: r["source"] for r in rep["assumptions"]}
-    assert {"node_repair_h", "checkpoint.storage_tbps", "checkpoint.coordination_s", "step_s",
-            "baseline.detect_s", "sentinel.detect_s.link", "scale.comm_s_per_krank",
-            "scale.start_tail", "scale.read_gbps", "scale.peer_gbps", "layout.replica_gpus",
-            "live.stall_s", "live.join_s"} <= set(assumed)  # fmt: skip
+    assert {
+        "node_repair_h",
+        "checkpoint.storage_tbps",
+        "checkpoint.coordination_s",
+        "step_s",
+        "baseline.detect_s",
+        "sentinel.detect_s.link",
+        "scale.comm_s_per_krank",
+        "scale.start_tail",
+        "scale.read_gbps",
+        "scale.peer_gbps",
+        "layout.replica_gpus",
+        "live.stall_s",
+        "live.join_s",
+    } <= set(assumed)
     assert all(len(src) > 10 for src in assumed.values())
     assert "Llama 3" in assumed["checkpoint.storage_tbps"]
     assert "Llama 3" in assumed["step_s"] and "NCCL" in assumed["baseline.detect_s"]
@@ -207,8 +265,14 @@ def test_the_coordinator_s_recorded_stages_are_the_repair_s_inputs_carried_to_sc
     varied in the sensitivity table; the whole repair and the drills' own checkpoint load are
     not inputs (the read at the fleet's bandwidths replaces the load). Today's restart of a
     node at 16,384 GPUs is then the sum of its parts at that scale."""
-    stages = {"decide": 0.5, "drain": 1.0, "relaunch": 10.0, "rendezvous": 0.4,
-              "checkpoint_load": 2.0, "build_first_step": 1.5}  # fmt: skip
+    stages = {
+        "decide": 0.5,
+        "drain": 1.0,
+        "relaunch": 10.0,
+        "rendezvous": 0.4,
+        "checkpoint_load": 2.0,
+        "build_first_step": 1.5,
+    }
     staged = [
         SAMPLES[0].model_copy(update={"stages_s": stages}),
         SAMPLES[1].model_copy(update={"stages_s": {**stages, "decide": 1.5}}),
@@ -234,15 +298,26 @@ def test_the_coordinator_s_recorded_stages_are_the_repair_s_inputs_carried_to_sc
 
 
 def _fault(kind: str, detect: float | None, resume: float | None, **extra: Any) -> dict[str, Any]:
-    return {"kind": kind, "detected": detect is not None, "time_to_detect_s": detect,
-            "time_to_resume_s": resume, "repaired": resume is not None, "injected_step": 15,
-            "detected_step": 15, "actions": [], "targets": [], **extra}  # fmt: skip
+    return {
+        "kind": kind,
+        "detected": detect is not None,
+        "time_to_detect_s": detect,
+        "time_to_resume_s": resume,
+        "repaired": resume is not None,
+        "injected_step": 15,
+        "detected_step": 15,
+        "actions": [],
+        "targets": [],
+        **extra,
+    }
 
 
 def test_a_drill_result_becomes_samples_and_a_class_without_one_says_why() -> None:
     hang_target = {"target": "detected within the watchdog timeout + 10 s", "limit": 27.0}
     result = {
-        "scenario": "default", "verdict": "pass", "drill_settings": {"compression": 4},
+        "scenario": "default",
+        "verdict": "pass",
+        "drill_settings": {"compression": 4},
         "faults": [
             _fault("link_degraded", None, None, actions=["burnin.exclude"]),
             _fault("ecc_dbe", 0.4, 32.0, repair_stages_s={"decide": 0.5, "relaunch": 9.0}),
@@ -250,7 +325,7 @@ def test_a_drill_result_becomes_samples_and_a_class_without_one_says_why() -> No
             _fault("hang", 20.0, 35.0, targets=[hang_target]),
             _fault("straggler", 9.0, 20.0),  # does not interrupt the job: not a sample
         ],
-    }  # fmt: skip
+    }
     drill = drill_of(result, load_scenario("default"))
     assert (drill.nodes, drill.layout) == (4, "tp2 pp2 dp2")
     assert drill.burnin_kept_out == ["link_degraded"]

@@ -92,9 +92,14 @@ def test_the_spare_pool_grows_with_the_fleet() -> None:
 
 def test_each_class_takes_the_catalog_s_path() -> None:
     assert {k: str(v) for k, v in KIND_PATH.items()} == {
-        "ecc_dbe": "live", "xid": "live", "thermal": "live", "link_degraded": "live",
-        "crash": "warm_restart", "hang": "warm_restart", "sdc": "warm_restart",
-    }  # fmt: skip
+        "ecc_dbe": "live",
+        "xid": "live",
+        "thermal": "live",
+        "link_degraded": "live",
+        "crash": "warm_restart",
+        "hang": "warm_restart",
+        "sdc": "warm_restart",
+    }
     assert {c: catalog_path(c) for c in FaultClass} == {
         FaultClass.NODE: RepairPath.LIVE,
         FaultClass.LINK: RepairPath.LIVE,
@@ -163,10 +168,22 @@ def test_the_checkpoint_interval_counts_only_the_failures_that_roll_back() -> No
 
 
 def bench_line(**live: Any) -> dict[str, Any]:
-    way = {"wall_s": 300.0, "steps": 240, "stall_s_max": None, "join_s_max": None,
-           "checkpoint_reads": 3, "ledger_exact": True}  # fmt: skip
-    good = {"wall_s": 250.0, "steps": 240, "stall_s_max": 3.2, "join_s_max": 11.5,
-            "checkpoint_reads": 0, "ledger_exact": True}  # fmt: skip
+    way = {
+        "wall_s": 300.0,
+        "steps": 240,
+        "stall_s_max": None,
+        "join_s_max": None,
+        "checkpoint_reads": 3,
+        "ledger_exact": True,
+    }
+    good = {
+        "wall_s": 250.0,
+        "steps": 240,
+        "stall_s_max": 3.2,
+        "join_s_max": 11.5,
+        "checkpoint_reads": 0,
+        "ledger_exact": True,
+    }
     return {"restart": way, "warm_restart": way, "live": {**good, **live}}
 
 
@@ -174,8 +191,11 @@ def test_the_recovery_benchmark_s_live_times_become_measured_inputs(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "recovery.txt"
-    out.write_text("way        wall_s  steps\nlive        250.0   240\n"
-                   + json.dumps({**bench_line(), "date": "2026-12-01", "load_avg": "3.1"}) + "\n")  # fmt: skip
+    out.write_text(
+        "way        wall_s  steps\nlive        250.0   240\n"
+        + json.dumps({**bench_line(), "date": "2026-12-01", "load_avg": "3.1"})
+        + "\n"
+    )
     rep = project(capsys, "--recovery-bench", str(out))
     inputs = {r["key"]: r for r in rep["inputs"]}
     stall, join = inputs["live.stall_s"], inputs["live.join_s"]
@@ -228,20 +248,40 @@ def test_the_report_shows_the_paths_side_by_side(capsys: pytest.CaptureFixture[s
     assert big["repairs"]["live_path"]["stall_by_class_s"]["link"] > 60  # its detection first
     assert c["goal"]["gpus"] == 100000 and c["goal"]["target"] == 0.9
     assert c["goal"]["met"] == (c["goal"]["live_ratio"] >= 0.9)
-    assert c["paths"] == {"node": "live", "restart": "warm_restart", "hang": "warm_restart",
-                          "sdc": "warm_restart", "link": "live"}  # fmt: skip
+    assert c["paths"] == {
+        "node": "live",
+        "restart": "warm_restart",
+        "hang": "warm_restart",
+        "sdc": "warm_restart",
+        "link": "live",
+    }
     assert main(["goodput", "--runs", "1", "--days", "5", "--compare-gpus", "4096,8192"]) == 0
     out = capsys.readouterr().out
-    for text in ("restart (today's path)", "warm restart", "live (the catalog's paths)",
-                 "4,096 GPUs", "8,192 GPUs", "goal 90.00% at 8,192 GPUs", "spares by rule"):  # fmt: skip
+    for text in (
+        "restart (today's path)",
+        "warm restart",
+        "live (the catalog's paths)",
+        "4,096 GPUs",
+        "8,192 GPUs",
+        "goal 90.00% at 8,192 GPUs",
+        "spares by rule",
+    ):
         assert text in out
 
 
 def test_fixed_spares_replica_size_and_a_shrinking_batch(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rep = project(capsys, "--spares", "8", "--replica-gpus", "256", "--shrink-batch",
-                  "--compare-gpus", "16384")  # fmt: skip
+    rep = project(
+        capsys,
+        "--spares",
+        "8",
+        "--replica-gpus",
+        "256",
+        "--shrink-batch",
+        "--compare-gpus",
+        "16384",
+    )
     assert rep["sentinel"]["spares"] == 8 and rep["compare"]["scales"][0]["spares"] == 8
     assert rep["sentinel"]["live"]["replicas"] == 64
     assert rep["sentinel"]["live"]["keep_batch"] is False
@@ -258,8 +298,17 @@ def test_a_repair_given_whole_replaces_its_stages_and_is_taken_as_it_is_at_any_s
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     for gpus in ("16384", "100000"):
-        rep = project(capsys, "--repair-s", "restart=45", "--recovery", "restart",
-                      "--gpus", gpus, "--compare-gpus", "16384")  # fmt: skip
+        rep = project(
+            capsys,
+            "--repair-s",
+            "restart=45",
+            "--recovery",
+            "restart",
+            "--gpus",
+            gpus,
+            "--compare-gpus",
+            "16384",
+        )
         assert rep["sentinel"]["resume_s"]["restart"] == 45.0
         keys = {r["key"] for r in rep["inputs"]}
         assert "sentinel.resume_s.restart" in keys

@@ -364,9 +364,21 @@ def test_all_healthy_node() -> None:
 
 def test_the_healthy_base_reading_sets_every_judged_field() -> None:
     judged = {f.name for f in fields(GpuReading)} - {
-        "index", "uuid", "name", "pci_bus_id", "lost", "power_limit_w", "energy_mj",
-        "mem_clock_mhz", "util_gpu_pct", "util_mem_pct", "fb_used_bytes", "fb_free_bytes",
-        "fb_total_bytes", "nvlink_recovery_errors", "tensor_active",
+        "index",
+        "uuid",
+        "name",
+        "pci_bus_id",
+        "lost",
+        "power_limit_w",
+        "energy_mj",
+        "mem_clock_mhz",
+        "util_gpu_pct",
+        "util_mem_pct",
+        "fb_used_bytes",
+        "fb_free_bytes",
+        "fb_total_bytes",
+        "nvlink_recovery_errors",
+        "tensor_active",
         "processes",
-    }  # fmt: skip
+    }
     assert all(getattr(HEALTHY, name) is not None for name in judged)

@@ -182,8 +182,11 @@ def test_events_sent_just_after_start_reach_an_agent_slow_to_accept(tmp_path: Pa
     tr = SlowToConnect(tmp_path / "agent.sock")
     tr.start()
     try:
-        tr.send(make_event(EventKind.RANK_FR_DUMP, Source(job="j"),
-                           RankFrDumpPayload(path="p", reason="x")))  # fmt: skip
+        tr.send(
+            make_event(
+                EventKind.RANK_FR_DUMP, Source(job="j"), RankFrDumpPayload(path="p", reason="x")
+            )
+        )
         tr.stop()
         wait_for(lambda: len(agent.events) == 1)
         assert tr.pending() == 0 and tr.dropped == 0

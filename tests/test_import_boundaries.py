@@ -19,10 +19,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "sentinel" / "coordinator" / "core"
 # The repair core takes a store and a clock: no web server, no threads, no driver, no shell.
 CORE_FORBIDS = (
-    "aiohttp", "httptools", "uvloop", "asyncio", "threading", "concurrent", "multiprocessing",
-    "sqlite3", "psycopg", "sqlalchemy", "sentinel.coordinator.store", "sentinel.coordinator.http",
-    "sentinel.coordinator.backends", "sentinel.coordinator.runtime",
-)  # fmt: skip
+    "aiohttp",
+    "httptools",
+    "uvloop",
+    "asyncio",
+    "threading",
+    "concurrent",
+    "multiprocessing",
+    "sqlite3",
+    "psycopg",
+    "sqlalchemy",
+    "sentinel.coordinator.store",
+    "sentinel.coordinator.http",
+    "sentinel.coordinator.backends",
+    "sentinel.coordinator.runtime",
+)
 # The daemons, and the lab (drills, simulation, test clusters, modelling) that none of them may
 # load, however indirectly.
 DAEMONS = ("agent", "coordinator", "supervisor", "ranks")

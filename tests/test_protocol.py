@@ -110,10 +110,23 @@ def test_batch_size_is_bounded() -> None:
 def test_a_job_reports_a_bounded_gang() -> None:
     """The coordinator walks a job's ranks (who has not answered a stacks request): a job of
     10^12 ranks, which an API fuzzer sent, would hold a request for hours."""
-    status = {"state": "running", "generation": 0, "world_size": protocol.MAX_WORLD_SIZE + 1,
-              "gpus_per_node": 8, "nodes": ["node-0"], "spares": [], "checkpoints": []}  # fmt: skip
-    event = {"v": 1, "id": "e1", "kind": "job.status", "source": {"job": "j"}, "ts": 1.0,
-             "payload": status}  # fmt: skip
+    status = {
+        "state": "running",
+        "generation": 0,
+        "world_size": protocol.MAX_WORLD_SIZE + 1,
+        "gpus_per_node": 8,
+        "nodes": ["node-0"],
+        "spares": [],
+        "checkpoints": [],
+    }
+    event = {
+        "v": 1,
+        "id": "e1",
+        "kind": "job.status",
+        "source": {"job": "j"},
+        "ts": 1.0,
+        "payload": status,
+    }
     with pytest.raises(ProtocolError, match="world_size: Input should be less than or equal"):
         decode_batch({"v": 1, "events": [event]})
 

@@ -170,9 +170,14 @@ def test_node_local_fast_tier_without_a_durable_tier_is_refused(
 ) -> None:
     out = tmp_path / "no-durable"
     gang = start(
-        2, out, data_dir, *DP2, "--ckpt-dir", str(out / "nodes" / "{node}"),
+        2,
+        out,
+        data_dir,
+        *DP2,
+        "--ckpt-dir",
+        str(out / "nodes" / "{node}"),
         node_of_rank=lambda r: f"node-{r}",
-    )  # fmt: skip
+    )
     assert gang.wait(120) == [2, 2]
     assert "is node-local" in (out / "logs" / "rank-0.log").read_text()
 

@@ -88,8 +88,12 @@ def test_an_exact_ledger_is_the_union_of_what_the_replicas_recorded(tmp_path: Pa
     write(tmp_path, "replica-2", steps)
     v = check(tmp_path, 4)
     assert v.exact, v.to_json()
-    assert v.tokens() == {"expected": 4 * STEP_TOKENS, "consumed": 4 * STEP_TOKENS,
-                          "duplicated": 0, "skipped": 0}  # fmt: skip
+    assert v.tokens() == {
+        "expected": 4 * STEP_TOKENS,
+        "consumed": 4 * STEP_TOKENS,
+        "duplicated": 0,
+        "skipped": 0,
+    }
     assert (v.steps, v.abandoned) == (4, 0)
 
 

@@ -41,13 +41,46 @@ pytestmark = pytest.mark.slow
 FINAL_LOSS_RTOL = 1e-4
 STEPS = 30
 REPLICAS = 3
-MODEL = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128",
-         "--corpus-tokens", "32768", "--mbs", "2", "--accum", "2", "--warmup", "2", "--quiet"]  # fmt: skip
+MODEL = [
+    "--layers",
+    "2",
+    "--dim",
+    "32",
+    "--heads",
+    "4",
+    "--seq",
+    "16",
+    "--vocab",
+    "128",
+    "--corpus-tokens",
+    "32768",
+    "--mbs",
+    "2",
+    "--accum",
+    "2",
+    "--warmup",
+    "2",
+    "--quiet",
+]
 
 
 def ft_args(out: Path, data: Path, *extra: str, steps: int = STEPS) -> list[str]:
-    return [*MODEL, "--tp", "2", "--dp", str(REPLICAS), "--replicas", "ft",
-            "--steps", str(steps), "--out", str(out), "--data-dir", str(data), *extra]  # fmt: skip
+    return [
+        *MODEL,
+        "--tp",
+        "2",
+        "--dp",
+        str(REPLICAS),
+        "--replicas",
+        "ft",
+        "--steps",
+        str(steps),
+        "--out",
+        str(out),
+        "--data-dir",
+        str(data),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -170,8 +203,10 @@ def test_killed_replica_leaves_survivors_stepping_and_a_spare_heals_from_a_peer(
     assert verdict.exact, verdict.to_json()
     stall = max(stall_s(out, r) for r in (0, 2))
     join = spare[0]["t"] - spare_at
-    print(f"\nsurvivors' stall {stall:.2f}s, spare join {join:.2f}s (start to first commit), "
-          f"load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(
+        f"\nsurvivors' stall {stall:.2f}s, spare join {join:.2f}s (start to first commit), "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     # Fail-fast, not a timeout: the collective with the dead replica fails at once and the
     # quorum drops it after the lighthouse's 1 s heartbeat timeout (torchft's timeout is 30 s).
     assert stall < 10
@@ -227,11 +262,17 @@ def test_peer_dying_while_it_sends_makes_the_joiner_heal_from_another(
     env = dict(os.environ, **{DIE_SENDING: "1"})
     gangs = [
         launch_replica(
-            r, 2, args, lighthouse=lighthouse.address, log_dir=out / "logs", fork=True,
-            entry=_dies_sending_main, env=env if r == 0 else None,
+            r,
+            2,
+            args,
+            lighthouse=lighthouse.address,
+            log_dir=out / "logs",
+            fork=True,
+            entry=_dies_sending_main,
+            env=env if r == 0 else None,
         )
         for r in range(REPLICAS)
-    ]  # fmt: skip
+    ]
     wait_for_step(out, 1, 5, gangs, timeout=120)
     gangs[1].kill(signal.SIGKILL)
     gangs[1] = start(1, args, lighthouse, out / "logs-spare")
@@ -307,15 +348,34 @@ def test_main_runs_twice_in_one_process(
     data_dir: Path, lighthouse: Lighthouse, tmp_path: Path
 ) -> None:
     out = tmp_path / "twice"
-    args = [*MODEL, "--tp", "2", "--dp", str(REPLICAS), "--replicas", "ft", "--steps", "5",
-            "--data-dir", str(data_dir), "--out", str(out / "gen")]  # fmt: skip
+    args = [
+        *MODEL,
+        "--tp",
+        "2",
+        "--dp",
+        str(REPLICAS),
+        "--replicas",
+        "ft",
+        "--steps",
+        "5",
+        "--data-dir",
+        str(data_dir),
+        "--out",
+        str(out / "gen"),
+    ]
     gangs = [
         launch_replica(
-            r, 2, args, lighthouse=lighthouse.address, log_dir=out / "logs", fork=True,
-            entry=_twice_main, env=dict(os.environ, **{NEXT_PORT: str(free_rendezvous_port())}),
+            r,
+            2,
+            args,
+            lighthouse=lighthouse.address,
+            log_dir=out / "logs",
+            fork=True,
+            entry=_twice_main,
+            env=dict(os.environ, **{NEXT_PORT: str(free_rendezvous_port())}),
         )
         for r in range(REPLICAS)
-    ]  # fmt: skip
+    ]
     codes = finish(gangs)
     assert codes == [[0, 0]] * REPLICAS, "".join(g.tail(0) + g.tail(1) for g in gangs)
     for g in gangs:

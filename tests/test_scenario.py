@@ -106,10 +106,20 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
     assert timed(short) == [-1, 35, 42, 48, 58, 66, 76] and short.trainer.steps == 86
     assert [f.kind for f in short.faults] == [f.kind for f in default.faults]
     assert steps == {
-        "default": 86, "corrupt_batch": 40, "crash": 35, "ecc_dbe": 35, "hang": 35,
-        "link_degraded": 20, "poison_crash": 35, "sdc": 40, "straggler": 55, "thermal": 32,
-        "validation": 40, "xid": 35, "live": 105,
-    }  # fmt: skip
+        "default": 86,
+        "corrupt_batch": 40,
+        "crash": 35,
+        "ecc_dbe": 35,
+        "hang": 35,
+        "link_degraded": 20,
+        "poison_crash": 35,
+        "sdc": 40,
+        "straggler": 55,
+        "thermal": 32,
+        "validation": 40,
+        "xid": 35,
+        "live": 105,
+    }
     # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
     assert timed(quick(load_scenario("crash"))) == [15]
     assert timed(quick(load_scenario("corrupt_batch"))) == [30]

@@ -39,8 +39,10 @@ def test_cluster_runs_a_step_per_node_and_leaves_nothing() -> None:
     assert not _leftovers(c)
     for pid in daemons:
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
-    assert all(h.netns not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
-               for h in hosts)  # fmt: skip
+    assert all(
+        h.netns not in subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+        for h in hosts
+    )
 
 
 def test_two_clusters_side_by_side_do_not_collide() -> None:

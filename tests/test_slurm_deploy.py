@@ -89,13 +89,25 @@ def test_prolog_drains_a_failing_node_and_the_sbatch_job_runs_on_the_others(
         token.write_text(coord.token("--role", "job", "--job", "slurm-1") + "\n")
         out = tmp_path / "job.out"
         trainer = [sys.executable, str(ROOT / "tests" / "helpers" / "gloo_rank.py")]
-        env = {"SENTINEL_COORDINATOR": coord.url, "SENTINEL_TOKEN_FILE": str(token),
-               "SENTINEL_SPARES": "0", "SENTINEL_GPUS_PER_NODE": "1",
-               "SENTINEL_LOG_DIR": str(tmp_path / "logs"),
-               "SENTINEL_BIN": str(Path(sys.executable).parent / "sentinel")}  # fmt: skip
-        cluster.run(["sbatch", "--nodes=2", f"--output={out}", f"--chdir={tmp_path}",
-                     str(SLURM / "sentinel-train.sbatch"), *trainer],
-                    env_extra=env)  # fmt: skip
+        env = {
+            "SENTINEL_COORDINATOR": coord.url,
+            "SENTINEL_TOKEN_FILE": str(token),
+            "SENTINEL_SPARES": "0",
+            "SENTINEL_GPUS_PER_NODE": "1",
+            "SENTINEL_LOG_DIR": str(tmp_path / "logs"),
+            "SENTINEL_BIN": str(Path(sys.executable).parent / "sentinel"),
+        }
+        cluster.run(
+            [
+                "sbatch",
+                "--nodes=2",
+                f"--output={out}",
+                f"--chdir={tmp_path}",
+                str(SLURM / "sentinel-train.sbatch"),
+                *trainer,
+            ],
+            env_extra=env,
+        )
 
         deadline, ended_since = time.monotonic() + 400, None
         while (state := _job_state(cluster, "1")) != "COMPLETED":

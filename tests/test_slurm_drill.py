@@ -30,10 +30,26 @@ def test_slurm_drill_repairs_three_faults_bit_identically(tmp_path: Path) -> Non
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     out, result = tmp_path / "out", tmp_path / "result.json"
     done = subprocess.run(
-        [sys.executable, "-m", "sentinel", "demo", "--fleet", "slurm", "--scenario",
-         str(SCENARIO), "--quick", "--out", str(out), "--json", str(result)],
-        env=env, capture_output=True, text=True, timeout=1400,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "demo",
+            "--fleet",
+            "slurm",
+            "--scenario",
+            str(SCENARIO),
+            "--quick",
+            "--out",
+            str(out),
+            "--json",
+            str(result),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
     assert result.exists(), done.stdout[-4000:] + done.stderr[-4000:]
     res = json.loads(result.read_text())
     assert res["verdict"] == "pass" and done.returncode == 0, done.stdout[-4000:]
@@ -80,17 +96,23 @@ def test_slurm_burnin_finds_a_link_held_down_by_tc(tmp_path: Path) -> None:
     measures the links and keeps node-2 out."""
     require_cluster()
     scenario = Scenario.model_validate(
-        {"name": "link", "fleet": {"nodes": 3, "gpus_per_node": 1, "spares": 1},
-         "trainer": {"tp": 1, "pp": 1, "dp": 3, "steps": 10, "checkpoint_every": 5},
-         "faults": [{"kind": "link_degraded", "node": "node-2", "factor": 0.25}]}
-    )  # fmt: skip
+        {
+            "name": "link",
+            "fleet": {"nodes": 3, "gpus_per_node": 1, "spares": 1},
+            "trainer": {"tp": 1, "pp": 1, "dp": 3, "steps": 10, "checkpoint_every": 5},
+            "faults": [{"kind": "link_degraded", "node": "node-2", "factor": 0.25}],
+        }
+    )
     demo = SlurmDemo(scenario, tmp_path / "out", echo=lambda _line: None)
     demo.out.mkdir(parents=True)
     with SlurmCluster(["node-0", "node-1", "node-2", "spare-0"]) as cluster:
         demo.cluster = cluster
         exclude = demo.burnin()
-        qdisc = subprocess.run(["tc", "qdisc", "show", "dev", cluster.host("node-2").veth],
-                               capture_output=True, text=True).stdout  # fmt: skip
+        qdisc = subprocess.run(
+            ["tc", "qdisc", "show", "dev", cluster.host("node-2").veth],
+            capture_output=True,
+            text=True,
+        ).stdout
     assert exclude is not None and exclude.read_text().split() == ["node-2"]
     assert "tbf" in qdisc and "250Mbit" in qdisc, qdisc
     links = json.loads((demo.out / "burnin.json").read_text())["links"]

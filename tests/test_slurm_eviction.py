@@ -40,9 +40,17 @@ def slurm_coord(
         monkeypatch.setenv("SENTINEL_COORDINATOR__EVICTION_BACKEND", "slurm")
         monkeypatch.setenv("SENTINEL_COORDINATOR__SCONTROL_TIMEOUT_S", "20")
         baseline = tmp_path / "baseline.json"  # node-1's validation is answered by the test
-        save_validation_baseline(baseline, ValidationBaseline(
-            gemm_s=0.002, gemm_size=384, loopback_gbps=1.0, loopback_bytes=1 << 24,
-            sdc_digest="abc", device="cpu"))  # fmt: skip
+        save_validation_baseline(
+            baseline,
+            ValidationBaseline(
+                gemm_s=0.002,
+                gemm_size=384,
+                loopback_gbps=1.0,
+                loopback_bytes=1 << 24,
+                sdc_digest="abc",
+                device="cpu",
+            ),
+        )
         monkeypatch.setenv("SENTINEL_COORDINATOR__VALIDATION__BASELINE", str(baseline))
         monkeypatch.setenv("SENTINEL_COORDINATOR__VALIDATION__HOLD_DOWN_S", "0")
         coord = Coordinator(tmp_path / "state")
@@ -61,8 +69,11 @@ def _post(coord: Coordinator, token: str, *events: object) -> None:
 
 def _validated(coord: Coordinator, token: str, node: str) -> None:
     """Stand in for node-1's agent (no agent runs here): healthy, and a passed validation."""
-    beat = make_event(EventKind.AGENT_HEARTBEAT, Source(node=node),
-                      AgentHeartbeatPayload(gpus=1, verdict=Verdict.HEALTHY, agent_version="t"))  # fmt: skip
+    beat = make_event(
+        EventKind.AGENT_HEARTBEAT,
+        Source(node=node),
+        AgentHeartbeatPayload(gpus=1, verdict=Verdict.HEALTHY, agent_version="t"),
+    )
     _post(coord, token, beat)
 
     def asked() -> str | None:
@@ -86,8 +97,10 @@ def test_drain_in_sinfo_and_an_audited_return(
     cluster, coord = slurm_coord
     admin, operator = coord.token("--role", "admin"), coord.token("--role", "operator")
     _post(coord, admin, job_status("j", NODES[:3], ["spare-0"]), xid("node-1"))
-    wait_for(lambda: cluster.node_states()["node-1"].state in {"drained", "draining"},
-             what="node-1 drained in Slurm")  # fmt: skip
+    wait_for(
+        lambda: cluster.node_states()["node-1"].state in {"drained", "draining"},
+        what="node-1 drained in Slurm",
+    )
     inc = _incident(coord, operator, "node-1")
     assert cluster.node_states()["node-1"].reason == (
         f"sentinel: GPU hardware fault [incident {inc['id']}]"
@@ -98,8 +111,12 @@ def test_drain_in_sinfo_and_an_audited_return(
 
     # a job token may not return a node; an operator may, and it is audited with the why
     job = coord.token("--role", "job", "--job", "j")
-    body = {"incident": inc["id"], "action": "return_node", "params": {"node": "node-1"},
-            "why": "GPU reseated, burn-in passed"}  # fmt: skip
+    body = {
+        "incident": inc["id"],
+        "action": "return_node",
+        "params": {"node": "node-1"},
+        "why": "GPU reseated, burn-in passed",
+    }
     with pytest.raises(Exception, match="403"):
         coord.call("POST", "/v1/actions", job, json.dumps(body).encode())
     assert cluster.node_states()["node-1"].state in {"drained", "draining"}
@@ -147,6 +164,9 @@ def test_unreachable_controller_escalates_and_loses_nothing(
     # the controller is back; an operator retries the escalated run and the node drains
     cluster.start_controller()
     coord.call("POST", f"/v1/incidents/{inc['id']}/approve", admin, b"{}")  # type: ignore[index]
-    wait_for(lambda: cluster.node_states()["node-2"].state in {"drained", "draining"},
-             timeout=60, what="node-2 drained after the retry")  # fmt: skip
+    wait_for(
+        lambda: cluster.node_states()["node-2"].state in {"drained", "draining"},
+        timeout=60,
+        what="node-2 drained after the retry",
+    )
     assert f"[incident {inc['id']}]" in cluster.node_states()["node-2"].reason  # type: ignore[index]

@@ -23,19 +23,27 @@ RANK_SCRIPT = Path(__file__).parent / "helpers" / "gloo_rank.py"
 
 def test_srun_error_lines_become_rank_exits() -> None:
     assert parse_task_exit("srun: error: node-1: task 3: Exited with exit code 3") == (
-        "node-1", [3], 3,
-    )  # fmt: skip
+        "node-1",
+        [3],
+        3,
+    )
     assert parse_task_exit("srun: error: spare-0: tasks 0-1,4: Killed") == (
-        "spare-0", [0, 1, 4], -9,
-    )  # fmt: skip
+        "spare-0",
+        [0, 1, 4],
+        -9,
+    )
     assert parse_task_exit("srun: error: node-0: task 0: Segmentation fault")[2] == -11  # type: ignore[index]
     assert parse_task_exit("srun: Job step aborted: Waiting up to 32 seconds") is None
 
 
 def test_a_task_takes_its_rank_from_its_node_place_in_the_plan() -> None:
-    env = {"SLURMD_NODENAME": "spare-0", "SENTINEL_NODES": "node-0,spare-0,node-2",
-           "SENTINEL_GPUS_PER_NODE": "2", "SLURM_LOCALID": "1",
-           "SENTINEL_RANK_SOCKET_TEMPLATE": "/run/sentinel/{node}.sock"}  # fmt: skip
+    env = {
+        "SLURMD_NODENAME": "spare-0",
+        "SENTINEL_NODES": "node-0,spare-0,node-2",
+        "SENTINEL_GPUS_PER_NODE": "2",
+        "SLURM_LOCALID": "1",
+        "SENTINEL_RANK_SOCKET_TEMPLATE": "/run/sentinel/{node}.sock",
+    }
     out = rank_env(env)
     assert (out["RANK"], out["WORLD_SIZE"], out["LOCAL_RANK"]) == ("3", "6", "1")
     assert out["SENTINEL_RANK_SOCKET"] == "/run/sentinel/spare-0.sock"
@@ -85,13 +93,18 @@ def test_generations_are_steps_of_one_allocation(cluster: SlurmCluster, tmp_path
         plan = GangPlan(argv, ["node-0", "node-1"], 2, generation=0, master_port=29611)
         exits = _finish(launcher.launch(plan))
         assert [(e.rank, e.node, e.returncode) for e in exits] == [
-            (0, "node-0", 0), (1, "node-0", 0), (2, "node-1", 0), (3, "node-1", 0),
-        ]  # fmt: skip
+            (0, "node-0", 0),
+            (1, "node-0", 0),
+            (2, "node-1", 0),
+            (3, "node-1", 0),
+        ]
         lines = _lines(tmp_path / "logs", 0)
         assert {r: v[:2] for r, v in lines.items()} == {
-            0: ["node-0", "node-0"], 1: ["node-0", "node-0"],
-            2: ["node-1", "node-1"], 3: ["node-1", "node-1"],
-        }  # fmt: skip
+            0: ["node-0", "node-0"],
+            1: ["node-0", "node-0"],
+            2: ["node-1", "node-1"],
+            3: ["node-1", "node-1"],
+        }
         assert all(v[2] == cluster.host("node-0").addr and v[3] == "6" for v in lines.values())
 
         # node-0 evicted: the spare takes its place; rank 1 (now on spare-0) crashes
@@ -99,8 +112,11 @@ def test_generations_are_steps_of_one_allocation(cluster: SlurmCluster, tmp_path
         plan = GangPlan(argv, ["spare-0", "node-1"], 2, generation=1, master_port=29612)
         exits = _finish(launcher.launch(plan))
         assert [(e.rank, e.node, e.returncode) for e in exits] == [
-            (0, "spare-0", 0), (1, "spare-0", 3), (2, "node-1", 0), (3, "node-1", 0),
-        ]  # fmt: skip
+            (0, "spare-0", 0),
+            (1, "spare-0", 3),
+            (2, "node-1", 0),
+            (3, "node-1", 0),
+        ]
         lines = _lines(tmp_path / "logs", 1)
         assert lines[0][1] == "spare-0" and lines[0][2] == cluster.host("spare-0").addr
         assert lines[2][1] == "node-1"

@@ -49,16 +49,40 @@ def gang(coord: Coordinator, tmp_path: Path) -> Iterator[tuple[dict[int, int], P
     sup = None
     try:
         fleet.start(timeout_s=60)
-        env = {**os.environ, "HANG_RANK": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
-               "SENTINEL_SUPERVISOR__HEARTBEAT_S": "0.5"}  # fmt: skip
+        env = {
+            **os.environ,
+            "HANG_RANK": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+            "SENTINEL_SUPERVISOR__HEARTBEAT_S": "0.5",
+        }
         sup = spawn(
-            [*SENTINEL, "run", "--job-id", "job1", "--coordinator", coord.url, "--token-file",
-             str(tmp_path / "job.token"), "--nodes", "2", "--gpus-per-node", "2", "--spares", "0",
-             "--log-dir", str(logs), "--rank-socket-template",
-             str(tmp_path / "fleet" / "{node}" / "agent.sock"), "--",
-             sys.executable, str(ROOT / "tests/helpers/stacks_rank.py")],
-            env=env, log=tmp_path / "sup.log",
-        )  # fmt: skip
+            [
+                *SENTINEL,
+                "run",
+                "--job-id",
+                "job1",
+                "--coordinator",
+                coord.url,
+                "--token-file",
+                str(tmp_path / "job.token"),
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "2",
+                "--spares",
+                "0",
+                "--log-dir",
+                str(logs),
+                "--rank-socket-template",
+                str(tmp_path / "fleet" / "{node}" / "agent.sock"),
+                "--",
+                sys.executable,
+                str(ROOT / "tests/helpers/stacks_rank.py"),
+            ],
+            env=env,
+            log=tmp_path / "sup.log",
+        )
         wait_for(lambda: len(_ready(logs)) == 4, 120, "four ranks parked")
         yield _ready(logs), op
     finally:
@@ -69,8 +93,10 @@ def gang(coord: Coordinator, tmp_path: Path) -> Iterator[tuple[dict[int, int], P
 def _stacks(coord: Coordinator, op: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     out = subprocess.run(
         [*SENTINEL, "stacks", "job1", "--coordinator", coord.url, "--token-file", str(op), *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     doc = json.loads(out.stdout) if "--json" in args else {}
     return out.returncode, doc, out.stdout + out.stderr
 

@@ -36,8 +36,10 @@ def test_rank_ranges_are_runs() -> None:
 
 
 def _answer(where: str, code: str = "") -> RankStacksPayload:
-    frames = [StackFrame(file="t.py", line=i, func=f, code=code) for i, f in
-              enumerate(["main", "train", where])]  # fmt: skip
+    frames = [
+        StackFrame(file="t.py", line=i, func=f, code=code)
+        for i, f in enumerate(["main", "train", where])
+    ]
     return RankStacksPayload(
         request_id="r", pid=1, threads=[ThreadStack(name="MainThread", frames=frames)]
     )
@@ -99,8 +101,11 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
     def post(*events: object) -> None:
         ingest.ingest(EventBatch(events=list(events)), clock())  # type: ignore[arg-type]
 
-    hang = make_event(EventKind.RANK_HANG, Source(node="node-0", rank=0, job="job1"),
-                      RankHangPayload(waited_s=90.0))  # fmt: skip
+    hang = make_event(
+        EventKind.RANK_HANG,
+        Source(node="node-0", rank=0, job="job1"),
+        RankHangPayload(waited_s=90.0),
+    )
     post(status, hang)
     engine.tick()
     fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
@@ -113,11 +118,15 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
     rid = asked[0]["args"]["request_id"]
     clock.t += 1.0
     answers = [
-        make_event(EventKind.RANK_STACKS, Source(node=f"node-{r // 2}", rank=r, job="job1"),
-                   _answer("all_reduce" if r == 1 else "wait_elsewhere").model_copy(
-                       update={"request_id": rid}))
+        make_event(
+            EventKind.RANK_STACKS,
+            Source(node=f"node-{r // 2}", rank=r, job="job1"),
+            _answer("all_reduce" if r == 1 else "wait_elsewhere").model_copy(
+                update={"request_id": rid}
+            ),
+        )
         for r in range(4)
-    ]  # fmt: skip
+    ]
     post(*answers[:3])
     engine.tick()  # rank 3 has not answered: the step waits
     assert not query(store, "SELECT 1 FROM commands WHERE kind='job.stop'")
@@ -130,16 +139,16 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
     ]
     stop = one(store, "SELECT id FROM commands WHERE kind='job.stop'")["id"]
     clock.t += 12.0
-    teardown = {"processes": 4, "killed": [11], "survivors": [], "seconds": 10.4,
-                "verified": True}  # fmt: skip
-    ack_command(store, stop, True, {"state": "stopped", "teardown": teardown}, "job:job1",
-                clock())  # fmt: skip
+    teardown = {"processes": 4, "killed": [11], "survivors": [], "seconds": 10.4, "verified": True}
+    ack_command(store, stop, True, {"state": "stopped", "teardown": teardown}, "job:job1", clock())
     engine.tick()
     done = one(store, "SELECT result FROM actions WHERE action='teardown'")["result"]
     assert done["teardown"] == teardown
     assert done["stages_s"] == {
-        "dumps_saved_s": 4.0, "stacks_saved_s": 5.0, "all_ranks_gone_s": 17.0
-    }  # fmt: skip
+        "dumps_saved_s": 4.0,
+        "stacks_saved_s": 5.0,
+        "all_ranks_gone_s": 17.0,
+    }
     evict = one(store, "SELECT result FROM actions WHERE action='evict_node'")
     assert evict is not None  # the repair went on
     audited = query(store, "SELECT detail FROM audit WHERE what='action.teardown'")
@@ -151,8 +160,11 @@ def test_a_rank_surviving_sigkill_escalates(
 ) -> None:
     store, ingest, engine, clock = setup(tmp_path, new_store)
     status = job_status("job1", ["node-0", "node-1"], ["spare-0"])
-    hang = make_event(EventKind.RANK_HANG, Source(node="node-0", rank=0, job="job1"),
-                      RankHangPayload(waited_s=90.0))  # fmt: skip
+    hang = make_event(
+        EventKind.RANK_HANG,
+        Source(node="node-0", rank=0, job="job1"),
+        RankHangPayload(waited_s=90.0),
+    )
     ingest.ingest(EventBatch(events=[status, hang]), clock())
     engine.tick()
     fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
@@ -167,8 +179,13 @@ def test_a_rank_surviving_sigkill_escalates(
     stacks = one(store, "SELECT result FROM actions WHERE action='stacks'")["result"]
     assert stacks["missing_ranks"] == "0-3" and stacks["answered"] == 0
     stop = one(store, "SELECT id FROM commands WHERE kind='job.stop'")["id"]
-    bad = {"processes": 4, "killed": [11, 12], "survivors": [12], "seconds": 15.0,
-           "verified": False}  # fmt: skip
+    bad = {
+        "processes": 4,
+        "killed": [11, 12],
+        "survivors": [12],
+        "seconds": 15.0,
+        "verified": False,
+    }
     ack_command(store, stop, True, {"teardown": bad}, "job:job1", clock())
     engine.tick()
     assert one(store, "SELECT state FROM incidents")["state"] == "escalated"

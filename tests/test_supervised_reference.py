@@ -16,9 +16,33 @@ from trainer_hooks.reference.launch import read_metrics, run_gang
 
 pytestmark = pytest.mark.slow
 
-MODEL = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128",
-         "--corpus-tokens", "32768", "--warmup", "2", "--quiet", "--tp", "2", "--mbs", "2",
-         "--accum", "2", "--steps", "8", "--checkpoint-every", "3"]  # fmt: skip
+MODEL = [
+    "--layers",
+    "2",
+    "--dim",
+    "32",
+    "--heads",
+    "4",
+    "--seq",
+    "16",
+    "--vocab",
+    "128",
+    "--corpus-tokens",
+    "32768",
+    "--warmup",
+    "2",
+    "--quiet",
+    "--tp",
+    "2",
+    "--mbs",
+    "2",
+    "--accum",
+    "2",
+    "--steps",
+    "8",
+    "--checkpoint-every",
+    "3",
+]
 
 
 def test_rank_crash_is_repaired_to_a_bit_identical_finish(
@@ -26,23 +50,57 @@ def test_rank_crash_is_repaired_to_a_bit_identical_finish(
 ) -> None:
     data = tmp_path / "corpus"
     straight = tmp_path / "straight"
-    run_gang(4, [*MODEL, "--out", str(straight), "--data-dir", str(data)],
-             log_dir=straight / "logs", timeout=240, fork=True)  # fmt: skip
+    run_gang(
+        4,
+        [*MODEL, "--out", str(straight), "--data-dir", str(data)],
+        log_dir=straight / "logs",
+        timeout=240,
+        fork=True,
+    )
     reference_steps, reference_digest = read_metrics(straight)
     assert reference_digest is not None
 
     admin = (coord.state / "admin.token").read_text().strip()
     (tmp_path / "job.token").write_text(coord.token("--role", "job", "--job", "ref"))
     out, ckpt = tmp_path / "supervised", tmp_path / "supervised" / "ckpt"
-    trainer = [sys.executable, "-m", "trainer_hooks.reference.train", *MODEL, "--out", str(out),
-               "--data-dir", str(data), "--ckpt-dir", str(ckpt),
-               "--fault", "crash:rank=1,at_step=5"]  # fmt: skip
+    trainer = [
+        sys.executable,
+        "-m",
+        "trainer_hooks.reference.train",
+        *MODEL,
+        "--out",
+        str(out),
+        "--data-dir",
+        str(data),
+        "--ckpt-dir",
+        str(ckpt),
+        "--fault",
+        "crash:rank=1,at_step=5",
+    ]
     sup = subprocess.Popen(
-        [*SENTINEL, "run", "--job-id", "ref", "--coordinator", coord.url,
-         "--token-file", str(tmp_path / "job.token"), "--nodes", "2", "--gpus-per-node", "2",
-         "--checkpoint-dir", str(ckpt), "--log-dir", str(tmp_path / "logs"), "--", *trainer],
-        env=os.environ.copy(), stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "ref",
+            "--coordinator",
+            coord.url,
+            "--token-file",
+            str(tmp_path / "job.token"),
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--",
+            *trainer,
+        ],
+        env=os.environ.copy(),
+        stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
+    )
     try:
         assert sup.wait(400) == 0, (tmp_path / "sup.log").read_text()[-3000:]
     finally:
@@ -69,16 +127,46 @@ def test_a_crash_at_the_same_step_on_every_restart_stops_the_job_after_the_budge
     admin = (coord.state / "admin.token").read_text().strip()
     (tmp_path / "job.token").write_text(coord.token("--role", "job", "--job", "poison"))
     out, ckpt = tmp_path / "supervised", tmp_path / "supervised" / "ckpt"
-    trainer = [sys.executable, "-m", "trainer_hooks.reference.train", *MODEL, "--out", str(out),
-               "--data-dir", str(tmp_path / "corpus"), "--ckpt-dir", str(ckpt),
-               "--fault", "crash:rank=1,at_step=5,recurs=true"]  # fmt: skip
+    trainer = [
+        sys.executable,
+        "-m",
+        "trainer_hooks.reference.train",
+        *MODEL,
+        "--out",
+        str(out),
+        "--data-dir",
+        str(tmp_path / "corpus"),
+        "--ckpt-dir",
+        str(ckpt),
+        "--fault",
+        "crash:rank=1,at_step=5,recurs=true",
+    ]
     sup = subprocess.Popen(
-        [*SENTINEL, "run", "--job-id", "poison", "--coordinator", coord.url,
-         "--token-file", str(tmp_path / "job.token"), "--nodes", "1", "--gpus-per-node", "2",
-         "--spares", "1", "--checkpoint-dir", str(ckpt), "--log-dir", str(tmp_path / "logs"),
-         "--", *trainer],
-        env=os.environ.copy(), stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "poison",
+            "--coordinator",
+            coord.url,
+            "--token-file",
+            str(tmp_path / "job.token"),
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--spares",
+            "1",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--",
+            *trainer,
+        ],
+        env=os.environ.copy(),
+        stderr=open(tmp_path / "sup.log", "wb"),  # noqa: SIM115
+    )
 
     def incidents() -> list[dict[str, object]]:
         return coord.call("GET", "/v1/incidents", admin)  # type: ignore[return-value]

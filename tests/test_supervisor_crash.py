@@ -18,9 +18,11 @@ from sentinel.supervisor.launcher import LocalLauncher
 from sentinel.supervisor.supervisor import Supervisor
 
 # Rank 0 dies at once (exit 3); rank 1 would train for a minute.
-TRAINER = [sys.executable, "-c",
-           "import os, sys, time; r = int(os.environ['RANK']); sys.exit(3) if r == 0 else "
-           "time.sleep(60)"]  # fmt: skip
+TRAINER = [
+    sys.executable,
+    "-c",
+    "import os, sys, time; r = int(os.environ['RANK']); sys.exit(3) if r == 0 else time.sleep(60)",
+]
 
 
 def _command(kind: CommandKind) -> Command:
@@ -72,9 +74,12 @@ class _BeforeStop(LocalLauncher):
 
 
 def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -> None:
-    late = [sys.executable, "-c",
-            "import os, sys, time; r = int(os.environ['RANK']); time.sleep(1); "
-            "sys.exit(3) if r == 0 else time.sleep(60)"]  # fmt: skip
+    late = [
+        sys.executable,
+        "-c",
+        "import os, sys, time; r = int(os.environ['RANK']); time.sleep(1); "
+        "sys.exit(3) if r == 0 else time.sleep(60)",
+    ]
     cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
     # rank 0 dies after the supervisor's last poll but before the stop's first signal
     launcher = _BeforeStop(tmp_path, lambda gang: gang.procs[0].wait(timeout=30))
@@ -88,9 +93,12 @@ def test_a_rank_that_dies_as_the_stop_begins_is_still_reported(tmp_path: Path) -
 
 
 def test_a_restart_during_the_watchs_stop_keeps_the_next_gang_running(tmp_path: Path) -> None:
-    first_dies = [sys.executable, "-c",
-                  "import os, sys, time; first = os.environ['SENTINEL_GENERATION'] == '0'; "
-                  "sys.exit(3) if first and os.environ['RANK'] == '0' else time.sleep(60)"]  # fmt: skip
+    first_dies = [
+        sys.executable,
+        "-c",
+        "import os, sys, time; first = os.environ['SENTINEL_GENERATION'] == '0'; "
+        "sys.exit(3) if first and os.environ['RANK'] == '0' else time.sleep(60)",
+    ]
     cfg = SupervisorConfig(job_id="j", nodes=2, gpus_per_node=1, spares=0)
     # the first gang's stop takes a second (a rank slow to end): long enough for a restart
     # command to arrive while the watch loop is stopping a gang with a dead rank

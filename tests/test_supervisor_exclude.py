@@ -31,15 +31,38 @@ def _run(
     (tmp_path / "exclude.txt").write_text(exclude)
     record = tmp_path / "nodes"
     record.mkdir(exist_ok=True)
-    trainer = [sys.executable, "-c",
-               "import os, pathlib; pathlib.Path(os.environ['OUT'], os.environ['RANK'])"
-               ".write_text(os.environ['SENTINEL_NODE'])"]  # fmt: skip
+    trainer = [
+        sys.executable,
+        "-c",
+        "import os, pathlib; pathlib.Path(os.environ['OUT'], os.environ['RANK'])"
+        ".write_text(os.environ['SENTINEL_NODE'])",
+    ]
     return subprocess.run(
-        [*SENTINEL, "run", "--job-id", "ex", "--coordinator", url, "--token-file", str(token),
-         "--nodes", "3", "--gpus-per-node", "1", "--spares", str(spares),
-         "--exclude-file", str(tmp_path / "exclude.txt"), "--", *trainer],
-        env={**_env(), "OUT": str(record)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            *SENTINEL,
+            "run",
+            "--job-id",
+            "ex",
+            "--coordinator",
+            url,
+            "--token-file",
+            str(token),
+            "--nodes",
+            "3",
+            "--gpus-per-node",
+            "1",
+            "--spares",
+            str(spares),
+            "--exclude-file",
+            str(tmp_path / "exclude.txt"),
+            "--",
+            *trainer,
+        ],
+        env={**_env(), "OUT": str(record)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _env() -> dict[str, str]:

@@ -37,9 +37,16 @@ def test_a_hung_gang_that_ignores_sigterm_is_gone_within_30_s(tmp_path: Path) ->
         gpus_per_node=1,
         generation=0,
         master_port=free_rendezvous_port(),
-        env={"HANG_RANK": "0", "HANDLE_TERM": "0", "IGNORE_TERM": "1", "ESCAPEE_RANK": "1",
-             "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "SENTINEL_HOOKS_ENABLED": "0"},
-    )  # fmt: skip
+        env={
+            "HANG_RANK": "0",
+            "HANDLE_TERM": "0",
+            "IGNORE_TERM": "1",
+            "ESCAPEE_RANK": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+            "SENTINEL_HOOKS_ENABLED": "0",
+        },
+    )
     gang = LocalLauncher(logs).launch(plan)
     try:
         wait_for(lambda: len(_lines(logs, "ready")) == 2, 90, "both ranks parked")

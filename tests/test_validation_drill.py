@@ -35,10 +35,21 @@ def baseline(tmp_path: Path) -> Path:
     2-core machine (the faulty GPU misses them by far: 4x slower, and SDC is exact)."""
     path = tmp_path / "baseline.json"
     subprocess.run(
-        [sys.executable, "-m", "sentinel", "burnin", "--validate", "--gpus", "1",
-         "--save-baseline", str(path)],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "burnin",
+            "--validate",
+            "--gpus",
+            "1",
+            "--save-baseline",
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     doc = json.loads(path.read_text())
     doc["validation"] |= {"gemm_tolerance": 1.0, "loopback_tolerance": 0.9}
     path.write_text(json.dumps(doc))
@@ -49,8 +60,12 @@ def baseline(tmp_path: Path) -> Path:
 def fleet(
     tmp_path: Path, baseline: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Coordinator, Path]]:
-    for name, value in {"BASELINE": str(baseline), "HOLD_DOWN_S": "2", "STALE_S": "3",
-                        "TIMEOUT_S": "120"}.items():  # fmt: skip
+    for name, value in {
+        "BASELINE": str(baseline),
+        "HOLD_DOWN_S": "2",
+        "STALE_S": "3",
+        "TIMEOUT_S": "120",
+    }.items():
         monkeypatch.setenv(f"SENTINEL_COORDINATOR__VALIDATION__{name}", value)
     (tmp_path / "state").mkdir()
     coord = Coordinator(tmp_path / "state")
@@ -60,15 +75,36 @@ def fleet(
     faults = tmp_path / "faults.jsonl"
     inject(faults, {"kind": "sdc", "gpu": 0})
     inject(faults, {"kind": "slow", "gpu": 0, "slowdown": 4.0})
-    env = {"SENTINEL_AGENT__TOKEN_FILE": str(token), "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
-           "SENTINEL_AGENT__SPOOL_DIR": str(tmp_path / "spool")}  # fmt: skip
+    env = {
+        "SENTINEL_AGENT__TOKEN_FILE": str(token),
+        "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
+        "SENTINEL_AGENT__SPOOL_DIR": str(tmp_path / "spool"),
+    }
     agent = subprocess.Popen(
-        [sys.executable, "-m", "sentinel", "agent", "--sim", "--gpus", "1", "--node-id", NODE,
-         "--listen", f"127.0.0.1:{free_port()}", "--interval", "0.5", "--coordinator", coord.url,
-         "--rank-socket", str(tmp_path / "r.sock"), "--sim-faults", str(faults)],
+        [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "agent",
+            "--sim",
+            "--gpus",
+            "1",
+            "--node-id",
+            NODE,
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--interval",
+            "0.5",
+            "--coordinator",
+            coord.url,
+            "--rank-socket",
+            str(tmp_path / "r.sock"),
+            "--sim-faults",
+            str(faults),
+        ],
         env={**os.environ, **env},
         stderr=open(tmp_path / "agent.log", "ab"),  # noqa: SIM115
-    )  # fmt: skip
+    )
     try:
         yield coord, faults
     finally:
@@ -92,8 +128,14 @@ def test_a_still_faulty_node_stays_out_and_a_repaired_one_returns(
     coord.call("POST", "/v1/events", admin, encode(events).encode())
     wait_for(lambda: _node(coord)[0] == "evicted", what="node-1 evicted")
     incident = next(i for i in coord.call("GET", "/v1/incidents", admin) if i["target"] == NODE)  # type: ignore[union-attr,index]
-    body = json.dumps({"incident": incident["id"], "action": "return_node",
-                       "params": {"node": NODE}, "why": "reseated"}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "incident": incident["id"],
+            "action": "return_node",
+            "params": {"node": NODE},
+            "why": "reseated",
+        }
+    ).encode()
 
     t0 = time.monotonic()
     coord.call("POST", "/v1/actions", operator, body)
@@ -117,6 +159,10 @@ def test_a_still_faulty_node_stays_out_and_a_repaired_one_returns(
         f"\nfailed validation after {failed_s:.1f} s; returned after {time.monotonic() - t1:.1f} s"
     )
     with coord.db() as db:
-        moves = [r[0] for r in db.execute(
-            "SELECT what FROM audit WHERE what LIKE 'node.%' ORDER BY id").fetchall()]  # fmt: skip
+        moves = [
+            r[0]
+            for r in db.execute(
+                "SELECT what FROM audit WHERE what LIKE 'node.%' ORDER BY id"
+            ).fetchall()
+        ]
     assert moves[-4:] == ["node.validating", "node.evicted", "node.validating", "node.returned"]

@@ -32,8 +32,14 @@ from sentinel.protocol import (
 )
 
 PLAYBOOKS = load_playbooks(ROOT / "playbooks")
-BASE = ValidationBaseline(gemm_s=0.002, gemm_size=384, loopback_gbps=1.0,
-                          loopback_bytes=1 << 24, sdc_digest="abc", device="cpu")  # fmt: skip
+BASE = ValidationBaseline(
+    gemm_s=0.002,
+    gemm_size=384,
+    loopback_gbps=1.0,
+    loopback_bytes=1 << 24,
+    sdc_digest="abc",
+    device="cpu",
+)
 H, U = Verdict.HEALTHY.value, Verdict.UNHEALTHY.value
 
 
@@ -125,8 +131,16 @@ def test_the_gate_keeps_a_failing_node_out_and_returns_a_passing_one(
     incident = query(store, "SELECT id FROM incidents")[-1]["id"]
 
     def ask(why: str) -> None:
-        queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, why,
-                           "operator:o", clock())  # fmt: skip
+        queries.run_action(
+            store,
+            c.dry_run,
+            incident,
+            "return_node",
+            {"node": "node-1"},
+            why,
+            "operator:o",
+            clock(),
+        )
         engine.tick()
 
     def commands() -> list[str]:
@@ -180,20 +194,26 @@ def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
         Ingestor(store, PLAYBOOKS, c),
         Engine(store, PLAYBOOKS, c, make_backend(c), clock),
     )
-    ingest.ingest(EventBatch(events=[job_status("j", ["node-0", "node-1"], ["spare-0"]),
-                                     xid("node-1", ts=clock())]), clock())  # fmt: skip
+    ingest.ingest(
+        EventBatch(
+            events=[job_status("j", ["node-0", "node-1"], ["spare-0"]), xid("node-1", ts=clock())]
+        ),
+        clock(),
+    )
     engine.tick()
     incident = query(store, "SELECT id FROM incidents")[-1]["id"]
-    queries.run_action(store, c.dry_run, incident, "return_node", {"node": "node-1"}, "x",
-                       "operator:o", clock())  # fmt: skip
+    queries.run_action(
+        store, c.dry_run, incident, "return_node", {"node": "node-1"}, "x", "operator:o", clock()
+    )
     engine.tick()
     (held,) = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert held["result"]["reason"].startswith("no validation baseline")
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
     # with a baseline (the step's own) but an agent that never speaks: out after the timeout
     params = {"node": "node-1", "baseline": str(base)}
-    queries.run_action(store, c.dry_run, incident, "return_node", params, "x", "operator:o",
-                       clock())  # fmt: skip
+    queries.run_action(
+        store, c.dry_run, incident, "return_node", params, "x", "operator:o", clock()
+    )
     engine.tick()
     assert store.node("node-1").state == "validating"  # type: ignore[union-attr]
     clock.t += 31

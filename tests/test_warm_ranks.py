@@ -182,10 +182,23 @@ def test_wire_lines_are_checked() -> None:
 
 def test_a_node_host_refuses_a_trainer_that_is_not_a_module(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sentinel.ranks.host", "--connect", "127.0.0.1:1", "--node", "n",
-         "--", sys.executable, "train.py"],
-        env={**os.environ, wire.SECRET_ENV: "s"}, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sentinel.ranks.host",
+            "--connect",
+            "127.0.0.1:1",
+            "--node",
+            "n",
+            "--",
+            sys.executable,
+            "train.py",
+        ],
+        env={**os.environ, wire.SECRET_ENV: "s"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "python -m MODULE" in done.stderr
 
 

@@ -255,18 +255,27 @@ class SentinelHooks:
 
     @_guarded
     def launched(
-        self, *, main_at: float, rendezvous_s: float, load_s: float, ready_at: float,
+        self,
+        *,
+        main_at: float,
+        rendezvous_s: float,
+        load_s: float,
+        ready_at: float,
         resume_step: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Report this launch's start-up (wall-clock epochs, seconds) with the end of the
         next step, the first this launch trains: the coordinator places a repair's relaunch,
         rendezvous, checkpoint load and first step with it. One rank calling it is enough."""
         if not self.config.enabled:
             return
         self._launch = RankLaunchPayload(  # checked here, once, outside any step
-            main_at=main_at, rendezvous_s=rendezvous_s, load_s=load_s, ready_at=ready_at,
-            first_step_at=ready_at, resume_step=resume_step,
-        )  # fmt: skip
+            main_at=main_at,
+            rendezvous_s=rendezvous_s,
+            load_s=load_s,
+            ready_at=ready_at,
+            first_step_at=ready_at,
+            resume_step=resume_step,
+        )
 
     def register_rank(
         self, *, tp: int = 0, pp: int = 0, dp: int = 0, gpu: int | None = None
@@ -282,9 +291,14 @@ class SentinelHooks:
         if gpu is None and not on_gpu:
             gpu = int(os.environ.get("LOCAL_RANK", "0"))
         reg = RankRegistration(
-            job=self.source.job or "local", rank=self.rank, gpu=gpu,
-            pid=os.getpid() if on_gpu else None, tp=tp, pp=pp, dp=dp,
-        )  # fmt: skip
+            job=self.source.job or "local",
+            rank=self.rank,
+            gpu=gpu,
+            pid=os.getpid() if on_gpu else None,
+            tp=tp,
+            pp=pp,
+            dp=dp,
+        )
         self.transport.register(encode_registration(reg))
 
     def request_sdc_check(self) -> None:

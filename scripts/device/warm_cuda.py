@@ -29,10 +29,37 @@ from sentinel.processes import free_rendezvous_port
 from sentinel.supervisor.launcher import GangPlan
 from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
 
-MODEL = ["--layers", "4", "--dim", "256", "--heads", "8", "--seq", "128", "--vocab", "1024",
-         "--corpus-tokens", str(1 << 20), "--mbs", "8", "--accum", "2", "--warmup", "2",
-         "--tp", "1", "--pp", "1", "--dp", "1", "--steps", "60", "--checkpoint-every", "10",
-         "--quiet"]  # fmt: skip
+MODEL = [
+    "--layers",
+    "4",
+    "--dim",
+    "256",
+    "--heads",
+    "8",
+    "--seq",
+    "128",
+    "--vocab",
+    "1024",
+    "--corpus-tokens",
+    str(1 << 20),
+    "--mbs",
+    "8",
+    "--accum",
+    "2",
+    "--warmup",
+    "2",
+    "--tp",
+    "1",
+    "--pp",
+    "1",
+    "--dp",
+    "1",
+    "--steps",
+    "60",
+    "--checkpoint-every",
+    "10",
+    "--quiet",
+]
 
 
 def lines(run: Path) -> list[dict[str, Any]]:
@@ -49,11 +76,26 @@ def wait(predicate: Any, timeout_s: float = 600.0) -> None:
 
 
 def launch(warm: WarmLauncher, out: Path, generation: int, *extra: str) -> WarmGang:
-    argv = [sys.executable, "-m", "trainer_hooks.reference.train", *MODEL, "--out",
-            str(out / "run"), "--data-dir", str(out / "data"), "--ckpt-dir", str(out / "ckpt"),
-            *extra]  # fmt: skip
-    plan = GangPlan(argv=argv, nodes=["node-0"], gpus_per_node=1, generation=generation,
-                    master_port=free_rendezvous_port())  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer_hooks.reference.train",
+        *MODEL,
+        "--out",
+        str(out / "run"),
+        "--data-dir",
+        str(out / "data"),
+        "--ckpt-dir",
+        str(out / "ckpt"),
+        *extra,
+    ]
+    plan = GangPlan(
+        argv=argv,
+        nodes=["node-0"],
+        gpus_per_node=1,
+        generation=generation,
+        master_port=free_rendezvous_port(),
+    )
     gang = warm.launch(plan)
     assert isinstance(gang, WarmGang)
     return gang

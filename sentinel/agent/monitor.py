@@ -183,9 +183,13 @@ class NodeMonitor:
     def _publish(self, snapshot: Snapshot) -> list[Event]:
         if self._stall is not None:
             snapshot = Snapshot(
-                snapshot.ts, snapshot.readings, snapshot.health, snapshot.host,
-                snapshot.sweep_s, self._stall,
-            )  # fmt: skip
+                snapshot.ts,
+                snapshot.readings,
+                snapshot.health,
+                snapshot.host,
+                snapshot.sweep_s,
+                self._stall,
+            )
         events = self._health_event(snapshot.health)
         self.snapshot = snapshot
         return events

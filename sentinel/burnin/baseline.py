@@ -99,8 +99,9 @@ def _gemm(m: Measured, b: ValidationBaseline) -> ValidationCheck:
     limit = b.gemm_s * (1 + b.gemm_tolerance)
     if m.errors or not m.gemm_s:
         why = "; ".join(m.errors) or "no GEMM was timed"
-        return ValidationCheck(name="gemm", passed=False, baseline=b.gemm_s, limit=limit,
-                               detail=why)  # fmt: skip
+        return ValidationCheck(
+            name="gemm", passed=False, baseline=b.gemm_s, limit=limit, detail=why
+        )
     worst = max(range(len(m.gemm_s)), key=lambda i: m.gemm_s[i])
     value = m.gemm_s[worst]
     ok = value <= limit
@@ -108,8 +109,9 @@ def _gemm(m: Measured, b: ValidationBaseline) -> ValidationCheck:
         f"GPU {worst}: {value * 1e3:.2f} ms per {b.gemm_size}^3 GEMM vs the baseline's median"
         f" {b.gemm_s * 1e3:.2f} ms (limit {limit * 1e3:.2f} ms, +{b.gemm_tolerance:.0%})"
     )
-    return ValidationCheck(name="gemm", passed=ok, value=value, baseline=b.gemm_s, limit=limit,
-                           detail=detail)  # fmt: skip
+    return ValidationCheck(
+        name="gemm", passed=ok, value=value, baseline=b.gemm_s, limit=limit, detail=detail
+    )
 
 
 def _sdc(m: Measured, b: ValidationBaseline) -> ValidationCheck:
@@ -128,15 +130,26 @@ def _sdc(m: Measured, b: ValidationBaseline) -> ValidationCheck:
 def _loopback(m: Measured, b: ValidationBaseline) -> ValidationCheck:
     limit = b.loopback_gbps * (1 - b.loopback_tolerance)
     if m.loopback_gbps is None:
-        return ValidationCheck(name="loopback", passed=False, baseline=b.loopback_gbps,
-                               limit=limit, detail="the loopback test did not run")  # fmt: skip
+        return ValidationCheck(
+            name="loopback",
+            passed=False,
+            baseline=b.loopback_gbps,
+            limit=limit,
+            detail="the loopback test did not run",
+        )
     ok = m.loopback_gbps >= limit
     detail = (
         f"{m.loopback_gbps:.3f} GB/s vs the baseline's {b.loopback_gbps:.3f} GB/s"
         f" (limit {limit:.3f} GB/s, -{b.loopback_tolerance:.0%})"
     )
-    return ValidationCheck(name="loopback", passed=ok, value=m.loopback_gbps,
-                           baseline=b.loopback_gbps, limit=limit, detail=detail)  # fmt: skip
+    return ValidationCheck(
+        name="loopback",
+        passed=ok,
+        value=m.loopback_gbps,
+        baseline=b.loopback_gbps,
+        limit=limit,
+        detail=detail,
+    )
 
 
 def reason(checks: list[ValidationCheck]) -> str:

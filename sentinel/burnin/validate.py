@@ -88,9 +88,12 @@ def _peer(port: int, nbytes: int, iters: int) -> None:
 def _loopback_rank(rank: int, port: int, nbytes: int, iters: int) -> float:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
         timeout=timedelta(seconds=60),
-    )  # fmt: skip
+    )
     try:
         t = torch.ones(nbytes // 4)
         dist.all_reduce(t)  # warm-up: connections, buffers
@@ -157,13 +160,20 @@ def run_validate(args: argparse.Namespace) -> int:
         if m.errors or m.loopback_gbps is None:
             raise InputError(f"cannot record a baseline on a failing node: {m.errors}")
         first, _ = m.digests[0]
-        b = ValidationBaseline(gemm_s=median(m.gemm_s), gemm_size=size,
-                               loopback_gbps=m.loopback_gbps, loopback_bytes=LOOPBACK_BYTES,
-                               sdc_digest=first, device=m.device)  # fmt: skip
+        b = ValidationBaseline(
+            gemm_s=median(m.gemm_s),
+            gemm_size=size,
+            loopback_gbps=m.loopback_gbps,
+            loopback_bytes=LOOPBACK_BYTES,
+            sdc_digest=first,
+            device=m.device,
+        )
         save_validation_baseline(args.save_baseline, b)
         emit_json(args, b.model_dump(mode="json"))
-        print(f"validation baseline written to {args.save_baseline}: {b.model_dump()}",
-              file=sys.stderr if json_to_stdout(args) else sys.stdout)  # fmt: skip
+        print(
+            f"validation baseline written to {args.save_baseline}: {b.model_dump()}",
+            file=sys.stderr if json_to_stdout(args) else sys.stdout,
+        )
         return ExitCode.OK
     b = load_validation_baseline(args.baseline)
     t0 = time.monotonic()

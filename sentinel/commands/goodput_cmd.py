@@ -47,25 +47,53 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", type=Path, help="trace file (YAML/JSON); default: Llama 3")
     p.add_argument("--gpus", type=_positive(int, 0, True), help="fleet size (default: trace's)")
     p.add_argument("--days", type=_positive(float, 0, True), help="window (default: trace's)")
-    p.add_argument("--spares", type=_positive(int, 0, False), metavar="K",
-                   help="hot spare nodes at every fleet size (default: by the rule, for the "
-                   "fleet's failure rate over a node's repair; 8 was the old fixed default)")  # fmt: skip
-    p.add_argument("--recovery", choices=RECOVERY, default="catalog",
-                   help="the headline's repair path for every fault: restart (today's), "
-                   "warm_restart, or catalog (default: each fault the catalog's path, live "
-                   "where it is confined to one replica)")  # fmt: skip
-    p.add_argument("--recovery-bench", type=Path, metavar="FILE",
-                   help="benchmarks/recovery.py's output: its live way's worst survivors' stall "
-                   "and join become the live path's measured times")  # fmt: skip
-    p.add_argument("--replica-gpus", type=_positive(int, 0, True), metavar="N",
-                   help="GPUs per data-parallel replica on the live path (default 128)")  # fmt: skip
-    p.add_argument("--shrink-batch", action="store_true",
-                   help="the live path drops a missing replica's samples instead of keeping the "
-                   "global batch (the survivors' step does not grow)")  # fmt: skip
-    p.add_argument("--compare-gpus", type=_sizes, default=COMPARE_GPUS, metavar="N[,N...]",
-                   help="fleet sizes for the paths side by side (default 16384,100000)")  # fmt: skip
-    p.add_argument("--goal", type=_positive(float, 0, True), default=GOAL,
-                   help="the live path's goal at the largest --compare-gpus (default 0.90)")  # fmt: skip
+    p.add_argument(
+        "--spares",
+        type=_positive(int, 0, False),
+        metavar="K",
+        help="hot spare nodes at every fleet size (default: by the rule, for the "
+        "fleet's failure rate over a node's repair; 8 was the old fixed default)",
+    )
+    p.add_argument(
+        "--recovery",
+        choices=RECOVERY,
+        default="catalog",
+        help="the headline's repair path for every fault: restart (today's), "
+        "warm_restart, or catalog (default: each fault the catalog's path, live "
+        "where it is confined to one replica)",
+    )
+    p.add_argument(
+        "--recovery-bench",
+        type=Path,
+        metavar="FILE",
+        help="benchmarks/recovery.py's output: its live way's worst survivors' stall "
+        "and join become the live path's measured times",
+    )
+    p.add_argument(
+        "--replica-gpus",
+        type=_positive(int, 0, True),
+        metavar="N",
+        help="GPUs per data-parallel replica on the live path (default 128)",
+    )
+    p.add_argument(
+        "--shrink-batch",
+        action="store_true",
+        help="the live path drops a missing replica's samples instead of keeping the "
+        "global batch (the survivors' step does not grow)",
+    )
+    p.add_argument(
+        "--compare-gpus",
+        type=_sizes,
+        default=COMPARE_GPUS,
+        metavar="N[,N...]",
+        help="fleet sizes for the paths side by side (default 16384,100000)",
+    )
+    p.add_argument(
+        "--goal",
+        type=_positive(float, 0, True),
+        default=GOAL,
+        help="the live path's goal at the largest --compare-gpus (default 0.90)",
+    )
     ckpt = p.add_mutually_exclusive_group()
     ckpt.add_argument(
         "--checkpoint-interval",
@@ -78,39 +106,88 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="√(2·cost·MTBF of the failures that roll back) (the default)",
     )
-    p.add_argument("--checkpoint-cost", type=_positive(float, 0, False), metavar="S",
-                   help="seconds a save blocks training (default: derived from the flags below)")  # fmt: skip
+    p.add_argument(
+        "--checkpoint-cost",
+        type=_positive(float, 0, False),
+        metavar="S",
+        help="seconds a save blocks training (default: derived from the flags below)",
+    )
     state = p.add_argument_group(
         "checkpoint cost",
         "a save's cost from the state's size and bandwidths (defaults: Llama 3 405B)",
     )
-    state.add_argument("--model-params", type=_positive(float, 0, True), default=405e9,
-                       help="parameters (default 405e9)")  # fmt: skip
-    state.add_argument("--bytes-per-param", type=_positive(float, 0, True), default=14.0,
-                       help="checkpointed bytes per parameter (default 14: bf16 weights, fp32 "
-                       "master, AdamW moments)")  # fmt: skip
-    state.add_argument("--staging-gbps", type=_positive(float, 0, True), default=10.0,
-                       help="GB/s per GPU into host memory (default 10)")  # fmt: skip
-    state.add_argument("--coordination-s", type=_positive(float, 0, False), default=1.0,
-                       help="save-plan exchange and barrier per save, seconds (default 1)")  # fmt: skip
-    state.add_argument("--storage-tbps", type=_positive(float, 0, True), default=2.0,
-                       help="storage write TB/s for the whole fleet (default 2)")  # fmt: skip
-    state.add_argument("--sync-checkpoint", action="store_true",
-                       help="synchronous saves: block for the whole write")  # fmt: skip
-    p.add_argument("--detect-s", action="append", default=[], metavar="[CLASS=]S",
-                   help="Sentinel detection time, for all classes or one (node, restart, hang, "
-                   "sdc, link); repeatable")  # fmt: skip
-    p.add_argument("--repair-s", action="append", default=[], metavar="[CLASS=]S",
-                   help="Sentinel time from detection to resumed training after a full stop, "
-                   "taken whole at any fleet size; same form")  # fmt: skip
-    p.add_argument("--node-repair-h", type=_positive(float, 0, False), default=12.0,
-                   help="hours until a swapped-out node is back in the spare pool (default 12)")  # fmt: skip
-    p.add_argument("--measurements", type=Path, metavar="FILE",
-                   help="Sentinel's measured times (benchmarks/goodput_measurements.py); "
-                   "default: the copy shipped in sentinel/data")  # fmt: skip
-    p.add_argument("--from-demo", type=Path, metavar="DEMO_JSON",
-                   help="a drill's goodput.json: its time_to_detect_s / time_to_resume_s per "
-                   "fault kind replace the measurements' for those classes")  # fmt: skip
+    state.add_argument(
+        "--model-params",
+        type=_positive(float, 0, True),
+        default=405e9,
+        help="parameters (default 405e9)",
+    )
+    state.add_argument(
+        "--bytes-per-param",
+        type=_positive(float, 0, True),
+        default=14.0,
+        help="checkpointed bytes per parameter (default 14: bf16 weights, fp32 "
+        "master, AdamW moments)",
+    )
+    state.add_argument(
+        "--staging-gbps",
+        type=_positive(float, 0, True),
+        default=10.0,
+        help="GB/s per GPU into host memory (default 10)",
+    )
+    state.add_argument(
+        "--coordination-s",
+        type=_positive(float, 0, False),
+        default=1.0,
+        help="save-plan exchange and barrier per save, seconds (default 1)",
+    )
+    state.add_argument(
+        "--storage-tbps",
+        type=_positive(float, 0, True),
+        default=2.0,
+        help="storage write TB/s for the whole fleet (default 2)",
+    )
+    state.add_argument(
+        "--sync-checkpoint",
+        action="store_true",
+        help="synchronous saves: block for the whole write",
+    )
+    p.add_argument(
+        "--detect-s",
+        action="append",
+        default=[],
+        metavar="[CLASS=]S",
+        help="Sentinel detection time, for all classes or one (node, restart, hang, "
+        "sdc, link); repeatable",
+    )
+    p.add_argument(
+        "--repair-s",
+        action="append",
+        default=[],
+        metavar="[CLASS=]S",
+        help="Sentinel time from detection to resumed training after a full stop, "
+        "taken whole at any fleet size; same form",
+    )
+    p.add_argument(
+        "--node-repair-h",
+        type=_positive(float, 0, False),
+        default=12.0,
+        help="hours until a swapped-out node is back in the spare pool (default 12)",
+    )
+    p.add_argument(
+        "--measurements",
+        type=Path,
+        metavar="FILE",
+        help="Sentinel's measured times (benchmarks/goodput_measurements.py); "
+        "default: the copy shipped in sentinel/data",
+    )
+    p.add_argument(
+        "--from-demo",
+        type=Path,
+        metavar="DEMO_JSON",
+        help="a drill's goodput.json: its time_to_detect_s / time_to_resume_s per "
+        "fault kind replace the measurements' for those classes",
+    )
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument(
         "--runs", type=_positive(int, 1, False), default=10, help="seeded runs (default 10)"
@@ -227,20 +304,33 @@ def run_goodput(args: argparse.Namespace) -> int:
     rows, meas = projection_inputs(args)
     values = {r.key: r.value for r in rows}
     spares = rule_spares(trace, gpus, values) if args.spares is None else args.spares
-    plan = Plan(gpus, spares, args.checkpoint_interval, not args.sync_checkpoint,
-                Recovery(args.recovery), not args.shrink_batch)  # fmt: skip
+    plan = Plan(
+        gpus,
+        spares,
+        args.checkpoint_interval,
+        not args.sync_checkpoint,
+        Recovery(args.recovery),
+        not args.shrink_batch,
+    )
     model, baseline, spec = build_models(values, plan)
-    model = model.replace(sources={
-        "detect_s": _sources(rows, "sentinel.detect_s") + "; " + _sources(rows, "sentinel.hang")
-        + "; " + _sources(rows, "sentinel.sdc"),
-        "resume_s": _sources(rows, "sentinel.re"),
-        "live": _sources(rows, "live.") + "; " + _sources(rows, "scale."),
-    })  # fmt: skip
-    baseline = baseline.replace(sources={
-        "detect_s": _sources(rows, "baseline.detect_s"),
-        "resume_s": "today's restart at this size without Sentinel's decision and drain: the "
-        "node class's measured stages carried to scale, as Sentinel's restart",
-    })  # fmt: skip
+    model = model.replace(
+        sources={
+            "detect_s": _sources(rows, "sentinel.detect_s")
+            + "; "
+            + _sources(rows, "sentinel.hang")
+            + "; "
+            + _sources(rows, "sentinel.sdc"),
+            "resume_s": _sources(rows, "sentinel.re"),
+            "live": _sources(rows, "live.") + "; " + _sources(rows, "scale."),
+        }
+    )
+    baseline = baseline.replace(
+        sources={
+            "detect_s": _sources(rows, "baseline.detect_s"),
+            "resume_s": "today's restart at this size without Sentinel's decision and drain: the "
+            "node class's measured stages carried to scale, as Sentinel's restart",
+        }
+    )
     days = args.days or trace.days
     seeds = [args.seed + i for i in range(args.runs)]
     fleet = Fleet(trace, gpus=gpus, days=days, seeds=seeds)

@@ -56,8 +56,13 @@ class Allocation:
     @classmethod
     def request(cls, count: int, name: str, timeout_s: float = 300.0) -> Allocation:
         """`salloc --no-shell`: an allocation of `count` nodes, held until `release()`."""
-        argv = ["salloc", "--no-shell", f"--nodes={count}", f"--job-name={name}",
-                f"--immediate={int(timeout_s)}"]  # fmt: skip
+        argv = [
+            "salloc",
+            "--no-shell",
+            f"--nodes={count}",
+            f"--job-name={name}",
+            f"--immediate={int(timeout_s)}",
+        ]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 30)
         except (OSError, subprocess.TimeoutExpired) as e:

@@ -46,8 +46,12 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m sentinel.slurm.task -- TRAINER_COMMAND...")
     ranks = rank_env(dict(os.environ))
     # when srun's step launch ended on this node: where a restart's time goes (benchmarks)
-    print(f"sentinel.slurm.task: rank {ranks['RANK']} on {ranks['SENTINEL_NODE']} started at"
-          f" {time.time():.3f}", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"sentinel.slurm.task: rank {ranks['RANK']} on {ranks['SENTINEL_NODE']} started at"
+        f" {time.time():.3f}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.execvpe(argv[0], argv, {**os.environ, **ranks})
 
 

@@ -80,8 +80,12 @@ class FlightAnalysis:
             await asyncio.sleep(0.25)
         for f in files:  # one directory, as the analyzer reads it; names are per rank
             (into / Path(f["name"]).name).write_bytes(base64.b64decode(f["data"]))
-        log.info("collected %d dump file(s) of %s from %d node(s)", len(files), check_id,
-                 len({f["node"] for f in files}))  # fmt: skip
+        log.info(
+            "collected %d dump file(s) of %s from %d node(s)",
+            len(files),
+            check_id,
+            len({f["node"] for f in files}),
+        )
 
     async def _run_analyzer(self, fr_dir: Path, check_id: str | None) -> None:
         argv = [*self.cfg.fr_analyze_command, str(fr_dir), "--json"]
@@ -102,8 +106,12 @@ class FlightAnalysis:
                 check_id=check_id,
             )
         except (ValueError, KeyError, TypeError) as e:
-            log.error("flight-recorder analysis failed (%s, exit %s): %s", e, proc.returncode,
-                      err.decode(errors="replace")[-500:])  # fmt: skip
+            log.error(
+                "flight-recorder analysis failed (%s, exit %s): %s",
+                e,
+                proc.returncode,
+                err.decode(errors="replace")[-500:],
+            )
             return
         log.info("flight recorder: %s, culprits %s", payload.verdict, payload.culprit_ranks)
         await self.post([FrAnalysisEvent(source=Source(job=self.cfg.job_id), payload=payload)])

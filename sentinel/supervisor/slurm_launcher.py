@@ -135,8 +135,12 @@ class SlurmGang(Gang):
 
 def step_id(job: str, name: str) -> str | None:
     """The id (JOB.STEP) of the allocation's step named `name`, while Slurm lists it."""
-    out = subprocess.run(["squeue", "-h", "--steps", "-j", job, "-o", "%i %j"],
-                         capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    out = subprocess.run(
+        ["squeue", "-h", "--steps", "-j", job, "-o", "%i %j"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     for line in out.splitlines():
         step, _, step_name = line.partition(" ")
         if step_name.strip() == name:
@@ -164,11 +168,20 @@ class SlurmLauncher(Launcher):
         return list(self.allocation.nodes[:count])
 
     def argv(self, plan: GangPlan, step_name: str) -> list[str]:
-        out = ["srun", f"--jobid={self.allocation.job_id}", f"--job-name={step_name}",
-               f"--nodes={len(plan.nodes)}", f"--ntasks={plan.world_size}",
-               f"--ntasks-per-node={plan.gpus_per_node}", "--distribution=block",
-               f"--nodelist={','.join(plan.nodes)}", "--overlap", "--export=ALL",
-               "--kill-on-bad-exit=0", "--unbuffered"]  # fmt: skip
+        out = [
+            "srun",
+            f"--jobid={self.allocation.job_id}",
+            f"--job-name={step_name}",
+            f"--nodes={len(plan.nodes)}",
+            f"--ntasks={plan.world_size}",
+            f"--ntasks-per-node={plan.gpus_per_node}",
+            "--distribution=block",
+            f"--nodelist={','.join(plan.nodes)}",
+            "--overlap",
+            "--export=ALL",
+            "--kill-on-bad-exit=0",
+            "--unbuffered",
+        ]
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             label = f"-{plan.label}" if plan.label else ""
@@ -227,9 +240,18 @@ class SlurmHosts(HostStarter):
         return self.allocation.addr(plan.nodes[0])
 
     def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
-        srun = ["srun", f"--jobid={self.allocation.job_id}", f"--job-name=sentinel-host-{node}",
-                "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap", "--export=ALL",
-                "--kill-on-bad-exit=0", "--unbuffered"]  # fmt: skip
+        srun = [
+            "srun",
+            f"--jobid={self.allocation.job_id}",
+            f"--job-name=sentinel-host-{node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--overlap",
+            "--export=ALL",
+            "--kill-on-bad-exit=0",
+            "--unbuffered",
+        ]
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             srun.append(f"--output={self.log_dir}/host-{node}.log")

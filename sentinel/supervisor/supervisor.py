@@ -397,11 +397,19 @@ class Supervisor:
         self.teardown = result
         detail = {"generation": self.job.generation, **result.as_json()}
         if result.verified:
-            log.info("gang of generation %d gone in %.1f s", self.job.generation,
-                     result.seconds, extra={"teardown": detail})  # fmt: skip
+            log.info(
+                "gang of generation %d gone in %.1f s",
+                self.job.generation,
+                result.seconds,
+                extra={"teardown": detail},
+            )
         else:
-            log.error("processes of generation %d survived SIGKILL: %s", self.job.generation,
-                      result.survivors, extra={"teardown": detail})  # fmt: skip
+            log.error(
+                "processes of generation %d survived SIGKILL: %s",
+                self.job.generation,
+                result.survivors,
+                extra={"teardown": detail},
+            )
         return died
 
     async def _report_crashes(
@@ -416,10 +424,15 @@ class Supervisor:
         if not failed:
             return
         log.warning(
-            "ranks %s exited abnormally", [e.rank for e in failed],
-            extra={"exits": [{"rank": e.rank, "node": e.node, "code": e.returncode,
-                              "why": e.why} for e in failed]},
-        )  # fmt: skip
+            "ranks %s exited abnormally",
+            [e.rank for e in failed],
+            extra={
+                "exits": [
+                    {"rank": e.rank, "node": e.node, "code": e.returncode, "why": e.why}
+                    for e in failed
+                ]
+            },
+        )
         progress = self._progress(resumed)
         events = [
             RankCrashEvent(

@@ -49,10 +49,25 @@ class FakeNvmlAgent:
         self.nvml_config = tmp / "fake-nvml.conf"
         write_config(self.nvml_config, self.gpus)
         port = free_port()
-        cmd = [sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
-               "--node-id", node, "--listen", f"127.0.0.1:{port}", "--interval", "0.2",
-               "--rank-socket", str(tmp / "agent.sock"), "--spool-dir", str(tmp / "spool"),
-               *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "sentinel",
+            "--log-format",
+            "json",
+            "agent",
+            "--node-id",
+            node,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.2",
+            "--rank-socket",
+            str(tmp / "agent.sock"),
+            "--spool-dir",
+            str(tmp / "spool"),
+            *args,
+        ]
         if config:
             (tmp / "agent.yaml").write_text(config)
             cmd[6:6] = ["--config", str(tmp / "agent.yaml")]

@@ -436,9 +436,11 @@ class CheckpointManager:
         deadline = time.monotonic() + NODE_COPY_TIMEOUT_S
         while not all((tmp / COPIED / n).exists() for n in self.layout.nodes):
             if time.monotonic() > deadline:
-                print(f"checkpoint step {step}: not every node copied its part to "
-                      f"{self.durable} in {NODE_COPY_TIMEOUT_S:.0f} s; not committed",
-                      flush=True)  # fmt: skip
+                print(
+                    f"checkpoint step {step}: not every node copied its part to "
+                    f"{self.durable} in {NODE_COPY_TIMEOUT_S:.0f} s; not committed",
+                    flush=True,
+                )
                 return
             time.sleep(0.1)
         shutil.rmtree(tmp / COPIED)

@@ -15,8 +15,12 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_TYPE_RENAMES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
-                 "unknown": "untyped"}  # fmt: skip
+_TYPE_RENAMES = {
+    "info": "gauge",
+    "stateset": "gauge",
+    "gaugehistogram": "histogram",
+    "unknown": "untyped",
+}
 _SUFFIXED = ("_created", "_gsum", "_gcount")  # OpenMetrics samples, put in gauges at the end
 _MAX_CACHED = 50_000  # label sets; a pid label churns, so the cache is bounded
 # prometheus_client leaves this one untyped; the strict check needs its signature.

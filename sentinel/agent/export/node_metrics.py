@@ -26,10 +26,20 @@ def node_families(node_id: str, monitor: NodeMonitor, snap: Snapshot) -> Iterato
     node = [node_id]
     gauge = GaugeMetricFamily
     if monitor.expected_gpus is not None:
-        yield family(gauge, "sentinel_node_gpus_expected", "GPUs this node should have.",
-                     ["node"], [(node, monitor.expected_gpus)])  # fmt: skip
-    yield family(gauge, "sentinel_node_gpus_visible", "GPUs NVML lists.", ["node"],
-                 [(node, len(snap.readings))])  # fmt: skip
+        yield family(
+            gauge,
+            "sentinel_node_gpus_expected",
+            "GPUs this node should have.",
+            ["node"],
+            [(node, monitor.expected_gpus)],
+        )
+    yield family(
+        gauge,
+        "sentinel_node_gpus_visible",
+        "GPUs NVML lists.",
+        ["node"],
+        [(node, len(snap.readings))],
+    )
     yield family(
         gauge,
         "sentinel_agent_last_sweep_timestamp_seconds",
@@ -70,5 +80,10 @@ def input_families(node_id: str, monitor: NodeMonitor) -> Iterator[Metric]:
         [([node_id, source], monitor.xids.sources[source]) for source in ("nvml", "kmsg")],
     )
     if log is not None:
-        yield family(CounterMetricFamily, "sentinel_agent_kernel_log_records",
-                     "Kernel-log records read.", ["node"], [([node_id], log.records)])  # fmt: skip
+        yield family(
+            CounterMetricFamily,
+            "sentinel_agent_kernel_log_records",
+            "Kernel-log records read.",
+            ["node"],
+            [([node_id], log.records)],
+        )

@@ -75,9 +75,10 @@ class RankMetrics:
     def collect(self, node_id: str) -> Iterator[Metric]:
         labels = ["node", "job", "rank"]
         events = CounterMetricFamily(
-            "sentinel_rank_events", "Events relayed from each rank, by kind.",
+            "sentinel_rank_events",
+            "Events relayed from each rank, by kind.",
             labels=[*labels, "kind"],
-        )  # fmt: skip
+        )
         counts = dict(self.events)
         for job, rank in self.last_seen:
             for kind in ALERTED_KINDS:

@@ -184,9 +184,13 @@ class HealthEvaluator:
             *node_findings,
         )
         return NodeHealth(
-            worst_verdict(findings), strongest_action(findings), gpus, findings, outcomes,
+            worst_verdict(findings),
+            strongest_action(findings),
+            gpus,
+            findings,
+            outcomes,
             node_findings,
-        )  # fmt: skip
+        )
 
     def _node_step(self, rule: NodeRule, s: NodeSignals, now: float) -> Finding | None:
         info, detail = rule.info, rule.raised(s)
@@ -212,8 +216,9 @@ class HealthEvaluator:
         out: dict[int, tuple[Finding, ...]] = {}
         for view in views:
             why, quiet = peers.get(view.r.index, (None, True))
-            view = GpuView(view.r, view.t, view.pcie_rate, view.nvlink_rate, view.sbe_rate, why,
-                           quiet)  # fmt: skip
+            view = GpuView(
+                view.r, view.t, view.pcie_rate, view.nvlink_rate, view.sbe_rate, why, quiet
+            )
             out[view.r.index] = self._gpu_findings(view, now)
             self._note_unknown_recovery(view.r)
         return out

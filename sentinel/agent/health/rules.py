@@ -98,8 +98,9 @@ def _recovery_name(r: GpuReading) -> str:
     return known[0] if known else "RESET_REQUIRED"
 
 
-def _rule(name: str, raises: Check, detail: Callable[[GpuView], str],
-          clears: Check | None = None) -> GpuRule:  # fmt: skip
+def _rule(
+    name: str, raises: Check, detail: Callable[[GpuView], str], clears: Check | None = None
+) -> GpuRule:
     return GpuRule(RULE_BY_NAME[name], raises, detail, clears)
 
 
@@ -116,15 +117,19 @@ def _temp_rules(key: str, what: str, attr: str) -> tuple[GpuRule, ...]:
         return f"{what} at {value(v):.0f} C ({level} from {limit(v, level):g} C)"
 
     return (
-        _rule(f"{key}_temp_unhealthy",
-              lambda v: _at_least(value(v), limit(v, "unhealthy")),
-              lambda v: says("unhealthy", v),
-              lambda v: _below(value(v), limit(v, "unhealthy") - v.t.temp_hysteresis_c)),
-        _rule(f"{key}_temp_degraded",
-              lambda v: _in_band(value(v), limit(v, "degraded"), limit(v, "unhealthy")),
-              lambda v: says("degraded", v),
-              lambda v: _below(value(v), limit(v, "degraded") - v.t.temp_hysteresis_c)),
-    )  # fmt: skip
+        _rule(
+            f"{key}_temp_unhealthy",
+            lambda v: _at_least(value(v), limit(v, "unhealthy")),
+            lambda v: says("unhealthy", v),
+            lambda v: _below(value(v), limit(v, "unhealthy") - v.t.temp_hysteresis_c),
+        ),
+        _rule(
+            f"{key}_temp_degraded",
+            lambda v: _in_band(value(v), limit(v, "degraded"), limit(v, "unhealthy")),
+            lambda v: says("degraded", v),
+            lambda v: _below(value(v), limit(v, "degraded") - v.t.temp_hysteresis_c),
+        ),
+    )
 
 
 def _rate_rule(name: str, attr: str, limit: str, what: str) -> GpuRule:

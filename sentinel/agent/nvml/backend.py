@@ -656,10 +656,16 @@ class NvmlBackend(GpuBackend):
                 continue
             count = None
             if not gpu.dbe_events:
-                count = self._call(gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors,
-                                   gpu.handle, dbe, vol)  # fmt: skip
-            temp = self._call(gpu, "temp_gpu_c", nvml.nvmlDeviceGetTemperature, gpu.handle,
-                              nvml.NVML_TEMPERATURE_GPU)  # fmt: skip
+                count = self._call(
+                    gpu, "ecc_dbe_volatile", nvml.nvmlDeviceGetTotalEccErrors, gpu.handle, dbe, vol
+                )
+            temp = self._call(
+                gpu,
+                "temp_gpu_c",
+                nvml.nvmlDeviceGetTemperature,
+                gpu.handle,
+                nvml.NVML_TEMPERATURE_GPU,
+            )
             hot = temp is not None and temp >= critical_c
             seen = self._urgent_seen.get(gpu.index, (count or 0, hot))
             self._urgent_seen[gpu.index] = (count or 0, hot)

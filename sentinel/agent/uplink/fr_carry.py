@@ -32,9 +32,10 @@ class FrCarrier:
         if not self.fr_dir.is_dir():
             return []
         return sorted(
-            p for p in self.fr_dir.iterdir()
+            p
+            for p in self.fr_dir.iterdir()
             if p.is_file() and not p.name.startswith(".") and p.stat().st_mtime >= since
-        )  # fmt: skip
+        )
 
     async def settle(self, since: float, ranks: int) -> list[Path]:
         """Wait until every relayed rank dumped (a dump and its sidecar each) and nothing new
@@ -66,8 +67,9 @@ class FrCarrier:
                 log.error("cannot carry dump %s: %s", path.name, e)
                 continue
             if reply.status != 200:
-                log.error("coordinator refused dump %s: %s %s", path.name, reply.status,
-                          reply.error())  # fmt: skip
+                log.error(
+                    "coordinator refused dump %s: %s %s", path.name, reply.status, reply.error()
+                )
                 continue
             sent += 1
         log.info("carried %d flight-recorder file(s) for %s", sent, check_id)

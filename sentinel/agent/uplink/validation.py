@@ -74,8 +74,20 @@ class NodeValidator:
         with tempfile.TemporaryDirectory(prefix="sentinel-validate-") as tmp:
             baseline, out = Path(tmp) / "baseline.json", Path(tmp) / "result.json"
             baseline.write_text(json.dumps({"validation": args.get("baseline")}))
-            argv = [self.python, "-m", "sentinel", "burnin", "--validate", "--no-progress",
-                    "--baseline", str(baseline), "--json", str(out), "--gpus", str(self.gpus)]  # fmt: skip
+            argv = [
+                self.python,
+                "-m",
+                "sentinel",
+                "burnin",
+                "--validate",
+                "--no-progress",
+                "--baseline",
+                str(baseline),
+                "--json",
+                str(out),
+                "--gpus",
+                str(self.gpus),
+            ]
             if self.sim_faults is not None:
                 argv += ["--sim-faults", str(self.sim_faults)]
             proc = await asyncio.create_subprocess_exec(

@@ -302,16 +302,20 @@ def write_report_for(
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """The verdict, then why it failed (first, where a person reads), then one line a fault."""
-    lines = [f"verdict: {result['verdict'].upper()}  scenario {result['scenario']}, "
-             f"{result['completed_steps']} steps"]  # fmt: skip
+    lines = [
+        f"verdict: {result['verdict'].upper()}  scenario {result['scenario']}, "
+        f"{result['completed_steps']} steps"
+    ]
     lines += [f"  FAIL: {p}" for p in result.get("problems", [])]
     for f in result["faults"]:
         done = "stopped" if f.get("expected") else "repaired"
         state = "MISSED" if not f["detected"] else done if f["repaired"] else "UNREPAIRED"
         ttd = f"detect {f['time_to_detect_s']}s" if f["time_to_detect_s"] is not None else ""
         ttr = f"resume {f['time_to_resume_s']}s" if f["time_to_resume_s"] is not None else ""
-        lines.append(f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "
-                     f"{' '.join(f['actions'])}")  # fmt: skip
+        lines.append(
+            f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "
+            f"{' '.join(f['actions'])}"
+        )
     for i in result["false_incidents"]:
         lines.append(f"  false incident #{i['id']} {i['kind']} on {i['target']}")
     lines += return_lines(result.get("returns"))

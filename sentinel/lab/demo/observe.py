@@ -101,9 +101,12 @@ class Observer(Polling):
                 self.seen.incident_details[inc["id"]] = detail
                 where = _where(detail)
                 self.on_change(
-                    "detect", where, f"incident #{inc['id']} {inc['fault']} on {where} "
-                    f"-> playbook {inc.get('playbook') or 'none'}", ref=f"incident:{inc['id']}",
-                )  # fmt: skip
+                    "detect",
+                    where,
+                    f"incident #{inc['id']} {inc['fault']} on {where} "
+                    f"-> playbook {inc.get('playbook') or 'none'}",
+                    ref=f"incident:{inc['id']}",
+                )
             else:
                 inc["seen_t"] = old["seen_t"]
                 if old["state"] != inc["state"]:
@@ -121,9 +124,10 @@ class Observer(Polling):
             if old is None or old["state"] != act["state"]:
                 target = f" {act['target']}" if act.get("target") else ""
                 self.on_change(
-                    "action", act.get("target"),
+                    "action",
+                    act.get("target"),
                     f"#{act.get('incident_id')} {act['action']}{target}: {act['state']}",
-                )  # fmt: skip
+                )
             self.seen.actions[act["id"]] = act
 
     def _job(self, rows: list[dict[str, Any]], now: float) -> None:

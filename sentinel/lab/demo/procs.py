@@ -42,12 +42,21 @@ class CoordinatorProcess:
 
     def start(self, timeout_s: float = 60.0) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [*SENTINEL, "--log-format", "json", "coordinator", "--listen",
-               f"{self.host}:{self.port}", "--state-dir", str(self.state_dir)]  # fmt: skip
+        cmd = [
+            *SENTINEL,
+            "--log-format",
+            "json",
+            "coordinator",
+            "--listen",
+            f"{self.host}:{self.port}",
+            "--state-dir",
+            str(self.state_dir),
+        ]
         self.proc = spawn(cmd, env={**os.environ, **COORDINATOR_ENV, **self.env}, log=self.log_file)
         client = CoordinatorClient(self.url, "")
-        wait_ready(client.healthy, self.proc, what="coordinator", log=self.log_file,
-                   timeout_s=timeout_s)  # fmt: skip
+        wait_ready(
+            client.healthy, self.proc, what="coordinator", log=self.log_file, timeout_s=timeout_s
+        )
 
     def admin_token(self) -> str:
         return (self.state_dir / "admin.token").read_text().strip()
@@ -56,8 +65,10 @@ class CoordinatorProcess:
         """Create a token (`--role node --node NAME` / `--role job --job ID`) into `path`."""
         out = subprocess.run(
             [*SENTINEL, "token", "create", "--state-dir", str(self.state_dir), "--json", *args],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(str(json.loads(out.stdout)["token"]) + "\n")
         path.chmod(0o600)

@@ -68,11 +68,33 @@ def reference_run(
     work = cache_root() / f"{key}.tmp"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    argv = [*train_args, *skip_flag(skip), "--out", str(work), "--data-dir", str(data_dir),
-            "--ckpt-dir", str(work / "ckpt"), "--quiet"]  # fmt: skip
-    cmd = [sys.executable, "-m", "trainer_hooks.reference.launch", "--nproc",
-           str(world // replicas), "--replicas", str(replicas), "--fork", "--log-dir",
-           str(work / "logs"), "--timeout", str(timeout_s), "--", *argv]  # fmt: skip
+    argv = [
+        *train_args,
+        *skip_flag(skip),
+        "--out",
+        str(work),
+        "--data-dir",
+        str(data_dir),
+        "--ckpt-dir",
+        str(work / "ckpt"),
+        "--quiet",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer_hooks.reference.launch",
+        "--nproc",
+        str(world // replicas),
+        "--replicas",
+        str(replicas),
+        "--fork",
+        "--log-dir",
+        str(work / "logs"),
+        "--timeout",
+        str(timeout_s),
+        "--",
+        *argv,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 60)
     if proc.returncode != 0:

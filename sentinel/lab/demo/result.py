@@ -260,10 +260,12 @@ def stop_problem(incidents: list[dict[str, Any]]) -> str | None:
         return f"evicted {', '.join(taken)} for a crash that follows the step, not the node"
     last = incidents[-1]
     spent = [
-        a for a in last.get("actions", [])
-        if a["action"] == "resume" and a["state"] == "escalated"
+        a
+        for a in last.get("actions", [])
+        if a["action"] == "resume"
+        and a["state"] == "escalated"
         and "restart budget spent" in str((a.get("result") or {}).get("error", ""))
-    ]  # fmt: skip
+    ]
     if last.get("state") != "escalated" or not spent:
         return f"the restart budget did not stop the job (last incident: {_resolution(last)})"
     return None

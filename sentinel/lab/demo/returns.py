@@ -40,8 +40,16 @@ def record_baseline(
 ) -> Path:
     """A healthy node's validation figures, by `sentinel burnin --validate --save-baseline`,
     with the demo's tolerances."""
-    argv = [*sentinel, "burnin", "--validate", "--no-progress", "--gpus", str(gpus),
-            "--save-baseline", str(path)]  # fmt: skip
+    argv = [
+        *sentinel,
+        "burnin",
+        "--validate",
+        "--no-progress",
+        "--gpus",
+        str(gpus),
+        "--save-baseline",
+        str(path),
+    ]
     with log.open("ab") as f:
         code = subprocess.run(argv, stdout=f, stderr=f, timeout=timeout_s).returncode
     if code != 0 or not path.exists():
@@ -63,8 +71,11 @@ def validation_env(baseline: Path, compression: int) -> dict[str, str]:
     hold = float(shipped["hold_down_s"].default) / compression
     timeout = float(shipped["timeout_s"].default) / compression
     prefix = "SENTINEL_COORDINATOR__VALIDATION__"
-    return {f"{prefix}BASELINE": str(baseline), f"{prefix}HOLD_DOWN_S": f"{hold:g}",
-            f"{prefix}TIMEOUT_S": f"{timeout:g}"}  # fmt: skip
+    return {
+        f"{prefix}BASELINE": str(baseline),
+        f"{prefix}HOLD_DOWN_S": f"{hold:g}",
+        f"{prefix}TIMEOUT_S": f"{timeout:g}",
+    }
 
 
 def damage_lines(spec: ReturnDrill) -> list[dict[str, Any]]:
@@ -151,24 +162,37 @@ class Operator(Polling):
 
     def _ask(self, still_damaged: bool) -> None:
         why = "operator: back from repair?" if not still_damaged else "operator: looks fine now?"
-        body = {"incident": self.incident, "action": "return_node",
-                "params": {"node": self.spec.node}, "why": why}  # fmt: skip
+        body = {
+            "incident": self.incident,
+            "action": "return_node",
+            "params": {"node": self.spec.node},
+            "why": why,
+        }
         req = urllib.request.Request(
-            self.admin.url + "/v1/actions", data=json.dumps(body).encode(), method="POST",
-            headers={"Authorization": f"Bearer {self.operator_token}",
-                     "Content-Type": "application/json"},
-        )  # fmt: skip
+            self.admin.url + "/v1/actions",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {self.operator_token}",
+                "Content-Type": "application/json",
+            },
+        )
         with urllib.request.urlopen(req, timeout=self.admin.timeout_s) as r:
             r.read()
         self.attempts.append(Attempt(asked_t=time.time() - self.t0, still_damaged=still_damaged))
         state = "still damaged" if still_damaged else "repaired"
-        self.note("action", self.spec.node, f"operator asks to return {self.spec.node} "
-                  f"({state}): validating", ref=f"return:{len(self.attempts)}")  # fmt: skip
+        self.note(
+            "action",
+            self.spec.node,
+            f"operator asks to return {self.spec.node} ({state}): validating",
+            ref=f"return:{len(self.attempts)}",
+        )
 
     def _answer(self, attempt: Attempt, n: int) -> bool:
         """Whether the n-th return_node step has ended; fills in `attempt`."""
-        steps = [s for s in self.admin.get("/v1/actions?limit=1000")
-                 if s["action"] == "return_node"]  # fmt: skip
+        steps = [
+            s for s in self.admin.get("/v1/actions?limit=1000") if s["action"] == "return_node"
+        ]
         steps.sort(key=lambda s: s["id"])
         if len(steps) < n or steps[n - 1]["state"] not in ("done", "escalated", "failed"):
             return False
@@ -182,11 +206,16 @@ class Operator(Polling):
         validation = result.get("validation") or {}
         attempt.checks = list(validation.get("checks") or [])
         if attempt.outcome == "returned":
-            self.note("resume", self.spec.node, f"{self.spec.node} passed validation: returned",
-                      ref=f"return:{n}")  # fmt: skip
+            self.note(
+                "resume",
+                self.spec.node,
+                f"{self.spec.node} passed validation: returned",
+                ref=f"return:{n}",
+            )
         else:
-            self.note("detect", self.spec.node, f"return refused: {attempt.reason}",
-                      ref=f"return:{n}")  # fmt: skip
+            self.note(
+                "detect", self.spec.node, f"return refused: {attempt.reason}", ref=f"return:{n}"
+            )
         return True
 
     def record(self) -> dict[str, Any]:

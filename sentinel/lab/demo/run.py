@@ -39,8 +39,26 @@ from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
 
 JOB = "demo"
 # A tiny model: about 0.3 s per step for 8 ranks on 2 CPU cores.
-MODEL_FLAGS = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--vocab", "128",
-               "--corpus-tokens", "32768", "--mbs", "2", "--accum", "2", "--warmup", "2"]  # fmt: skip
+MODEL_FLAGS = [
+    "--layers",
+    "2",
+    "--dim",
+    "32",
+    "--heads",
+    "4",
+    "--seq",
+    "16",
+    "--vocab",
+    "128",
+    "--corpus-tokens",
+    "32768",
+    "--mbs",
+    "2",
+    "--accum",
+    "2",
+    "--warmup",
+    "2",
+]
 
 
 # The agents sweep at the shipped default interval: hardware faults are judged against it.
@@ -54,8 +72,12 @@ AGENT_INTERVAL_S: float = AgentConfig.model_fields["interval_s"].default
 DRILL_COMPRESSION = 4
 # The hooks' shipped defaults the compression divides (trainer_hooks.config.HooksConfig;
 # `sentinel` does not import `trainer_hooks`: a test checks these match).
-SHIPPED_HOOKS_STEPS = {"report_every": 10, "exchange_every": 20, "straggler_window": 20,
-                       "sdc_every": 100}  # fmt: skip
+SHIPPED_HOOKS_STEPS = {
+    "report_every": 10,
+    "exchange_every": 20,
+    "straggler_window": 20,
+    "sdc_every": 100,
+}
 SHIPPED_HOOKS_SECONDS = {"hang_floor_s": 60.0, "hang_first_step_s": 900.0}
 
 
@@ -83,9 +105,22 @@ def hooks_env(out: Path) -> dict[str, str]:
 def trainer_args(scenario: Scenario) -> list[str]:
     t = scenario.trainer
     replicas = ["--replicas", "ft"] if scenario.runs_replicas else []
-    return [*MODEL_FLAGS, "--tp", str(t.tp), "--pp", str(t.pp), "--dp", str(t.dp),
-            "--steps", str(t.steps), "--checkpoint-every", str(t.checkpoint_every),
-            "--seed", str(t.seed), *replicas]  # fmt: skip
+    return [
+        *MODEL_FLAGS,
+        "--tp",
+        str(t.tp),
+        "--pp",
+        str(t.pp),
+        "--dp",
+        str(t.dp),
+        "--steps",
+        str(t.steps),
+        "--checkpoint-every",
+        str(t.checkpoint_every),
+        "--seed",
+        str(t.seed),
+        *replicas,
+    ]
 
 
 def recovery_args(scenario: Scenario) -> list[str]:
@@ -167,16 +202,26 @@ class Demo:
                 and ref not in self._noted
             ):
                 self._noted.add(ref)
-                self.note("fault", None, f"injected corrupt_batch: batch {f.batch} in step "
-                          f"{line.step}", step=line.step, ref=ref)  # fmt: skip
+                self.note(
+                    "fault",
+                    None,
+                    f"injected corrupt_batch: batch {f.batch} in step {line.step}",
+                    step=line.step,
+                    ref=ref,
+                )
         if replay or line.step % self.print_every == 0 or line.step == 1:
             tag = " (replayed after rollback)" if replay else ""
             self.echo(f"[{line.t:7.1f}s]    step {line.step:4d}  loss {line.loss:.4f}{tag}")
 
     def on_inject(self, inj: Injection) -> None:
         fault = self.scenario.faults[inj.index]
-        self.note("fault", inj.node, f"injected {fault.kind} on {inj.node}", step=inj.step + 1,
-                  ref=f"fault:{inj.index}")  # fmt: skip
+        self.note(
+            "fault",
+            inj.node,
+            f"injected {fault.kind} on {inj.node}",
+            step=inj.step + 1,
+            ref=f"fault:{inj.index}",
+        )
         if self.damage is not None:
             self.damage(inj.node)
 
@@ -186,8 +231,13 @@ class Demo:
             for index, f in enumerate(self.scenario.faults):
                 if isinstance(f, RANK_FAULTS) and name == marker_name(f):
                     self._noted.add(f"fault:{index}")
-                    self.note("fault", node, f"injected {f.kind} on rank-{f.rank} ({node})",
-                              step=f.at_step + 1, ref=f"fault:{index}")  # fmt: skip
+                    self.note(
+                        "fault",
+                        node,
+                        f"injected {f.kind} on rank-{f.rank} ({node})",
+                        step=f.at_step + 1,
+                        ref=f"fault:{index}",
+                    )
                     if self.damage is not None:
                         self.damage(node)
 
@@ -206,8 +256,12 @@ class Demo:
         self.note("burnin", None, f"burn-in of {fleet.nodes} nodes (links) before launch")
         for index, f in enumerate(self.scenario.faults):
             if f.kind == "link_degraded":  # on the timeline like every fault, as it strikes
-                self.note("fault", f.node, f"injected link_degraded on {f.node} (bandwidth "
-                          f"x{f.factor}) before launch", ref=f"fault:{index}")  # fmt: skip
+                self.note(
+                    "fault",
+                    f.node,
+                    f"injected link_degraded on {f.node} (bandwidth x{f.factor}) before launch",
+                    ref=f"fault:{index}",
+                )
         started = time.time() - self.rec.t0
         outputs = ["--json", str(report), "--exclude-out", str(exclude), "--no-progress"]
         cmd, env = self.burnin_command(spec, outputs)
@@ -230,18 +284,36 @@ class Demo:
         """The link burn-in of the gang's nodes (argv, environment): here simulated nodes on
         this machine, each link fault from the scenario file slowing its node's transfers."""
         fleet = self.scenario.fleet
-        return [*SENTINEL, "burnin", "--sim-nodes", str(fleet.nodes), "--gpus-per-node",
-                str(fleet.gpus_per_node), "--scenario", str(spec), "--quick", "--phases",
-                "links", *outputs], None  # fmt: skip
+        return [
+            *SENTINEL,
+            "burnin",
+            "--sim-nodes",
+            str(fleet.nodes),
+            "--gpus-per-node",
+            str(fleet.gpus_per_node),
+            "--scenario",
+            str(spec),
+            "--quick",
+            "--phases",
+            "links",
+            *outputs,
+        ], None
 
     def coordinator(self) -> CoordinatorProcess:
         coord = CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log")
         if self.scenario.returns is not None:  # validation before return needs a baseline
-            self.note("info", None, "recording the validation baseline on this machine "
-                      "(sentinel burnin --validate --save-baseline)")  # fmt: skip
-            baseline = record_baseline(SENTINEL, self.out / "validation-baseline.json",
-                                       self.scenario.fleet.gpus_per_node,
-                                       self.out / "baseline.log")  # fmt: skip
+            self.note(
+                "info",
+                None,
+                "recording the validation baseline on this machine "
+                "(sentinel burnin --validate --save-baseline)",
+            )
+            baseline = record_baseline(
+                SENTINEL,
+                self.out / "validation-baseline.json",
+                self.scenario.fleet.gpus_per_node,
+                self.out / "baseline.log",
+            )
             coord.env |= validation_env(baseline, DRILL_COMPRESSION)
         return coord
 
@@ -260,15 +332,43 @@ class Demo:
 
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         fleet, o = self.scenario.fleet, self.out
-        trainer = [sys.executable, "-m", "trainer_hooks.reference.train",
-                   *trainer_args(self.scenario), "--out", str(o / "run"),
-                   "--data-dir", str(o / "data"), *self.checkpoint_tiers(),
-                   "--faults", str(o / "scenario.yaml"), "--quiet"]  # fmt: skip
-        argv = ["run", "--job-id", JOB, "--coordinator", coord_url, "--token-file",
-                str(job_token), "--nodes", str(fleet.nodes), "--gpus-per-node",
-                str(fleet.gpus_per_node), "--spares", str(fleet.spares), "--checkpoint-dir",
-                str(o / "ckpt"), "--log-dir", str(o / "logs"), "--rank-socket-template",
-                str(o / "fleet" / "{node}" / "agent.sock"), "--fr-dir", str(o / "fr")]  # fmt: skip
+        trainer = [
+            sys.executable,
+            "-m",
+            "trainer_hooks.reference.train",
+            *trainer_args(self.scenario),
+            "--out",
+            str(o / "run"),
+            "--data-dir",
+            str(o / "data"),
+            *self.checkpoint_tiers(),
+            "--faults",
+            str(o / "scenario.yaml"),
+            "--quiet",
+        ]
+        argv = [
+            "run",
+            "--job-id",
+            JOB,
+            "--coordinator",
+            coord_url,
+            "--token-file",
+            str(job_token),
+            "--nodes",
+            str(fleet.nodes),
+            "--gpus-per-node",
+            str(fleet.gpus_per_node),
+            "--spares",
+            str(fleet.spares),
+            "--checkpoint-dir",
+            str(o / "ckpt"),
+            "--log-dir",
+            str(o / "logs"),
+            "--rank-socket-template",
+            str(o / "fleet" / "{node}" / "agent.sock"),
+            "--fr-dir",
+            str(o / "fr"),
+        ]
         if exclude is not None:
             argv += ["--exclude-file", str(exclude)]
         return [*argv, *recovery_args(self.scenario), "--", *trainer]
@@ -286,8 +386,10 @@ class Demo:
         operator: Operator | None = None
         try:
             coord.start()
-            tokens = {n: coord.token(o / "tokens" / f"{n}.token", "--role", "node", "--node", n)
-                      for n in names}  # fmt: skip
+            tokens = {
+                n: coord.token(o / "tokens" / f"{n}.token", "--role", "node", "--node", n)
+                for n in names
+            }
             job_token = coord.token(o / "tokens" / "job.token", "--role", "job", "--job", JOB)
             fleet.coordinator_url, fleet.token_files = coord.url, tokens
             self.note("info", None, f"coordinator {coord.url}; agents for {', '.join(names)}")
@@ -304,13 +406,19 @@ class Demo:
             if self.scenario.returns is not None:
                 operator = self.operator(coord, fleet, client)
                 operator.start()
-            sup = SupervisorProcess(self.supervisor_argv(coord.url, job_token, exclude),
-                                    o / "supervisor.log",
-                                    hooks_env(o) | self.fleet_env())  # fmt: skip
+            sup = SupervisorProcess(
+                self.supervisor_argv(coord.url, job_token, exclude),
+                o / "supervisor.log",
+                hooks_env(o) | self.fleet_env(),
+            )
             sup.start()
             follower.start()
-            self.note("info", None, f"training {self.scenario.trainer.steps} steps on "
-                      f"{fleet_spec.world_size} ranks (sentinel run, job {JOB!r})")  # fmt: skip
+            self.note(
+                "info",
+                None,
+                f"training {self.scenario.trainer.steps} steps on "
+                f"{fleet_spec.world_size} ranks (sentinel run, job {JOB!r})",
+            )
             self._wait(sup, observer, timeout_s, stall_s)
             if operator is not None:
                 self._wait_for_returns(operator, start=time.monotonic(), timeout_s=timeout_s)
@@ -353,13 +461,22 @@ class Demo:
                 for line in damage_lines(spec):
                     fleet.inject(node, line)
                 kinds = " + ".join(spec.damage)
-                self.note("info", node, f"{node}'s GPU {spec.gpu} stays damaged ({kinds} in its "
-                          "simulated GPU, silent in NVML) until repaired")  # fmt: skip
+                self.note(
+                    "info",
+                    node,
+                    f"{node}'s GPU {spec.gpu} stays damaged ({kinds} in its "
+                    "simulated GPU, silent in NVML) until repaired",
+                )
 
         self.damage = damage
-        return Operator(spec, admin, token.read_text().strip(),
-                        lambda line: fleet.inject(spec.node, line), self.rec.t0,
-                        self.note)  # fmt: skip
+        return Operator(
+            spec,
+            admin,
+            token.read_text().strip(),
+            lambda line: fleet.inject(spec.node, line),
+            self.rec.t0,
+            self.note,
+        )
 
     def _wait_for_returns(self, operator: Operator, start: float, timeout_s: float) -> None:
         """After training, until the operator's returns are answered (or the budget is spent)."""

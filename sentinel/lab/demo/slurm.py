@@ -47,23 +47,37 @@ class SlurmDemo(Demo):
 
     def coordinator(self) -> CoordinatorProcess:
         assert self.cluster is not None
-        env = {"SLURM_CONF": str(self.cluster.conf),
-               "SENTINEL_COORDINATOR__EVICTION_BACKEND": "slurm"}  # fmt: skip
-        return CoordinatorProcess(self.out / "coordinator", self.out / "coordinator.log",
-                                  host=self.cluster.controller_addr, env=env)  # fmt: skip
+        env = {
+            "SLURM_CONF": str(self.cluster.conf),
+            "SENTINEL_COORDINATOR__EVICTION_BACKEND": "slurm",
+        }
+        return CoordinatorProcess(
+            self.out / "coordinator",
+            self.out / "coordinator.log",
+            host=self.cluster.controller_addr,
+            env=env,
+        )
 
     def fleet(self, names: list[str]) -> SimFleet:
         assert self.cluster is not None
-        return ClusterFleet(self.cluster, self.out / "fleet", names,
-                            self.scenario.fleet.gpus_per_node, AGENT_INTERVAL_S)  # fmt: skip
+        return ClusterFleet(
+            self.cluster,
+            self.out / "fleet",
+            names,
+            self.scenario.fleet.gpus_per_node,
+            AGENT_INTERVAL_S,
+        )
 
     def fleet_env(self) -> dict[str, str]:
         assert self.cluster is not None
-        return {"SLURM_CONF": str(self.cluster.conf), "GLOO_SOCKET_IFNAME": self.cluster.iface,
-                "OMP_NUM_THREADS": "1",
-                # dumps stay on their node; the agents carry them to the coordinator
-                "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
-                "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true"}  # fmt: skip
+        return {
+            "SLURM_CONF": str(self.cluster.conf),
+            "GLOO_SOCKET_IFNAME": self.cluster.iface,
+            "OMP_NUM_THREADS": "1",
+            # dumps stay on their node; the agents carry them to the coordinator
+            "SENTINEL_HOOKS_FR_DIR": str(node_fr_dir(self.out, "{node}")),
+            "SENTINEL_SUPERVISOR__FR_FROM_COORDINATOR": "true",
+        }
 
     def burnin(self) -> Path | None:
         for f in self.scenario.faults:
@@ -80,9 +94,10 @@ class SlurmDemo(Demo):
             rate = LINE_RATE_MBIT * (factor if node == slow else 1.0)
             tbf = ["root", "tbf", "rate", f"{rate:g}mbit", "burst", "512kb", "latency", "50ms"]
             host = self.cluster.host(node)
-            for argv in (["tc", "qdisc", "replace", "dev", host.veth, *tbf],
-                         [*host.enter(), "tc", "qdisc", "replace", "dev", self.cluster.iface,
-                          *tbf]):  # fmt: skip
+            for argv in (
+                ["tc", "qdisc", "replace", "dev", host.veth, *tbf],
+                [*host.enter(), "tc", "qdisc", "replace", "dev", self.cluster.iface, *tbf],
+            ):
                 done = subprocess.run(argv, capture_output=True, text=True)
                 if done.returncode != 0:
                     raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
@@ -95,22 +110,46 @@ class SlurmDemo(Demo):
         assert self.cluster is not None
         fleet = self.scenario.fleet
         nodes = fleet.node_names()
-        srun = ["srun", f"--nodes={len(nodes)}", f"--ntasks-per-node={fleet.gpus_per_node}",
-                f"--ntasks={len(nodes) * fleet.gpus_per_node}", "--distribution=block",
-                f"--nodelist={','.join(nodes)}", "--job-name=sentinel-burnin", "--export=ALL",
-                sys.executable, "-m", "sentinel.slurm.task", "--", *SENTINEL, "burnin",
-                "--quick", "--phases", "links", *outputs]  # fmt: skip
-        env = {**self.cluster.env(), "SENTINEL_NODES": ",".join(nodes),
-               "SENTINEL_GPUS_PER_NODE": str(fleet.gpus_per_node),
-               "MASTER_ADDR": self.cluster.host(nodes[0]).addr, "MASTER_PORT": str(free_rendezvous_port()),
-               "GLOO_SOCKET_IFNAME": self.cluster.iface, "OMP_NUM_THREADS": "1"}  # fmt: skip
+        srun = [
+            "srun",
+            f"--nodes={len(nodes)}",
+            f"--ntasks-per-node={fleet.gpus_per_node}",
+            f"--ntasks={len(nodes) * fleet.gpus_per_node}",
+            "--distribution=block",
+            f"--nodelist={','.join(nodes)}",
+            "--job-name=sentinel-burnin",
+            "--export=ALL",
+            sys.executable,
+            "-m",
+            "sentinel.slurm.task",
+            "--",
+            *SENTINEL,
+            "burnin",
+            "--quick",
+            "--phases",
+            "links",
+            *outputs,
+        ]
+        env = {
+            **self.cluster.env(),
+            "SENTINEL_NODES": ",".join(nodes),
+            "SENTINEL_GPUS_PER_NODE": str(fleet.gpus_per_node),
+            "MASTER_ADDR": self.cluster.host(nodes[0]).addr,
+            "MASTER_PORT": str(free_rendezvous_port()),
+            "GLOO_SOCKET_IFNAME": self.cluster.iface,
+            "OMP_NUM_THREADS": "1",
+        }
         return srun, env
 
     def checkpoint_tiers(self) -> list[str]:
         """Each node writes its part to its own fast tier; the shared durable tier gets the
         whole checkpoint in the background, and restarts resume from it."""
-        return ["--ckpt-dir", str(self.out / "nodes" / "{node}" / "ckpt"),
-                "--durable-dir", str(self.out / "ckpt")]  # fmt: skip
+        return [
+            "--ckpt-dir",
+            str(self.out / "nodes" / "{node}" / "ckpt"),
+            "--durable-dir",
+            str(self.out / "ckpt"),
+        ]
 
     def supervisor_argv(self, coord_url: str, job_token: Path, exclude: Path | None) -> list[str]:
         argv = super().supervisor_argv(coord_url, job_token, exclude)
@@ -122,8 +161,12 @@ class SlurmDemo(Demo):
         cluster = SlurmCluster(names, cpus=max(2, fleet.gpus_per_node))
         with cluster:
             self.cluster = cluster
-            self.note("info", None, f"Slurm cluster up: {', '.join(names)} on "
-                      f"{cluster.bridge.name} ({cluster.controller_addr}/24)")  # fmt: skip
+            self.note(
+                "info",
+                None,
+                f"Slurm cluster up: {', '.join(names)} on "
+                f"{cluster.bridge.name} ({cluster.controller_addr}/24)",
+            )
             try:
                 return super().train(timeout_s, stall_s)
             finally:

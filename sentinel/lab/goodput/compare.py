@@ -146,8 +146,9 @@ def compare_dict(
     live = last.paths[Recovery.CATALOG]
     repairs = scales[-1]["repairs"]["catalog"]
     hours = live.mean_seconds()
-    losses = sorted(((k, hours[k] / 3600.0) for k in CATEGORIES if k != "useful"),
-                    key=lambda kv: -kv[1])  # fmt: skip
+    losses = sorted(
+        ((k, hours[k] / 3600.0) for k in CATEGORIES if k != "useful"), key=lambda kv: -kv[1]
+    )
     return {
         "configurations": {r.value: label for r, label in CONFIGURATIONS.items()},
         "paths": {str(c): str(p) for c, p in paths_for(Recovery.CATALOG).items()},
@@ -174,8 +175,10 @@ def _row(label: str, cells: list[str]) -> str:
 
 def _parts_rows(title: str, per_scale: list[dict[str, Any]]) -> list[str]:
     lines = [f"  {title}"]
-    lines += [_row(f"  {name}", [f"{p['parts_s'][name]:.1f} s" for p in per_scale])
-              for name in per_scale[0]["parts_s"]]  # fmt: skip
+    lines += [
+        _row(f"  {name}", [f"{p['parts_s'][name]:.1f} s" for p in per_scale])
+        for name in per_scale[0]["parts_s"]
+    ]
     return [*lines, _row("  total", [f"{p['total_s']:.1f} s" for p in per_scale])]
 
 
@@ -195,14 +198,25 @@ def render_compare(rep: dict[str, Any]) -> str:
     crash = [r["catalog"]["restart"] for r in reps]
     lines += _parts_rows("warm restart in the live configuration, a crash", crash)
     live = [r["live_path"] for r in reps]
-    for key, label in (("stall", "survivors' stall"), ("join", "spare join"),
-                       ("regroup_at_join", "survivors' stall at the join")):  # fmt: skip
+    for key, label in (
+        ("stall", "survivors' stall"),
+        ("join", "spare join"),
+        ("regroup_at_join", "survivors' stall at the join"),
+    ):
         lines += _parts_rows(f"live path, a node fault: {label}", [x[key] for x in live])
-    lines.append(_row("live path: throughput, one replica out",
-                      [_pct(x["throughput_one_replica_out"]) for x in live]))  # fmt: skip
+    lines.append(
+        _row(
+            "live path: throughput, one replica out",
+            [_pct(x["throughput_one_replica_out"]) for x in live],
+        )
+    )
     for cls in live[0]["stall_by_class_s"]:
-        lines.append(_row(f"live path: survivors' stall, {cls} (>= detection)",
-                          [f"{x['stall_by_class_s'][cls]:.1f} s" for x in live]))  # fmt: skip
+        lines.append(
+            _row(
+                f"live path: survivors' stall, {cls} (>= detection)",
+                [f"{x['stall_by_class_s'][cls]:.1f} s" for x in live],
+            )
+        )
     lines += ["", _row("effective training time (useful / wall)", sizes)[2:]]
     lines.append(
         _row("baseline (no Sentinel)", [_pct(s["baseline"]["ratio_mean"]) for s in scales])

@@ -96,8 +96,9 @@ def sentinel_rows(m: Measurements, where: str) -> list[Input]:
             rows += _stage_rows(cls, cls, m, "measured", measured)
         elif fig.repair_s is not None:
             whole = _measured(m, where, cls, "repair") + "; no stages: taken whole at any scale"
-            rows.append(Input(whole_key(cls), f"repair: {cls}", fig.repair_s, "s", "measured",
-                              whole))  # fmt: skip
+            rows.append(
+                Input(whole_key(cls), f"repair: {cls}", fig.repair_s, "s", "measured", whole)
+            )
         else:
             rows += _repair_assumption(cls, m)
     return rows
@@ -111,11 +112,17 @@ def _stage_rows(
     before the repair, so they need not add up to it exactly)."""
     fig = m.classes[of]
     return [
-        Input(stage_key(cls, name), f"repair: {cls}: {name}", fig.stages_s[name], "s", origin,
-              source(f"coordinator-recorded stage {name} (of a {fig.repair_s:g} s repair)"))
+        Input(
+            stage_key(cls, name),
+            f"repair: {cls}: {name}",
+            fig.stages_s[name],
+            "s",
+            origin,
+            source(f"coordinator-recorded stage {name} (of a {fig.repair_s:g} s repair)"),
+        )
         for name in MODEL_STAGES
         if name in fig.stages_s
-    ]  # fmt: skip
+    ]
 
 
 def _repair_assumption(cls: FaultClass, m: Measurements) -> list[Input]:
@@ -140,21 +147,50 @@ def _detect_rows(cls: FaultClass, m: Measurements, where: str) -> list[Input]:
     if cls == FaultClass.HANG and fig.past_watchdog_s is not None:
         past = _measured(m, where, cls, "detection past the drill's watchdog")
         return [
-            Input("hang_watchdog_s", "hang watchdog floor", HANG_FLOOR_S, "s", "setting",
-                  "trainer hooks' shipped hang_floor_s (timeout: max(floor, 5 x step time))"),
-            Input("sentinel.hang_past_watchdog_s", "detection: hang, past the watchdog",
-                  fig.past_watchdog_s, "s", "measured", past),
-        ]  # fmt: skip
+            Input(
+                "hang_watchdog_s",
+                "hang watchdog floor",
+                HANG_FLOOR_S,
+                "s",
+                "setting",
+                "trainer hooks' shipped hang_floor_s (timeout: max(floor, 5 x step time))",
+            ),
+            Input(
+                "sentinel.hang_past_watchdog_s",
+                "detection: hang, past the watchdog",
+                fig.past_watchdog_s,
+                "s",
+                "measured",
+                past,
+            ),
+        ]
     if cls == FaultClass.SDC and fig.detect_steps_shipped is not None:
         steps = _measured(m, where, cls, "drill steps to detection x compression")
-        return [Input("sentinel.sdc_detect_steps", "detection: sdc, steps after the strike",
-                      fig.detect_steps_shipped, "steps", "measured", steps)]  # fmt: skip
+        return [
+            Input(
+                "sentinel.sdc_detect_steps",
+                "detection: sdc, steps after the strike",
+                fig.detect_steps_shipped,
+                "steps",
+                "measured",
+                steps,
+            )
+        ]
     key, label = f"sentinel.detect_s.{cls}", f"detection: {cls}"
     if cls not in (FaultClass.HANG, FaultClass.SDC) and fig.detect_s is not None:
-        return [Input(key, label, fig.detect_s, "s", "measured",
-                      _measured(m, where, cls, "detection"))]  # fmt: skip
-    return [Input(key, label, SENTINEL_DETECT_S[cls], "s", "assumption",
-                  _default(cls, "detection time", m))]  # fmt: skip
+        return [
+            Input(key, label, fig.detect_s, "s", "measured", _measured(m, where, cls, "detection"))
+        ]
+    return [
+        Input(
+            key,
+            label,
+            SENTINEL_DETECT_S[cls],
+            "s",
+            "assumption",
+            _default(cls, "detection time", m),
+        )
+    ]
 
 
 def common_rows(spec: CheckpointSpec) -> list[Input]:

@@ -10,14 +10,25 @@ from sentinel.lab.goodput.sensitivity import Row
 
 
 def _input_dict(r: Input) -> dict[str, Any]:
-    return {"key": r.key, "label": r.label, "value": r.value, "unit": r.unit,
-            "origin": r.origin, "source": r.source}  # fmt: skip
+    return {
+        "key": r.key,
+        "label": r.label,
+        "value": r.value,
+        "unit": r.unit,
+        "origin": r.origin,
+        "source": r.source,
+    }
 
 
 def measurements_dict(m: Measurements, where: str) -> dict[str, Any]:
-    return {"file": where, "date": m.date, "command": m.command, "machine": m.machine,
-            "drills": [d.model_dump(mode="json") for d in m.drills],
-            "classes": {str(k): v.model_dump(mode="json") for k, v in m.classes.items()}}  # fmt: skip
+    return {
+        "file": where,
+        "date": m.date,
+        "command": m.command,
+        "machine": m.machine,
+        "drills": [d.model_dump(mode="json") for d in m.drills],
+        "classes": {str(k): v.model_dump(mode="json") for k, v in m.classes.items()},
+    }
 
 
 def inputs_json(rows: list[Input], measurements: dict[str, Any], sens: list[Row]) -> dict[str, Any]:

@@ -39,11 +39,13 @@ def variants(
         shrink = dataclasses.replace(base.live, keep_batch=False)
         out.append(("live path", "shrink the batch", base.replace(live=shrink)))
     sync = dataclasses.replace(checkpoint, asynchronous=False)
-    out.append((
-        "checkpoint",
-        f"synchronous save ({sync.blocking_s(gpus):.1f} s)",
-        base.replace(checkpoint_cost_s=sync.blocking_s(gpus), checkpoint_commit_lag_s=0.0),
-    ))  # fmt: skip
+    out.append(
+        (
+            "checkpoint",
+            f"synchronous save ({sync.blocking_s(gpus):.1f} s)",
+            base.replace(checkpoint_cost_s=sync.blocking_s(gpus), checkpoint_commit_lag_s=0.0),
+        )
+    )
     return out
 
 

@@ -63,19 +63,45 @@ def live_rows(bench: RecoveryBench | None, where: str | None) -> list[Input]:
     """The live path's survivors' stall and spare join: the benchmark's worst of each when given,
     else the live path's targets, named as such."""
     if bench is None or where is None:
-        src = ("not measured yet: the live path's target on the simulated fleet ({}); "
-               "--recovery-bench FILE reads benchmarks/recovery.py's figures")  # fmt: skip
+        src = (
+            "not measured yet: the live path's target on the simulated fleet ({}); "
+            "--recovery-bench FILE reads benchmarks/recovery.py's figures"
+        )
         return [
-            Input("live.stall_s", "live: survivors' stall", LIVE_STALL_TARGET_S, "s",
-                  "assumption", src.format("survivors' stall <= 5 s")),
-            Input("live.join_s", "live: spare join", LIVE_JOIN_TARGET_S, "s", "assumption",
-                  src.format("the spare's join <= 15 s")),
-        ]  # fmt: skip
+            Input(
+                "live.stall_s",
+                "live: survivors' stall",
+                LIVE_STALL_TARGET_S,
+                "s",
+                "assumption",
+                src.format("survivors' stall <= 5 s"),
+            ),
+            Input(
+                "live.join_s",
+                "live: spare join",
+                LIVE_JOIN_TARGET_S,
+                "s",
+                "assumption",
+                src.format("the spare's join <= 15 s"),
+            ),
+        ]
     live = bench.live
     run = f"{live.steps} steps in {live.wall_s:g} s, {live.checkpoint_reads} checkpoint reads"
     return [
-        Input("live.stall_s", "live: survivors' stall", live.stall_s_max, "s", "measured",
-              f"{where}: live way's worst survivors' stall ({run})"),
-        Input("live.join_s", "live: spare join", live.join_s_max, "s", "measured",
-              f"{where}: live way's worst join, decision to full width ({run})"),
-    ]  # fmt: skip
+        Input(
+            "live.stall_s",
+            "live: survivors' stall",
+            live.stall_s_max,
+            "s",
+            "measured",
+            f"{where}: live way's worst survivors' stall ({run})",
+        ),
+        Input(
+            "live.join_s",
+            "live: spare join",
+            live.join_s_max,
+            "s",
+            "measured",
+            f"{where}: live way's worst join, decision to full width ({run})",
+        ),
+    ]

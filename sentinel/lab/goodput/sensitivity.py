@@ -42,10 +42,12 @@ def sensitivity(
         points = []
         for factor in FACTORS:
             sen, base, _spec = build_models({**values, row.key: row.value * factor}, plan)
-            points.append(Point(
-                factor,
-                sentinel_ratio if sen == sen0 else fleet.evaluate(sen).mean,
-                baseline_ratio if base == base0 else fleet.evaluate(base).mean,
-            ))  # fmt: skip
+            points.append(
+                Point(
+                    factor,
+                    sentinel_ratio if sen == sen0 else fleet.evaluate(sen).mean,
+                    baseline_ratio if base == base0 else fleet.evaluate(base).mean,
+                )
+            )
         out.append(Row(row, tuple(points)))
     return out

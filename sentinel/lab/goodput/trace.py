@@ -71,8 +71,13 @@ class Trace(_Strict):
         return count / (self.days * 86400.0) * (gpus / self.gpus)
 
 
-_N, _R, _H, _S, _L = (FaultClass.NODE, FaultClass.RESTART, FaultClass.HANG, FaultClass.SDC,
-                      FaultClass.LINK)  # fmt: skip
+_N, _R, _H, _S, _L = (
+    FaultClass.NODE,
+    FaultClass.RESTART,
+    FaultClass.HANG,
+    FaultClass.SDC,
+    FaultClass.LINK,
+)
 
 # "The Llama 3 Herd of Models" (Meta, 2024), Table 5: root causes of the 419 unexpected
 # interruptions in a 54-day snapshot of Llama 3 405B pre-training on 16,384 H100 GPUs.

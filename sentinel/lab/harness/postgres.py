@@ -70,9 +70,17 @@ class ThrowawayPostgres:
     def start(self, timeout_s: float = 60.0) -> None:
         if not self._initialised:
             self._initdb()
-        self._pg_ctl("start", "-w", "-t", str(int(timeout_s)), "-l", str(self.root / "server.log"),
-                     "-o", f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1 "
-                     "-c fsync=off -c max_connections=200")  # fmt: skip
+        self._pg_ctl(
+            "start",
+            "-w",
+            "-t",
+            str(int(timeout_s)),
+            "-l",
+            str(self.root / "server.log"),
+            "-o",
+            f"-p {self.port} -k {self.sockets} -c listen_addresses=127.0.0.1 "
+            "-c fsync=off -c max_connections=200",
+        )
         if not self._initialised:
             self._create_role()
             self._initialised = True
@@ -127,8 +135,17 @@ class ThrowawayPostgres:
         if self._as_user is not None:
             shutil.chown(self.root, self._as_user)
             shutil.chown(self.sockets, self._as_user)
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres",
-                  "--auth=trust", "-E", "UTF8", "--no-instructions")  # fmt: skip
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        )
         hba = self.data / "pg_hba.conf"
         # Local superuser over the private socket (its directory is the server user's only);
         # every TCP client authenticates with a password.
@@ -142,9 +159,24 @@ class ThrowawayPostgres:
             "CREATE DATABASE sentinel OWNER sentinel;\n"
         )
         psql = self.bindir / "psql" if (self.bindir / "psql").exists() else Path("psql")
-        self._run(str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.sockets),
-                  "-p", str(self.port), "-U", "postgres", "-d", "postgres", "-f", "-",
-                  input_text=sql)  # fmt: skip
+        self._run(
+            str(psql),
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            str(self.sockets),
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-f",
+            "-",
+            input_text=sql,
+        )
 
     def _pg_ctl(self, *args: str) -> None:
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args)

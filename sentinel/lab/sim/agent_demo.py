@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.5)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sentinel-demo-") as tmp:
-        fleet = SimFleet(Path(tmp), [f"node-{k}" for k in range(args.nodes)], args.gpus,
-                         interval_s=args.interval)  # fmt: skip
+        fleet = SimFleet(
+            Path(tmp), [f"node-{k}" for k in range(args.nodes)], args.gpus, interval_s=args.interval
+        )
         print(f"starting {args.nodes} node agents x {args.gpus} simulated GPUs ...")
         with fleet:
             print_table(fleet, "fleet at start:")
@@ -89,8 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             fleet.inject("node-1", {"kind": "xid", "gpu": 3, "xid": 79})
             t2 = wait_for(fleet, "node-2", "unhealthy")
             t1 = wait_for(fleet, "node-1", "unhealthy")
-            print(f"    detected: node-2 after {t2:.2f}s, node-1 after {t1:.2f}s "
-                  f"(collection interval {args.interval}s)")  # fmt: skip
+            print(
+                f"    detected: node-2 after {t2:.2f}s, node-1 after {t1:.2f}s "
+                f"(collection interval {args.interval}s)"
+            )
             print_table(fleet, "fleet after the faults:")
             print_scrape(fleet.agents["node-2"], "0")
             print_scrape(fleet.agents["node-1"], "3")

@@ -84,13 +84,30 @@ class SimFleet:
 
     def command(self, a: AgentProcess) -> list[str]:
         cmd = [
-            sys.executable, "-m", "sentinel", "--log-format", "json", "agent",
-            "--sim", "--gpus", str(self.gpus_per_node), "--expected-gpus", str(self.gpus_per_node),
-            "--node-id", a.node_id,
-            "--listen", f"{a.host}:{a.port}", "--sim-faults", str(a.faults_file),
-            "--rank-socket", str(a.rank_socket), "--spool-dir", str(a.faults_file.parent / "spool"),
-            "--interval", str(self.interval_s),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "sentinel",
+            "--log-format",
+            "json",
+            "agent",
+            "--sim",
+            "--gpus",
+            str(self.gpus_per_node),
+            "--expected-gpus",
+            str(self.gpus_per_node),
+            "--node-id",
+            a.node_id,
+            "--listen",
+            f"{a.host}:{a.port}",
+            "--sim-faults",
+            str(a.faults_file),
+            "--rank-socket",
+            str(a.rank_socket),
+            "--spool-dir",
+            str(a.faults_file.parent / "spool"),
+            "--interval",
+            str(self.interval_s),
+        ]
         if self.coordinator_url:
             cmd += ["--coordinator", self.coordinator_url]
         return cmd
@@ -116,8 +133,14 @@ class SimFleet:
             a.proc = spawn(self.launch(a), env=env, log=a.log_file)
         deadline = time.monotonic() + timeout_s
         for a in self.agents.values():
-            wait_ready(a.healthy, a.proc, what=f"agent {a.node_id}", log=a.log_file,
-                       timeout_s=timeout_s, deadline=deadline)  # fmt: skip
+            wait_ready(
+                a.healthy,
+                a.proc,
+                what=f"agent {a.node_id}",
+                log=a.log_file,
+                timeout_s=timeout_s,
+                deadline=deadline,
+            )
 
     def inject(self, node: str, fault: dict[str, object]) -> None:
         from sentinel.agent.nvml.sim import inject

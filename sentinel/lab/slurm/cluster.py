@@ -97,8 +97,19 @@ class SlurmCluster:
         """argv that runs a command on `node`: in its network namespace, with its hostname and
         the cluster's names resolving."""
         setup = 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
-        return [*self.host(node).enter(), "unshare", "--uts", "--mount", "--", "sh", "-c",
-                setup, node, str(self.hosts_file), *argv]  # fmt: skip
+        return [
+            *self.host(node).enter(),
+            "unshare",
+            "--uts",
+            "--mount",
+            "--",
+            "sh",
+            "-c",
+            setup,
+            node,
+            str(self.hosts_file),
+            *argv,
+        ]
 
     def run(
         self,
@@ -177,8 +188,9 @@ class SlurmCluster:
         self._started = False
         atexit.unregister(self.stop)
         if "slurmctld" in self._procs:
-            subprocess.run(["scancel", "--full", "-u", "root"], env=self.env(),
-                           capture_output=True, timeout=10)  # fmt: skip
+            subprocess.run(
+                ["scancel", "--full", "-u", "root"], env=self.env(), capture_output=True, timeout=10
+            )
         for name in sorted(self._procs, key=lambda n: n == "munged"):  # munge last
             stop_process(self._procs[name], 10.0)
         self._procs.clear()
@@ -204,9 +216,19 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         m = self.dir / "munge"
-        self._spawn("munged", ["munged", "-F", "--force", f"--key-file={key}",
-                               f"--socket={m / 'sock'}", f"--pid-file={m / 'munged.pid'}",
-                               f"--seed-file={m / 'seed'}", f"--log-file={m / 'munged.log'}"])  # fmt: skip
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={m / 'sock'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--seed-file={m / 'seed'}",
+                f"--log-file={m / 'munged.log'}",
+            ],
+        )
         deadline = time.monotonic() + 10
         while not (m / "sock").exists():
             if self._procs["munged"].poll() is not None or time.monotonic() > deadline:
