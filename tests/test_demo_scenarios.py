@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from demo_checks import assert_same_model
 from terminal import ANSI, run_in_pty
 
 SENTINEL = [sys.executable, "-m", "sentinel"]
@@ -24,14 +25,20 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def demo(
-    scenario: str, tmp_path: Path, cache: Path, quick: bool = True, timeout_s: float = 420
+    scenario: str,
+    tmp_path: Path,
+    cache: Path,
+    quick: bool = True,
+    timeout_s: float = 420,
+    recovery: str | None = None,
 ) -> tuple[int, dict[str, Any], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     env["SENTINEL_DEMO_CACHE"] = str(cache)
     out, result = tmp_path / "out", tmp_path / "result.json"
     done = subprocess.run(
         [*SENTINEL, "demo", "--scenario", scenario, *(["--quick"] if quick else []),
-         "--out", str(out), "--json", str(result)],
+         *(["--recovery", recovery] if recovery else []), "--out", str(out), "--json",
+         str(result)],
         env=env, capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
     assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -50,7 +57,8 @@ def assert_repaired(res: dict[str, Any], kind: str, incident: str, evicted: list
     assert fault["kind"] == kind and fault["detected"]
     assert [i["kind"] for i in res["incidents"]] == [incident]
     assert res["false_incidents"] == [] and res["evicted_nodes"] == evicted
-    assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
+    assert_same_model(res)
+    assert res["ledger_exact"] and res["tokens"]["consumed"] == res["tokens"]["expected"]
     assert fault["time_to_detect_s"] is not None and 0 < fault["time_to_resume_s"] <= 60
     assert fault["repaired"] and all(t["met"] for t in fault["targets"]), fault["targets"]
     assert_stages_recorded(res["incidents"][0], fault, drained=bool(evicted))
@@ -136,11 +144,14 @@ def test_a_straggler_node_is_swapped_for_the_spare(tmp_path: Path, cache: Path) 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: Path) -> None:
-    """What `make demo` runs, whole (not --quick, which moves its faults earlier):
-    seven faults on 8 ranks, each found by its own signal and repaired, bit-identical at the end.
-    It is the drill of each of its faults too (the shipped one-fault scenarios are the same
-    faults on smaller fleets), so each fault's own checks are here."""
-    code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
+    """What `make demo` runs, whole (not --quick, which moves its faults earlier), every repair
+    a warm restart: seven faults on 8 ranks, each found by its own signal and repaired within
+    5 s of its detection, no survivor's process restarted, bit-identical at the end. It is the
+    drill of each of its faults too (the shipped one-fault scenarios are the same faults on
+    smaller fleets), so each fault's own checks are here."""
+    code, res, stdout = demo(
+        "default", tmp_path, cache, quick=False, timeout_s=1400, recovery="warm_restart"
+    )
     assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
     # the bad link: burn-in keeps its node out of the first launch, no incident for it
     assert res["burnin_excluded"] == ["node-3"]
@@ -165,9 +176,50 @@ def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: P
     for kind in ("ecc_dbe", "thermal", "crash", "xid", "hang"):
         assert 0 < faults[kind]["time_to_resume_s"] <= 60, (kind, faults[kind])
         assert faults[kind]["repaired"] and all(t["met"] for t in faults[kind]["targets"])
+        assert faults[kind]["repair_path"] == "warm_restart"
+        assert "resumed within 5 s of detection" in [t["target"] for t in faults[kind]["targets"]]
+    assert all(r["survivors_restarted"] == 0 for r in res["repairs"]), res["repairs"]
+    assert res["ledger_exact"] and res["tokens"]["duplicated"] == res["tokens"]["skipped"] == 0
     assert "verdict: PASS" in stdout
     goodput = json.loads((tmp_path / "out" / "goodput.json").read_text())
     assert set(goodput["time_to_detect_s"]) >= {"ecc_dbe", "thermal", "crash", "xid", "hang"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_default_drill_on_each_faults_own_path(tmp_path: Path, cache: Path) -> None:
+    """`make demo` itself: each fault on the path the fault catalog gives it. The job's two
+    data-parallel replicas are fault domains (torchft): the ECC, thermal and XID faults take
+    their replica out while the other keeps stepping and a spare heals from it; the corrupt
+    batch, the crash and the hang restart every rank warm. Every sample of every step consumed
+    once, the final loss the clean run's up to the order of the gradient sums."""
+    code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
+    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    faults = {f["kind"]: f for f in res["faults"]}
+    paths = {k: faults[k]["repair_path"] for k in ("ecc_dbe", "thermal", "xid", "crash", "hang")}
+    live_faults = {"ecc_dbe": "live", "thermal": "live", "xid": "live"}
+    assert paths == live_faults | {"crash": "warm_restart", "hang": "warm_restart"}, paths
+    live = [r for r in res["repairs"] if r["path"] == "live"]
+    assert len(live) == 3
+    assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in live), live
+    assert all(r["survivor_stall_s"] <= 5 and r["join_s"] <= 15 for r in live), live
+    assert res["ledger_exact"] and res["tokens"]["duplicated"] == res["tokens"]["skipped"] == 0
+    assert_same_model(res)
+    assert res["false_incidents"] == [] and res["completed_steps"] == 100
+    assert "token ledger exact" in stdout and "verdict: PASS" in stdout
+
+
+@pytest.mark.slow
+def test_the_live_drill_never_stops_the_surviving_replicas(tmp_path: Path, cache: Path) -> None:
+    """Three replicas, three node faults, each repaired live (the targets are the drill's own:
+    survivors' stall <= 5 s, the spare's join <= 15 s, no survivor restarted, no checkpoint
+    read, the ledger exact)."""
+    code, res, _ = demo("live", tmp_path, cache)
+    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert [r["path"] for r in res["repairs"]] == ["live"] * 3
+    assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in res["repairs"])
+    assert res["ledger_exact"]
+    assert_same_model(res)
 
 
 @pytest.mark.slow

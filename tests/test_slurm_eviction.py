@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from coord_util import Coordinator, job_status, wait_for, xid
@@ -131,10 +132,18 @@ def test_drain_in_sinfo_and_an_audited_return(
     # validating while scontrol is asked, then returned once its outcome is recorded (Slurm may
     # show the node idle a moment before): back in service, free to serve as a spare again
     wait_for(lambda: fleet_state() == "returned", what="node-1 returned in the fleet")
-    with coord.db() as db:
-        audit = db.execute(
-            "SELECT who, what, why FROM audit WHERE what LIKE '%return_node' ORDER BY id"
-        ).fetchall()
+
+    def audit_of_return() -> list[Any]:
+        with coord.db() as db:
+            return list(
+                db.execute(
+                    "SELECT who, what, why FROM audit WHERE what LIKE '%return_node' ORDER BY id"
+                ).fetchall()
+            )
+
+    # the return step ends on the engine's next pass after the effect recorded the node returned
+    wait_for(lambda: len(audit_of_return()) == 2, what="the return step's audit entry")
+    audit = audit_of_return()
     assert [a["what"] for a in audit] == ["manual.return_node", "action.return_node"]
     assert all(a["who"].startswith("operator:") for a in audit)
     assert audit[0]["why"] == "GPU reseated, burn-in passed"

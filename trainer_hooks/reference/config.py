@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,35 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--tp", type=int, default=1, help="tensor-parallel width")
     a("--pp", type=int, default=1, help="pipeline stages")
     a("--dp", type=int, default=None, help="data-parallel width (default: world / (tp*pp))")
-    a(
-        "--replicas",
-        choices=["gang", "ft"],
-        default="gang",
-        help="gang: one world of tp*pp*dp ranks; ft: each data-parallel replica is its own "
-        f"tp*pp world joined to the others by torchft (needs --dp, {REPLICA_ENV} and "
-        f"{LIGHTHOUSE_ENV}); a lost replica leaves, the others keep stepping",
-    )
-    a(
-        "--ft-timeout",
-        type=float,
-        default=None,
-        help=f"seconds: cross-replica collective, commit vote, state transfer (default "
-        f"{FT_TIMEOUT_S:g}, or {FT_TIMEOUT_ENV['timeout']})",
-    )
-    a(
-        "--ft-quorum-timeout",
-        type=float,
-        default=None,
-        help=f"seconds a step waits for its quorum (default {FT_QUORUM_TIMEOUT_S:g}, or "
-        f"{FT_TIMEOUT_ENV['quorum_timeout']})",
-    )
-    a(
-        "--ft-connect-timeout",
-        type=float,
-        default=None,
-        help=f"seconds to reach the lighthouse and managers (default {FT_CONNECT_TIMEOUT_S:g}, "
-        f"or {FT_TIMEOUT_ENV['connect_timeout']})",
-    )
+    _add_replica_options(a)
     a("--layers", type=int, default=4)
     a("--dim", type=int, default=64)
     a("--heads", type=int, default=4)
@@ -213,6 +185,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the --hooks-interleave block order",
     )
     return p
+
+
+def _add_replica_options(a: Callable[..., object]) -> None:
+    """How data-parallel replicas are joined, and torchft's timeouts when they are."""
+    a(
+        "--replicas",
+        choices=["gang", "ft"],
+        default="gang",
+        help="gang: one world of tp*pp*dp ranks; ft: each data-parallel replica is its own "
+        f"tp*pp world joined to the others by torchft (needs --dp, {REPLICA_ENV} and "
+        f"{LIGHTHOUSE_ENV}); a lost replica leaves, the others keep stepping",
+    )
+    a(
+        "--ft-timeout",
+        type=float,
+        default=None,
+        help=f"seconds: cross-replica collective, commit vote, state transfer (default "
+        f"{FT_TIMEOUT_S:g}, or {FT_TIMEOUT_ENV['timeout']})",
+    )
+    a(
+        "--ft-quorum-timeout",
+        type=float,
+        default=None,
+        help=f"seconds a step waits for its quorum (default {FT_QUORUM_TIMEOUT_S:g}, or "
+        f"{FT_TIMEOUT_ENV['quorum_timeout']})",
+    )
+    a(
+        "--ft-connect-timeout",
+        type=float,
+        default=None,
+        help=f"seconds to reach the lighthouse and managers (default {FT_CONNECT_TIMEOUT_S:g}, "
+        f"or {FT_TIMEOUT_ENV['connect_timeout']})",
+    )
 
 
 def _lr_scale(text: str | None) -> tuple[tuple[float, int] | None, int | None]:

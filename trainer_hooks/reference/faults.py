@@ -214,10 +214,12 @@ class FaultInjector:
                 while True:
                     time.sleep(3600)
         for f in self.transient:
-            if f.at_step != step:
-                continue
             fired = self._marker(f).exists()
-            if fired and not (isinstance(f, CrashFault) and f.recurs):
+            recurs = isinstance(f, CrashFault) and f.recurs
+            # A first strike lands on the first step at or after its own that this rank runs (a
+            # rank that joined its replica later, healed from a peer, never ran the earlier
+            # steps); a recurring crash strikes again each time its step is replayed.
+            if step < f.at_step or (fired and (not recurs or step != f.at_step)):
                 continue
             if not fired:  # the marker keeps the first strike (its time and node)
                 self.markers.mkdir(parents=True, exist_ok=True)

@@ -312,9 +312,10 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         state = "MISSED" if not f["detected"] else done if f["repaired"] else "UNREPAIRED"
         ttd = f"detect {f['time_to_detect_s']}s" if f["time_to_detect_s"] is not None else ""
         ttr = f"resume {f['time_to_resume_s']}s" if f["time_to_resume_s"] is not None else ""
+        path = f.get("repair_path") or ""  # live, warm_restart or restart: what the job paid
         lines.append(
             f"  {f['kind']:<14} {f['target']:<9} {state:<9} {ttd:<15} {ttr:<15} "
-            f"{' '.join(f['actions'])}"
+            f"{path:<13} {' '.join(f['actions'])}"
         )
     for i in result["false_incidents"]:
         lines.append(f"  false incident #{i['id']} {i['kind']} on {i['target']}")
