@@ -44,6 +44,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "repair's parts carried to the fleet's size; then today's restart, the warm restart and "
         "the live path side by side at 16,384 and 100,000 GPUs.",
     )
+    _fleet_options(p)
+    _checkpoint_options(p)
+    _time_options(p)
+    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
+    p.add_argument(
+        "--runs", type=_positive(int, 1, False), default=10, help="seeded runs (default 10)"
+    )
+    p.add_argument(
+        "--target",
+        type=_positive(float, 0, True),
+        default=0.97,
+        help="ratio to compare with (default 0.97)",
+    )
+    add_json_option(p, "the projection")
+    p.set_defaults(handler=run_goodput)
+
+
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    """The trace, the fleet and its repair paths."""
     p.add_argument("--trace", type=Path, help="trace file (YAML/JSON); default: Llama 3")
     p.add_argument("--gpus", type=_positive(int, 0, True), help="fleet size (default: trace's)")
     p.add_argument("--days", type=_positive(float, 0, True), help="window (default: trace's)")
@@ -94,6 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=GOAL,
         help="the live path's goal at the largest --compare-gpus (default 0.90)",
     )
+
+
+def _checkpoint_options(p: argparse.ArgumentParser) -> None:
+    """How often the fleet saves, and what a save costs."""
     ckpt = p.add_mutually_exclusive_group()
     ckpt.add_argument(
         "--checkpoint-interval",
@@ -152,6 +175,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="synchronous saves: block for the whole write",
     )
+
+
+def _time_options(p: argparse.ArgumentParser) -> None:
+    """Sentinel's detection and repair times: measured, from a drill, or given."""
     p.add_argument(
         "--detect-s",
         action="append",
@@ -188,18 +215,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a drill's goodput.json: its time_to_detect_s / time_to_resume_s per "
         "fault kind replace the measurements' for those classes",
     )
-    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    p.add_argument(
-        "--runs", type=_positive(int, 1, False), default=10, help="seeded runs (default 10)"
-    )
-    p.add_argument(
-        "--target",
-        type=_positive(float, 0, True),
-        default=0.97,
-        help="ratio to compare with (default 0.97)",
-    )
-    add_json_option(p, "the projection")
-    p.set_defaults(handler=run_goodput)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
