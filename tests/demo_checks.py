@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -15,3 +16,8 @@ def assert_same_model(res: dict[str, Any]) -> None:
         assert res["final_loss_within_tolerance"], (res["final_loss"], res["reference_final_loss"])
     else:
         assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
+
+
+def why(res: dict[str, Any]) -> str:
+    """A failed drill's reasons first, then the end of its result (where the repairs are)."""
+    return "\n".join([*res.get("problems", []), json.dumps(res, indent=1)[-3000:]])

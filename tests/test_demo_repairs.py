@@ -34,6 +34,11 @@ def _warm(ts: float, number: int, reused: dict[int, bool]) -> dict[str, object]:
     }
 
 
+def _exited(ts: float, ranks: list[tuple[int, str]]) -> dict[str, object]:
+    exits = [{"rank": r, "node": n, "code": 1, "why": "its process ended"} for r, n in ranks]
+    return {"ts": ts, "msg": f"ranks {[r for r, _ in ranks]} exited abnormally", "exits": exits}
+
+
 def _restart(ts: float, incident: int, fault: str, path: str) -> list[dict[str, object]]:
     args = {"reason": f"incident {incident} ({fault})"}
     return [
@@ -48,6 +53,7 @@ def test_a_warm_restart_keeps_every_survivor_and_reads_the_checkpoint(tmp_path: 
         [
             _gen(0.0, 0, NODES),
             _warm(0.1, 0, dict.fromkeys(range(4), False)),
+            _exited(9.6, [(1, "node-0")]),
             *_restart(10.0, 4, "rank_crash", "warm_restart"),
             _gen(11.0, 1, NODES),
             _warm(11.1, 1, {0: True, 1: False, 2: True, 3: True}),
@@ -62,8 +68,8 @@ def test_a_warm_restart_keeps_every_survivor_and_reads_the_checkpoint(tmp_path: 
         Launch(main_t=0.2, rendezvous_s=0.1, load_s=0.0, ready_t=1.0, resume_step=0),
         Launch(main_t=11.2, rendezvous_s=0.1, load_s=0.4, ready_t=12.0, resume_step=20),
     ]
-    # rank 1 crashed: its new process is not a survivor restarted
-    (cost,) = repair_costs(found, steps, launches, {4: {1}}, gpus_per_node=2)
+    # rank 1's process ended (the supervisor logged it): its new one is no survivor restarted
+    (cost,) = repair_costs(found, steps, launches, gpus_per_node=2)
     assert cost == {
         "incident": 4,
         "fault": "rank_crash",
@@ -86,7 +92,36 @@ def test_a_cold_restart_restarts_every_survivor(tmp_path: Path) -> None:
         ],
     )
     found = restarts(log, t0=0.0)
-    (cost,) = repair_costs(found, [(9.0, 5, 0), (20.0, 1, 1)], [], {}, gpus_per_node=2)
+    (cost,) = repair_costs(found, [(9.0, 5, 0), (20.0, 1, 1)], [], gpus_per_node=2)
     # node-1 left (its ranks are no survivors); node-0's two ranks got new processes
     assert cost["survivors_restarted"] == 2 and cost["path"] == "restart"
     assert cost["survivor_stall_s"] == 11.0 and cost["checkpoint_reads"] == 0
+
+
+def test_a_process_that_ended_during_another_repair_is_no_survivor_restarted(
+    tmp_path: Path,
+) -> None:
+    """A rank of replica 1 (job rank 3, its replica's rank 1 on node-1) dies while replica 0
+    is repaired live: the next generation's new process for it is no survivor restarted,
+    whichever incident the restart answers, and the dead process counts only until the
+    generation after it."""
+    log = _log(
+        tmp_path / "s.log",
+        [
+            _gen(0.0, 0, NODES),
+            *_restart(10.0, 2, "thermal", "live"),
+            _gen(10.5, 1, ["spare-0", "node-1"]),
+            _warm(10.6, 1, {0: False, 1: False, 2: True, 3: True}),
+            _exited(10.8, [(3, "node-1")]),
+            *_restart(11.0, 3, "gpu_hardware", "warm_restart"),
+            _gen(11.5, 2, ["spare-0", "node-1"]),
+            _warm(11.6, 2, {0: True, 1: True, 2: True, 3: False}),
+            *_restart(20.0, 4, "gpu_hardware", "warm_restart"),
+            _gen(20.5, 3, ["spare-0", "node-1"]),
+            _warm(20.6, 3, {0: True, 1: True, 2: True, 3: False}),
+        ],
+    )
+    found = restarts(log, t0=0.0)
+    assert [r.died for r in found] == [frozenset(), frozenset({("node-1", 3)}), frozenset()]
+    costs = repair_costs(found, [(9.0, 5, 0), (12.0, 6, 2), (21.0, 9, 3)], [], gpus_per_node=2)
+    assert [c["survivors_restarted"] for c in costs] == [0, 0, 1]

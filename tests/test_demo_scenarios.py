@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from demo_checks import assert_same_model
+from demo_checks import assert_same_model, why
 from terminal import ANSI, run_in_pty
 
 SENTINEL = [sys.executable, "-m", "sentinel"]
@@ -152,7 +152,7 @@ def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: P
     code, res, stdout = demo(
         "default", tmp_path, cache, quick=False, timeout_s=1400, recovery="warm_restart"
     )
-    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert code == 0 and res["verdict"] == "pass", why(res)
     # the bad link: burn-in keeps its node out of the first launch, no incident for it
     assert res["burnin_excluded"] == ["node-3"]
     log = (tmp_path / "out" / "supervisor.log").read_text()
@@ -194,7 +194,7 @@ def test_the_default_drill_on_each_faults_own_path(tmp_path: Path, cache: Path) 
     batch, the crash and the hang restart every rank warm. Every sample of every step consumed
     once, the final loss the clean run's up to the order of the gradient sums."""
     code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
-    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert code == 0 and res["verdict"] == "pass", why(res)
     faults = {f["kind"]: f for f in res["faults"]}
     paths = {k: faults[k]["repair_path"] for k in ("ecc_dbe", "thermal", "xid", "crash", "hang")}
     live_faults = {"ecc_dbe": "live", "thermal": "live", "xid": "live"}
@@ -215,7 +215,7 @@ def test_the_live_drill_never_stops_the_surviving_replicas(tmp_path: Path, cache
     survivors' stall <= 5 s, the spare's join <= 15 s, no survivor restarted, no checkpoint
     read, the ledger exact)."""
     code, res, _ = demo("live", tmp_path, cache)
-    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert code == 0 and res["verdict"] == "pass", why(res)
     assert [r["path"] for r in res["repairs"]] == ["live"] * 3
     assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in res["repairs"])
     assert res["ledger_exact"]
@@ -253,7 +253,7 @@ def test_validation_keeps_a_damaged_node_out_and_returns_it_once_repaired(
     damaged; the operator's first return (POST /v1/actions, operator token) is refused by the
     validation burn-in with the reason, the second, after the repair, returns it."""
     code, res, stdout = demo("validation", tmp_path, cache)
-    assert code == 0 and res["verdict"] == "pass", json.dumps(res, indent=1)[-4000:]
+    assert code == 0 and res["verdict"] == "pass", why(res)
     assert_repaired(res, "sdc", "sdc", ["node-1"])
     r = res["returns"]
     first, second = r["attempts"]

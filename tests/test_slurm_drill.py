@@ -80,13 +80,14 @@ def test_slurm_drill_repairs_three_faults_each_on_its_path(tmp_path: Path) -> No
     assert not any((out / "fr").glob("*")) if (out / "fr").exists() else True
     assert all(any((out / "nodes" / n / "fr").glob("*")) for n in carried)
 
-    # checkpoints: each node wrote its ranks' part to its own fast tier, and the shared durable
-    # tier, which the restarts resumed from, holds whole checkpoints
-    parts = list((out / "nodes").glob("*/ckpt/step-*/NODE_DONE"))
-    assert {p.parents[2].name for p in parts} >= {"node-0", "node-1"}, parts
-    assert not list((out / "nodes").glob("*/ckpt/step-*/COMMITTED"))
-    durable = [p.parent for p in (out / "ckpt").glob("step-*/COMMITTED")]
-    assert durable and all(len(list((d / "rng").iterdir())) == 4 for d in durable), durable
+    # checkpoints, one series per replica: each node wrote its ranks' part to its own fast tier,
+    # and the shared durable tier, which the warm restarts resumed from, holds whole checkpoints
+    # of each replica (its two TP ranks)
+    parts = list((out / "nodes").glob("*/ckpt/replica-*/step-*/NODE_DONE"))
+    assert {p.parents[3].name for p in parts} >= {"node-0", "node-1"}, parts
+    assert not list((out / "nodes").glob("*/ckpt/replica-*/step-*/COMMITTED"))
+    durable = [p.parent for p in (out / "ckpt").glob("replica-*/step-*/COMMITTED")]
+    assert durable and all(len(list((d / "rng").iterdir())) == 2 for d in durable), durable
 
     # nothing of this cluster left behind: its namespaces and bridge are gone
     m = re.search(r"Slurm cluster up: .* on slb(\w+) ", done.stdout)

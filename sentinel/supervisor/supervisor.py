@@ -234,8 +234,12 @@ class Supervisor:
 
     async def _restart(self, plan: RepairPlan) -> None:
         path = self.repair_path(plan)
+        struck = self._struck_replicas(plan) if path == Recovery.LIVE else set()
+        if path == Recovery.LIVE and not struck:  # every rank stops: the next path down
+            path = self._path_from(Recovery.WARM_RESTART)
         log.info("restart by %s", path.value, extra={"path": path.value})
-        if path == Recovery.LIVE and await self._live_repair(plan):
+        if struck:
+            await self._live_repair(plan, struck)
             return
         # The nodes that stay in the gang keep their rank processes warm on a warm restart,
         # unless the plan says their processes cannot be trusted again.
@@ -253,17 +257,24 @@ class Supervisor:
         self._release(left)
         await self._launch()
 
-    async def _live_repair(self, plan: RepairPlan) -> bool:
-        """The live path: only the replicas holding the plan's nodes stop; they rejoin on their
-        new nodes and heal from a live peer; the others never stop. False (nothing done) when
-        no replica is struck or every one is: then every rank stops."""
+    def _struck_replicas(self, plan: RepairPlan) -> set[int]:
+        """The replicas a live repair would stop: those holding the plan's nodes, while the
+        others still train. Empty when the live path cannot serve the plan: no replica is
+        struck, every one is, or the gang is not running (a rank's death stopped it as the
+        command arrived): then every rank stops."""
         gang, layout = self.gang, self.layout
+        if not isinstance(gang, ReplicaGang) or layout is None:
+            return set()
         out = {*plan.exclude, *plan.spare_map, *plan.replace}
-        struck = layout.struck(self.job.nodes, out) if layout else set()
-        if not isinstance(gang, ReplicaGang) or not struck or layout is None:
-            return False
-        if len(struck) == layout.replicas:
-            return False
+        struck = layout.struck(self.job.nodes, out)
+        return struck if len(struck) < layout.replicas else set()
+
+    async def _live_repair(self, plan: RepairPlan, struck: set[int]) -> None:
+        """The live path: only the `struck` replicas stop; they rejoin on their new nodes and
+        heal from a live peer; the others never stop."""
+        gang, layout = self.gang, self.layout
+        assert isinstance(gang, ReplicaGang) and layout is not None
+        out = {*plan.exclude, *plan.spare_map, *plan.replace}
         leaving = [n for r in sorted(struck) for n in layout.nodes(self.job.nodes, r)]
         keep = frozenset(leaving) - out  # the struck replicas' sound nodes stay warm
         stops = [
@@ -275,11 +286,10 @@ class Supervisor:
             left = self.job.swap_nodes(plan)
         except GangError as e:  # the survivors train on; the replica waits for a node
             log.error("replica(s) %s cannot rejoin, waiting for nodes: %s", sorted(struck), e)
-            return True
+            return
         self.job.generation += 1
         self._release(left)
         await self._launch(only=struck)
-        return True
 
     def _release(self, nodes: list[str]) -> None:
         for node in nodes:
@@ -290,6 +300,10 @@ class Supervisor:
         fault allows it, else the fault's own; then the nearest one the launcher can take
         (live is only for jobs whose replicas are fault domains)."""
         wanted = self.cfg.recovery if self.cfg.recovery in plan.paths else plan.path
+        return self._path_from(wanted)
+
+    def _path_from(self, wanted: Recovery) -> Recovery:
+        """`wanted`, or the nearest more disruptive path the launcher can take."""
         order = list(Recovery)  # least to most disruptive
         able = self.launcher.paths | ({Recovery.LIVE} if self.layout else set())
         for path in order[order.index(wanted) :]:

@@ -27,7 +27,6 @@ from sentinel.lab.demo.result import (
     Generation,
     build_result,
     goodput_input,
-    incident_ranks,
 )
 from sentinel.lab.demo.run import (
     AGENT_INTERVAL_S,
@@ -164,11 +163,6 @@ def run_drill(
             restarts(out / "supervisor.log", demo.rec.t0),
             [(ln.t, ln.step, g) for ln, g in demo.rec.lines],
             tail.launches,
-            {
-                int(i["id"]): incident_ranks(i)
-                for i in incidents
-                if i["fault"].startswith("rank_crash")
-            },
             scenario.fleet.gpus_per_node,
             [(ln.t, ln.participants) for ln, _g in demo.rec.lines if ln.participants],
         ),

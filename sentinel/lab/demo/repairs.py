@@ -5,7 +5,9 @@ For every restart the supervisor carried out (a `job.restart` command): the path
 step line before the restart to the first one after it), how long from the command to the
 first step at full width (`join_s`), how many ranks read a checkpoint to come back
 (`checkpoint_reads`), and how many ranks that were alive and stayed in the job got a new
-process anyway (`survivors_restarted`: none on a warm restart, every one on a cold one).
+process anyway (`survivors_restarted`: none on a warm restart, every one on a cold one). A rank
+is alive unless the supervisor logged its process's end since the last generation started,
+whichever fault ended it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class Restart:
     # the new generation's ranks on warm rank processes: {rank, node, pid, reused}; None when
     # the launcher started every rank anew (cold ranks)
     ranks: tuple[dict[str, Any], ...] | None = None
+    # (node, rank) of the processes that ended on their own since the last generation started
+    died: frozenset[tuple[str, int]] = frozenset()
 
 
 def _records(log: Path) -> list[dict[str, Any]]:
@@ -54,9 +58,12 @@ def restarts(supervisor_log: Path, t0: float) -> list[Restart]:
     out: list[Restart] = []
     nodes: tuple[str, ...] = ()
     pending: dict[str, Any] | None = None
+    died: set[tuple[str, int]] = set()
     for rec in _records(supervisor_log):
         msg = str(rec.get("msg", ""))
-        if msg.startswith("command job.restart"):
+        if isinstance(rec.get("exits"), list):  # "ranks [...] exited abnormally"
+            died |= {(str(e["node"]), int(e["rank"])) for e in rec["exits"]}
+        elif msg.startswith("command job.restart"):
             m = _INCIDENT.search(str((rec.get("command_args") or {}).get("reason", "")))
             pending = {
                 "t": float(rec["ts"]) - t0,
@@ -70,8 +77,12 @@ def restarts(supervisor_log: Path, t0: float) -> list[Restart]:
         elif "generation" in rec and isinstance(rec.get("nodes"), list):
             nodes = tuple(rec["nodes"])
             if pending is not None:
-                out.append(Restart(**pending, generation=int(rec["generation"]), nodes_after=nodes))
+                gen = int(rec["generation"])
+                out.append(
+                    Restart(**pending, generation=gen, nodes_after=nodes, died=frozenset(died))
+                )
                 pending = None
+            died = set()
         elif (
             isinstance(rec.get("ranks"), list)
             and out
@@ -90,20 +101,20 @@ def _stall(steps: list[tuple[float, int, int]], t: float, gen: int | None) -> fl
     return round(min(after) - max(before), 2)
 
 
-def _survivors_restarted(r: Restart, crashed: set[int], gpus_per_node: int) -> int:
-    """Ranks whose process was alive at the restart and whose node stays, given a new one."""
+def _survivors_restarted(r: Restart, gpus_per_node: int) -> int:
+    """Ranks whose process was alive at the restart and whose node stays, given a new one. A
+    process is its node's GPU slot (the supervisor's exits name the job's rank, a replica's
+    generation record its rank in the replica; replicas hold whole nodes)."""
     stay = set(r.nodes_before) & set(r.nodes_after)
+    dead = {(node, rank % gpus_per_node) for node, rank in r.died}
+
+    def restarted(node: str, rank: int, reused: bool) -> bool:
+        return node in stay and (node, rank % gpus_per_node) not in dead and not reused
+
     if r.ranks is None:  # cold ranks: every rank process is new
-        return sum(
-            1
-            for rank in range(len(r.nodes_after) * gpus_per_node)
-            if r.nodes_after[rank // gpus_per_node] in stay and rank not in crashed
-        )
-    return sum(
-        1
-        for rec in r.ranks
-        if rec["node"] in stay and int(rec["rank"]) not in crashed and not rec.get("reused")
-    )
+        world = len(r.nodes_after) * gpus_per_node
+        return sum(restarted(r.nodes_after[k // gpus_per_node], k, False) for k in range(world))
+    return sum(restarted(str(x["node"]), int(x["rank"]), bool(x.get("reused"))) for x in r.ranks)
 
 
 def _full_again(widths: list[tuple[float, int]], t: float, full: int | None) -> float | None:
@@ -128,13 +139,12 @@ def repair_costs(
     restart_list: list[Restart],
     steps: list[tuple[float, int, int]],
     launches: list[Launch],
-    crashed: dict[int, set[int]],
     gpus_per_node: int,
     widths: list[tuple[float, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per restart: its path and what it cost (see the module's docstring).
-    `crashed`: by incident, the ranks whose process died (not survivors); `widths`: (demo time,
-    replicas that trained it) of each step of a replica-mode job, for a live repair's join."""
+    `widths`: (demo time, replicas that trained it) of each step of a replica-mode job, for a
+    live repair's join."""
     out = []
     full = max((w for _t, w in widths or []), default=None)
     for r in restart_list:
@@ -153,9 +163,7 @@ def repair_costs(
                 "survivor_stall_s": _stall(steps, r.t, r.generation),
                 "join_s": round(first - r.t, 2) if first is not None else None,
                 "checkpoint_reads": _reads(r, launches, world),
-                "survivors_restarted": _survivors_restarted(
-                    r, crashed.get(r.incident or -1, set()), gpus_per_node
-                ),
+                "survivors_restarted": _survivors_restarted(r, gpus_per_node),
             }
         )
     return out
