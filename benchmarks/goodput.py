@@ -45,9 +45,7 @@ def main() -> None:
     ap.add_argument("--recovery-bench", type=Path, help="benchmarks/recovery.py's output")
     args = ap.parse_args()
     meas, where = read_measurements(args.measurements)
-    bench, bench_where = (
-        read_recovery_bench(args.recovery_bench) if args.recovery_bench else (None, None)
-    )
+    bench, bench_where = read_recovery_bench(args.recovery_bench)
     values = {r.key: r.value for r in default_rows(meas, where, bench, bench_where)}
     gpus = LLAMA3.gpus
     plan = Plan(
@@ -82,7 +80,7 @@ def main() -> None:
                 "run_ms": round(run_ms, 2),
                 "by_size": by_size,
                 "measurements": f"{where} ({meas.date})",
-                "live_times": bench_where or "the live path's targets (not measured yet)",
+                "live_times": bench_where,
             }
         )
     )

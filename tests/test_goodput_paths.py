@@ -203,10 +203,11 @@ def test_the_recovery_benchmark_s_live_times_become_measured_inputs(
     assert stall["origin"] == join["origin"] == "measured"
     assert f"{out} (2026-12-01, load average 3.1)" in stall["source"]
     assert rep["sentinel"]["live"]["stall_s"] == 3.2
-    # Without it, the live path's targets, named as assumptions, not as measurements.
+    # Without it, the shipped run's, measured, named with its file, date and load.
     rep = project(capsys)
     stall = next(r for r in rep["inputs"] if r["key"] == "live.stall_s")
-    assert stall["origin"] == "assumption" and "not measured yet" in stall["source"]
+    assert stall["origin"] == "measured"
+    assert stall["source"].startswith("sentinel/data/recovery_bench.json (2026-")
 
 
 @pytest.mark.parametrize(

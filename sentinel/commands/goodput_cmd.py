@@ -86,7 +86,8 @@ def _fleet_options(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="benchmarks/recovery.py's output: its live way's worst survivors' stall "
-        "and join become the live path's measured times",
+        "and join become the live path's measured times (default: the shipped run's, "
+        "sentinel/data/recovery_bench.json)",
     )
     p.add_argument(
         "--replica-gpus",
@@ -271,9 +272,7 @@ def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, 
     from sentinel.lab.goodput.recovery_bench import read_recovery_bench
 
     meas, where = read_measurements(args.measurements)
-    bench, bench_where = (
-        read_recovery_bench(args.recovery_bench) if args.recovery_bench else (None, None)
-    )
+    bench, bench_where = read_recovery_bench(args.recovery_bench)
     rows = default_rows(meas, where, bench, bench_where)
     if args.checkpoint_cost is not None:
         cost = args.checkpoint_cost

@@ -35,7 +35,7 @@ from sentinel.lab.goodput.model import (
 )
 from sentinel.lab.goodput.origin import Input, Origin
 from sentinel.lab.goodput.paths import Recovery, paths_for
-from sentinel.lab.goodput.recovery_bench import RecoveryBench
+from sentinel.lab.goodput.recovery_bench import RecoveryBench, read_recovery_bench
 from sentinel.lab.goodput.repairs import (
     MODEL_STAGES,
     Layout,
@@ -231,7 +231,10 @@ def default_rows(
     bench: RecoveryBench | None = None,
     bench_where: str | None = None,
 ) -> list[Input]:
-    """The inputs with no flag given: the measurements, the assumptions' defaults."""
+    """The inputs with no flag given: the measurements, the recovery benchmark's run (the
+    shipped one unless given), the assumptions' defaults."""
+    if bench is None or bench_where is None:
+        bench, bench_where = read_recovery_bench()
     return (
         sentinel_rows(m, where)
         + live_rows(bench, bench_where)

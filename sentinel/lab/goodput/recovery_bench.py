@@ -5,7 +5,8 @@ line, a JSON object with one object per way under `restart`, `warm_restart` and 
 with `wall_s`, `steps`, `stall_s_max`, `join_s_max`, `checkpoint_reads` and `ledger_exact`.
 `sentinel goodput --recovery-bench FILE` reads that line (the whole output saved, or the line
 alone) and takes the live way's worst survivors' stall and worst join as the live path's
-measured times. A live run whose token ledger is not exact did not pass, so its times are
+measured times; without the flag it reads the line of the run shipped in
+`sentinel/data/recovery_bench.json`. A live run whose token ledger is not exact did not pass, so its times are
 refused, as is anything else that is not such a line.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +24,7 @@ from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
 
 WHAT = "benchmarks/recovery.py's output, its last line JSON"
+SHIPPED = "recovery_bench.json"  # in sentinel/data/: the last line of the run the README cites
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -62,11 +65,19 @@ def _last_line(path: Path) -> str:
     return lines[-1]
 
 
-def read_recovery_bench(path: Path) -> tuple[RecoveryBench, str]:
-    """The benchmark's figures and where they came from: the file and the day it was written
-    (the JSON's own `date` where it has one), with the load it ran under where it says."""
+def read_recovery_bench(path: Path | None = None) -> tuple[RecoveryBench, str]:
+    """The benchmark's figures (at `path`, or the shipped run's) and where they came from: the
+    file and the day it was written (the JSON's own `date` where it has one), with the load it
+    ran under where it says."""
+    if path is None:
+        text = files("sentinel").joinpath("data", SHIPPED).read_text()
+        return _parse(text, Path("sentinel/data") / SHIPPED)
+    return _parse(_last_line(path), path)
+
+
+def _parse(line: str, path: Path) -> tuple[RecoveryBench, str]:
     try:
-        data = json.loads(_last_line(path))
+        data = json.loads(line)
     except json.JSONDecodeError as e:
         raise InputError(f"{path}: last line is not valid JSON: {e} ({WHAT})") from None
     try:

@@ -18,10 +18,6 @@ START_TAIL = 0.1
 COMM_S_PER_KRANK = 265 / 96
 READ_GBPS = 5.0
 PEER_GBPS = 25.0
-# The live path's targets on the simulated fleet (survivors' stall <= 5 s, join <= 15 s): the
-# defaults until benchmarks/recovery.py has measured them.
-LIVE_STALL_TARGET_S = 5.0
-LIVE_JOIN_TARGET_S = 15.0
 
 
 def scale_rows() -> list[Input]:
@@ -59,32 +55,9 @@ def scale_rows() -> list[Input]:
     ]  # fmt: skip
 
 
-def live_rows(bench: RecoveryBench | None, where: str | None) -> list[Input]:
-    """The live path's survivors' stall and spare join: the benchmark's worst of each when given,
-    else the live path's targets, named as such."""
-    if bench is None or where is None:
-        src = (
-            "not measured yet: the live path's target on the simulated fleet ({}); "
-            "--recovery-bench FILE reads benchmarks/recovery.py's figures"
-        )
-        return [
-            Input(
-                "live.stall_s",
-                "live: survivors' stall",
-                LIVE_STALL_TARGET_S,
-                "s",
-                "assumption",
-                src.format("survivors' stall <= 5 s"),
-            ),
-            Input(
-                "live.join_s",
-                "live: spare join",
-                LIVE_JOIN_TARGET_S,
-                "s",
-                "assumption",
-                src.format("the spare's join <= 15 s"),
-            ),
-        ]
+def live_rows(bench: RecoveryBench, where: str) -> list[Input]:
+    """The live path's survivors' stall and spare join: the recovery benchmark's worst of each
+    (the shipped run's, or `--recovery-bench FILE`'s)."""
     live = bench.live
     run = f"{live.steps} steps in {live.wall_s:g} s, {live.checkpoint_reads} checkpoint reads"
     return [
