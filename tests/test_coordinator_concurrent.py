@@ -21,6 +21,7 @@ from sentinel.protocol import (
     Event,
     EventBatch,
     EventKind,
+    RankCrashPayload,
     RankSdcPayload,
     RankStragglerPayload,
     Source,
@@ -102,3 +103,48 @@ def test_an_sdc_restart_takes_the_waiting_straggler_with_it_and_closes_its_repai
     assert len(rows("SELECT id FROM commands WHERE kind='job.restart'")) == 1
     states = {r["status"] for r in rows("SELECT status FROM runs")}
     assert states == {"done"}
+
+
+def _crash(rank: int) -> Event:
+    payload = RankCrashPayload(exit_code=1, generation=0, checkpoint=20, resumed_from=0)
+    source = Source(node=NODES[rank // 2], rank=rank, job="job1")
+    return make_event(EventKind.RANK_CRASH, source, payload)
+
+
+def test_a_restart_waits_for_an_older_repair_that_is_evicting_its_node(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """The straggler's checkpoint and a crash on another node arrive together: in one pass the
+    straggler's repair starts draining node-2 (its eviction is its current step: it evicts and
+    restarts on its own) while the crash's repair reaches its restart. The crash's restart
+    waits for the straggler's, so no restart is sent with node-2 still in the job."""
+    c = cfg(tmp_path)
+    store, clock = new_store(), Clock()
+    ingest = Ingestor(store, PLAYBOOKS, c)
+    engine = Engine(store, PLAYBOOKS, c, make_backend(c), clock)
+
+    def feed(*events: Event) -> None:
+        ingest.ingest(EventBatch(events=list(events)), clock())
+        engine.tick()
+
+    def restarts() -> list[dict[str, object]]:
+        rows = query(store, "SELECT args FROM commands WHERE kind='job.restart' ORDER BY id")
+        return [r["args"] for r in rows]  # type: ignore[misc]
+
+    feed(job_status("job1", NODES, SPARES, checkpoints=[10]))
+    feed(_straggler(4))  # node-2's repair waits for the next checkpoint
+    clock.t += 5
+    feed(job_status("job1", NODES, SPARES, checkpoints=[10, 20]), _crash(2))
+    (first,) = restarts()  # the straggler's; the crash's waits for its generation
+    assert first["exclude"] == ["node-2"] and first["spare_map"] == {"node-2": "spare-0"}
+    crashes = "SELECT status FROM runs r JOIN incidents i ON i.id = r.incident_id WHERE "
+    crash = query(store, crashes + "i.fault = 'rank_crash'")
+    assert crash == [{"status": "waiting"}]
+    clock.t += 5
+    moved = ["node-0", "node-1", "spare-0", "node-3"]
+    feed(job_status("job1", moved, ["spare-1"], 1, checkpoints=[10, 20]))
+    engine.tick()
+    assert len(restarts()) == 2
+    assert all("node-2" not in (r["exclude"] or []) for r in restarts()[1:])
+    second = restarts()[1]
+    assert second["spare_map"] == {} and second["exclude"] == [], second

@@ -315,22 +315,28 @@ class Engine:
         """The job's other open repairs that have decided to evict their incident's nodes but
         do something else first (a straggler's waits for the next checkpoint), a resume still
         ahead of them: what a restart of this run takes along. One whose eviction is its
-        current step evicts, and restarts, on its own."""
+        current step, or behind it, evicts, and restarts, on its own; when it is older than
+        this run, this run's restart waits for that one's (`evicting`), so that it is not sent
+        with the node still in the job."""
         found = []
         for other in self.store.runs(LIVE_RUNS):
             book = self._book(other)
             if other.incident_id == run.incident_id or other.dry_run or book is None:
                 continue
-            ahead = book.steps[other.step_index + 1 :]
-            evicts = any(
-                s.action == "evict_node" and s.params.get("target", "incident") == "incident"
-                for s in ahead
+            here, ahead = book.steps[other.step_index :], book.steps[other.step_index + 1 :]
+            evicts = any(_evicts(s) for s in ahead)
+            evicting = (
+                other.id < run.id
+                and not evicts
+                and any(_evicts(s) for s in book.steps[: other.step_index + 1])
             )
             theirs = self.store.incident(other.incident_id)
-            if not evicts or all(s.action != "resume" for s in ahead) or theirs is None:
+            resumes = any(s.action == "resume" for s in (here if evicting else ahead))
+            if not (evicts or evicting) or not resumes or theirs is None:
                 continue
             if theirs.job is not None and theirs.job == incident.job:
-                found.append(PendingEviction(other.id, theirs.id, tuple(nodes_of(theirs))))
+                nodes = tuple(nodes_of(theirs))
+                found.append(PendingEviction(other.id, theirs.id, nodes, evicting))
         return found
 
     # --- jobs --------------------------------------------------------------------------------
@@ -355,3 +361,8 @@ class Engine:
 
 def book_reason(incident: IncidentRow) -> str:
     return f"incident {incident.id} ({incident.fault} on {incident.target})"
+
+
+def _evicts(step: Step) -> bool:
+    """A playbook step that evicts its incident's node."""
+    return step.action == "evict_node" and step.params.get("target", "incident") == "incident"

@@ -64,11 +64,13 @@ class StepResult:
 
 @dataclass(frozen=True)
 class PendingEviction:
-    """Another open repair of the job that will evict its incident's nodes before it resumes."""
+    """Another open repair of the job that will evict its incident's nodes before it resumes
+    (`evicting`: an older one that is evicting them now, or has, and has not resumed yet)."""
 
     run_id: int
     incident_id: int
     nodes: tuple[str, ...]
+    evicting: bool = False
 
 
 @dataclass

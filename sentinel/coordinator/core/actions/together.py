@@ -33,6 +33,8 @@ def take_along(ctx: ActionContext) -> StepResult | None:
     free spare in this run's plan; a waiting result while a drain is under way, else None. A
     node the rails refuse stays with its own repair."""
     for other in ctx.others():
+        if other.evicting:  # an older repair evicting its node now: its restart goes first
+            return StepResult(StepStatus.WAIT, {"after_incident": other.incident_id})
         for node in other.nodes:
             if node in ctx.plan.exclude:
                 continue
