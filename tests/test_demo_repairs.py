@@ -125,3 +125,25 @@ def test_a_process_that_ended_during_another_repair_is_no_survivor_restarted(
     assert [r.died for r in found] == [frozenset(), frozenset({("node-1", 3)}), frozenset()]
     costs = repair_costs(found, [(9.0, 5, 0), (12.0, 6, 2), (21.0, 9, 3)], [], gpus_per_node=2)
     assert [c["survivors_restarted"] for c in costs] == [0, 0, 1]
+
+
+def test_a_live_join_is_judged_before_the_next_repair(tmp_path: Path) -> None:
+    """The struck replica was back before the survivors' next quorum (no narrow step): its join
+    ends at the first full-width step after the decision; the next repair's narrow steps (a
+    hang's warm restart) are that repair's."""
+    log = _log(
+        tmp_path / "s.log",
+        [
+            _gen(0.0, 0, NODES),
+            *_restart(10.0, 5, "gpu_hardware", "live"),
+            _gen(10.6, 1, ["spare-0", "node-1"]),
+            _warm(10.7, 1, {0: False, 1: False}),
+            *_restart(30.0, 6, "collective_hang", "warm_restart"),
+            _gen(30.5, 2, ["spare-0", "node-1"]),
+            _warm(30.6, 2, dict.fromkeys(range(4), True)),
+        ],
+    )
+    steps = [(9.9, 77, 0), (11.8, 78, 1), (12.0, 79, 1), (31.5, 81, 2), (32.2, 83, 2)]
+    widths = [(9.9, 2), (11.8, 2), (12.0, 2), (31.5, 1), (32.2, 2)]
+    live, hang = repair_costs(restarts(log, t0=0.0), steps, [], 2, widths)
+    assert live["join_s"] == 1.8 and hang["path"] == "warm_restart"

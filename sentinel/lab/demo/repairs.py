@@ -117,10 +117,13 @@ def _survivors_restarted(r: Restart, gpus_per_node: int) -> int:
     return sum(restarted(str(x["node"]), int(x["rank"]), bool(x.get("reused"))) for x in r.ranks)
 
 
-def _full_again(widths: list[tuple[float, int]], t: float, full: int | None) -> float | None:
+def _full_again(
+    widths: list[tuple[float, int]], t: float, full: int | None, until: float
+) -> float | None:
     """The first step at full width after the narrower ones that follow `t` (a step may still
-    commit at full width between the decision and the struck replica's end)."""
-    narrow = min((s for s, w in widths if s > t and w != full), default=t)
+    commit at full width between the decision and the struck replica's end), before the next
+    repair (`until`: its narrow steps are its own)."""
+    narrow = min((s for s, w in widths if t < s < until and w != full), default=t)
     return min((s for s, w in widths if s > narrow and w == full), default=None)
 
 
@@ -147,12 +150,13 @@ def repair_costs(
     live repair's join."""
     out = []
     full = max((w for _t, w in widths or []), default=None)
-    for r in restart_list:
+    for i, r in enumerate(restart_list):
+        until = restart_list[i + 1].t if i + 1 < len(restart_list) else float("inf")
         first = min(
             (st for (st, _s, g) in steps if st > r.t and g >= (r.generation or 0)), default=None
         )
         if r.path == "live" and widths:  # the job back at full width with the joiner in it
-            first = _full_again(widths, r.t, full)
+            first = _full_again(widths, r.t, full, until)
         world = len(r.nodes_after) * gpus_per_node
         out.append(
             {
