@@ -53,9 +53,10 @@ def _straggler(rank: int) -> Event:
     return make_event(EventKind.RANK_STRAGGLER, source, payload)
 
 
-def test_an_sdc_restart_takes_the_waiting_straggler_with_it_and_closes_its_repair(
+def _coordinator(
     tmp_path: Path, new_store: Callable[[], SqlStore]
-) -> None:
+) -> tuple[SqlStore, Clock, Engine, Callable[..., None]]:
+    """A store, a clock, the engine, and `feed(*events)`: ingest them, then one engine tick."""
     c = cfg(tmp_path)
     store, clock = new_store(), Clock()
     ingest = Ingestor(store, PLAYBOOKS, c)
@@ -64,6 +65,14 @@ def test_an_sdc_restart_takes_the_waiting_straggler_with_it_and_closes_its_repai
     def feed(*events: Event) -> None:
         ingest.ingest(EventBatch(events=list(events)), clock())
         engine.tick()
+
+    return store, clock, engine, feed
+
+
+def test_an_sdc_restart_takes_the_waiting_straggler_with_it_and_closes_its_repair(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    store, clock, engine, feed = _coordinator(tmp_path, new_store)
 
     def rows(sql: str) -> list[dict[str, object]]:
         return query(store, sql)
@@ -118,14 +127,7 @@ def test_a_restart_waits_for_an_older_repair_that_is_evicting_its_node(
     straggler's repair starts draining node-2 (its eviction is its current step: it evicts and
     restarts on its own) while the crash's repair reaches its restart. The crash's restart
     waits for the straggler's, so no restart is sent with node-2 still in the job."""
-    c = cfg(tmp_path)
-    store, clock = new_store(), Clock()
-    ingest = Ingestor(store, PLAYBOOKS, c)
-    engine = Engine(store, PLAYBOOKS, c, make_backend(c), clock)
-
-    def feed(*events: Event) -> None:
-        ingest.ingest(EventBatch(events=list(events)), clock())
-        engine.tick()
+    store, clock, engine, feed = _coordinator(tmp_path, new_store)
 
     def restarts() -> list[dict[str, object]]:
         rows = query(store, "SELECT args FROM commands WHERE kind='job.restart' ORDER BY id")
