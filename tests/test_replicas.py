@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from sentinel.lab.demo.run import MODEL_FLAGS
 from sentinel.lighthouse import Lighthouse
 from sentinel.processes import free_rendezvous_port
 from trainer_hooks.reference.launch import Gang, launch_replica
@@ -41,27 +42,7 @@ pytestmark = pytest.mark.slow
 FINAL_LOSS_RTOL = 1e-4
 STEPS = 30
 REPLICAS = 3
-MODEL = [
-    "--layers",
-    "2",
-    "--dim",
-    "32",
-    "--heads",
-    "4",
-    "--seq",
-    "16",
-    "--vocab",
-    "128",
-    "--corpus-tokens",
-    "32768",
-    "--mbs",
-    "2",
-    "--accum",
-    "2",
-    "--warmup",
-    "2",
-    "--quiet",
-]
+MODEL = [*MODEL_FLAGS, "--quiet"]  # the demo's model
 
 
 def ft_args(out: Path, data: Path, *extra: str, steps: int = STEPS) -> list[str]:

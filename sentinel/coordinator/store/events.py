@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ _LINK = (
 )
 
 
-class EventsRepo(SqlBase):
+class EventsRepo(SqlBase, ABC):
     def insert_events(self, batch: Sequence[Event], received_at: float) -> set[str]:
         """Store the events not stored yet (by id); the ids stored now."""
         rows = [  # a kind is a str enum: the driver stores its value (no Python `.value` call)
@@ -39,10 +40,10 @@ class EventsRepo(SqlBase):
         ]
         return self._insert_new(rows) if rows else set()
 
+    @abstractmethod
     def _insert_new(self, rows: list[dict[str, Any]]) -> set[str]:
         """Insert these event rows, skipping ids stored already; the ids inserted. How the rows
         travel to the database is the backend's."""
-        raise NotImplementedError
 
     def link_events(self, links: Iterable[tuple[str, int]]) -> None:
         params = [{"event": e, "incident": i} for e, i in links]

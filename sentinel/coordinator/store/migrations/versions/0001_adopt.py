@@ -50,4 +50,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    raise NotImplementedError("a store is not taken back to the layout before Alembic")
+    """Refused: the layout before Alembic belongs to releases that cannot open this store's
+    later revisions anyway; going back is restoring the copy taken before the upgrade."""
+    raise RuntimeError(
+        "revision 0001 is not undone: restore the store from the copy taken before the upgrade"
+    )
