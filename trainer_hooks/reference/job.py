@@ -57,8 +57,6 @@ class Job:
     skip: set[int] = field(default_factory=set)
     saves: int = 0
     link: ReplicaLink | None = None  # --replicas ft: this rank's link to the other replicas
-    # The step committed last, until `record_commit` appends it to the ledger.
-    unrecorded: tuple[int, int, tuple[int, ...], int | None, dict[int, Any]] | None = None
 
     @property
     def reports_loss(self) -> bool:
@@ -105,21 +103,11 @@ class Job:
         self.restore(state["train"])
 
     def committed(self, batch: int, quorum: int | None, assignment: dict[int, Any]) -> None:
-        """The step trained on `batch` committed: move on (`record_commit` records it)."""
-        jumped = tuple(self.loader.jumped(batch))
-        self.unrecorded = (self.step, batch, jumped, quorum, assignment)
+        """The step trained on `batch` committed: move on and record it in the ledger."""
+        self.ledger.record(self.step, batch, self.loader.jumped(batch), quorum, assignment)
         self.loader.take(batch)
         self.tokens += self.cfg.global_batch * self.cfg.model.seq
         self.step += 1
-
-    def record_commit(self) -> None:
-        """Append the step committed last to the ledger, once the step's timing has ended: one
-        rank writes the record, and its write inside the timed step would make that rank look
-        slower than its peers to the straggler scoring. Before a checkpoint or a peer reads the
-        ledger's head."""
-        if self.unrecorded is not None:
-            self.ledger.record(*self.unrecorded)
-            self.unrecorded = None
 
     def save(self, step: int) -> dict[str, Any]:
         mode = self.cfg.checkpoint_mode
@@ -131,7 +119,6 @@ class Job:
         return {"checkpoint": step, "sync": sync, "wait_s": wait_s, "block_s": block_s}
 
     def close(self) -> None:
-        self.record_commit()
         self.ledger.close()
         if self.link is not None:
             self.link.close()

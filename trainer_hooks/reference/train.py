@@ -139,7 +139,6 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     job.injector.after_step()
     if hooks:
         hooks.end_step()
-    job.record_commit()
     # ---- step boundary: result.loss, result.grad_norm (tensors), stats[0] (global loss) ----
     line = {"step": job.step, "loss": stats[0].item(), "lr": done.lr, "batch": done.batch}
     line |= {"grad_norm": result.grad_norm.item(), "tokens": job.tokens, "step_s": step_s}
