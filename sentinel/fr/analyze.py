@@ -400,11 +400,14 @@ def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
     culprits = _roots(sorted(behind - waiting), stuck)
     if culprits:
         report.verdict = "hang"
-        # Where the culprit first held others up: the earliest-issued stuck collective it
-        # is missing from, then the smallest such group.
+        # Where the culprit held others up: a stuck collective it is missing from, first one
+        # that no other rank is missing from (a rank also behind in a group is waiting on the
+        # culprit elsewhere, and which of the two collectives was issued first is a race), then
+        # the earliest issued, then the smallest group.
         where = min(
             (s for s in stuck if set(s.behind) & set(culprits)),
             key=lambda s: (
+                not set(s.behind) <= set(culprits),
                 s.issued_ns if s.issued_ns is not None else 2**63,
                 len(s.group.ranks),
                 _natural(s.group.name),
