@@ -449,3 +449,24 @@ def test_validation_before_return_passes_only_when_refused_then_returned() -> No
     # the operator never asked
     res = build_result(_returns_evidence([]))
     assert "never asked" in res["problems"][-1]
+
+
+def test_the_struck_node_may_train_until_its_repair_drains_it() -> None:
+    """A repair that waits for a checkpoint first keeps the node training; a restart that another
+    incident's repair makes meanwhile takes it along. Only a generation after the drain counts."""
+    sc = scenario({"kind": "thermal", "node": "node-1", "gpu": 0, "at_step": 15, "temp_c": 92})
+    inc = incident(1, "thermal", 15.5, [("node-1", None)], [action("resume")], target="node-1")
+    inc["stages"] = [{"drained_at": T0 + 35.0}]
+    gens = [
+        Generation(0.0, 0, ("node-0", "node-1")),
+        Generation(25.0, 1, ("node-0", "node-1")),  # another repair's restart, before the drain
+        Generation(40.0, 2, ("node-0", "spare-0")),
+    ]
+    strikes = {0: Strike(t=15.0, step=16, node="node-1")}
+    res = build_result(evidence(sc, [inc], strikes, generations=gens))
+    assert res["faults"][0]["repair_problem"] is None
+    gens.append(Generation(45.0, 3, ("node-0", "node-1")))
+    res = build_result(evidence(sc, [inc], strikes, generations=gens))
+    assert res["faults"][0]["repair_problem"] == (
+        "node-1 still trained after the repair (generation 3)"
+    )

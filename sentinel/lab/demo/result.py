@@ -289,7 +289,12 @@ def repair_problem(
         return "training never resumed after the repair"
     node = strike.node if strike else None
     if fault.kind in HARDWARE_FAULTS and node:
-        still = [g.number for g in ev.generations if g.t > detect_t and node in g.nodes]
+        # From the node's drain on (its detection where none is recorded): a repair that waits
+        # for a checkpoint first keeps training on the node, and a restart another incident's
+        # repair makes meanwhile rightly takes it along.
+        drained = recorded_stages(inc).get("drained")
+        since = detect_t if drained is None else max(detect_t, drained - ev.t0)
+        still = [g.number for g in ev.generations if g.t > since and node in g.nodes]
         if still:
             gens = ", ".join(map(str, still))
             return f"{node} still trained after the repair (generation {gens})"
