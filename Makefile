@@ -22,12 +22,9 @@ demo: venv
 	$(PY) -m sentinel demo --out demo-out/$$(date +%Y%m%d-%H%M%S)
 
 # System packages first (installed as root, otherwise the command is printed and the tests that
-# need them fail naming it), then the lint gate, then every test: first on two pytest-xdist
-# workers (tests/conftest.py: a file's tests stay on one worker, the repair drills all on one),
-# then the tests whose timings other tests' load would move (marked `alone`), one at a time.
+# need them fail naming it), then the lint gate, then every test.
 test: venv system-deps lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not alone" --durations=25
-	$(PY) -m pytest -q -m alone --durations=5
+	$(PY) -m pytest -q --durations=25
 
 system-deps:
 	scripts/install-system-deps.sh

@@ -11,17 +11,6 @@ from skip_policy import pytest_runtest_makereport, pytest_terminal_summary  # no
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs two pytest-xdist workers, `--dist loadgroup`: each group runs on one
-    worker. A test file is a group, so its module fixtures are set up once; a file that names a
-    group of its own keeps it (the repair drills share `drills`: their targets are timings, and
-    two drills beside each other on two cores would move them)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
-
-
 @pytest.fixture
 def sentinel_cmd() -> list[str]:
     """Run the CLI as a real subprocess, the way an operator would."""

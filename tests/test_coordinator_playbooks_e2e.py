@@ -37,7 +37,7 @@ from sentinel.protocol import (
     make_event,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("drills")]
+pytestmark = pytest.mark.slow
 
 
 class Job:

@@ -24,7 +24,7 @@ from sentinel.lab.demo.slurm import SlurmDemo
 from sentinel.lab.slurm.cluster import SlurmCluster
 from sentinel.scenario import Scenario
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.xdist_group("drills")]
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 SCENARIO = Path(__file__).parent / "slurm_drill.yaml"
 
 

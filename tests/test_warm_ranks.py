@@ -18,7 +18,7 @@ import pytest
 from coord_util import ROOT
 
 from sentinel.processes import free_rendezvous_port
-from sentinel.ranks import wire
+from sentinel.ranks import current, wire
 from sentinel.ranks.pool import RankPool
 from sentinel.supervisor.launcher import GangPlan, GangStartError
 from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
@@ -164,6 +164,25 @@ def test_the_pool_takes_only_connections_that_know_the_jobs_secret() -> None:
         good.close()
     finally:
         pool.close()
+
+
+def test_a_leave_that_crosses_its_generations_start_holds_when_it_begins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second repair right after a first: the pool asks generation 7 to leave before the rank
+    process has begun it. It leaves as soon as it begins; a late request for an earlier
+    generation does not touch the next."""
+    monkeypatch.setattr(current, "_asked", -1)
+    try:
+        current.request_leave(7)
+        current.begin(7)
+        assert current.leave_requested()
+        current.end()
+        current.request_leave(7)
+        current.begin(8)
+        assert not current.leave_requested()
+    finally:
+        current.end()
 
 
 def test_wire_lines_are_checked() -> None:

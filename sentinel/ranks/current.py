@@ -20,6 +20,7 @@ import time
 _leave = threading.Event()
 _generation: int | None = None
 _began_ns: int | None = None
+_asked = -1  # the latest generation asked to leave, begun or not
 
 
 _prepared: object | None = None
@@ -60,11 +61,16 @@ def begin(number: int) -> None:
     global _generation, _began_ns
     _leave.clear()
     _generation, _began_ns = number, time.time_ns()
+    if _asked >= number:  # the request crossed the generation's start on the wire
+        _leave.set()
 
 
 def request_leave(number: int) -> None:
-    """The supervisor asks the rank of generation `number` to leave; a late request for an
-    earlier generation is ignored."""
+    """The supervisor asks the rank of generation `number` to leave. A late request for an
+    earlier generation is ignored; an early one, for a generation handed to this process that
+    has not begun yet (a second repair right after the first), holds when it begins."""
+    global _asked
+    _asked = max(_asked, number)
     if _generation == number:
         _leave.set()
 

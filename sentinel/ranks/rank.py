@@ -110,6 +110,9 @@ def run_generation(run: wire.Run, base_env: dict[str, str], pool: socket.socket)
     if run.log is not None:
         redirect_output(Path(run.log))
     current.begin(run.generation)
+    if current.leave_requested():  # asked to leave before it began: nothing of it to run
+        current.end()
+        return wire.Ended(generation=run.generation, code=0, left=True)
     error, lost = None, False
     try:
         main: Main = importlib.import_module(run.module).main
