@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from demo_checks import assert_same_model, demo, why
 
-pytestmark = pytest.mark.xdist_group("drills")  # conftest.py says why
-
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

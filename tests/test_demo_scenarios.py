@@ -15,8 +15,6 @@ import pytest
 from demo_checks import SENTINEL, assert_same_model, demo, why
 from terminal import ANSI, run_in_pty
 
-pytestmark = pytest.mark.xdist_group("drills")  # conftest.py says why
-
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
