@@ -1,45 +1,9 @@
-"""`sentinel demo` as the drill tests run it, and the checks of its result.json that more than one
-of them makes."""
+"""Checks of a drill's result.json that more than one drill test makes."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
-
-SENTINEL = [sys.executable, "-m", "sentinel"]
-
-
-def demo(
-    scenario: str,
-    tmp_path: Path,
-    cache: Path,
-    quick: bool = True,
-    timeout_s: float = 420,
-    recovery: str | None = None,
-) -> tuple[int, dict[str, Any], str]:
-    """`sentinel demo` on `scenario` in a subprocess, its reference runs cached in `cache`:
-    (exit code, result.json, stdout)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    env["SENTINEL_DEMO_CACHE"] = str(cache)
-    out, result = tmp_path / "out", tmp_path / "result.json"
-    done = subprocess.run(
-        [*SENTINEL, "demo", "--scenario", scenario, *(["--quick"] if quick else []),
-         *(["--recovery", recovery] if recovery else []), "--out", str(out), "--json",
-         str(result)],
-        env=env, capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
-    assert result.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    assert (out / "report.html").exists() and (out / "goodput.json").exists()
-    # The live timeline, saved line by line in the run directory as it was printed.
-    timeline = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
-    assert (
-        any(e["kind"] == "fault" for e in timeline) or not json.loads(result.read_text())["faults"]
-    )
-    return done.returncode, json.loads(result.read_text()), done.stdout
 
 
 def assert_same_model(res: dict[str, Any]) -> None:

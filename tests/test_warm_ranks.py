@@ -243,10 +243,9 @@ def test_a_node_whose_processes_never_come_fails_the_start_and_starts_nothing(
             warm.launch(_plan(tmp_path, 0))
         assert [(e.rank, e.node) for e in failed.value.ranks] == [(2, "node-1"), (3, "node-1")]
         # node-0's processes came up and wait, idle: none of them runs the generation
-        assert warm.pool.wait(lambda: warm.pool.process("node-0", 1) is not None, 60)
-        assert not any(
-            p.busy for p in (warm.pool.process("node-0", 0), warm.pool.process("node-0", 1))
-        )
+        slots = [("node-0", 0), ("node-0", 1)]
+        assert warm.pool.wait(lambda: all(warm.pool.process(*s) is not None for s in slots), 60)
+        assert not any(p.busy for s in slots if (p := warm.pool.process(*s)) is not None)
         assert not (tmp_path / "steps.txt").exists()
     finally:
         warm.close()
