@@ -58,15 +58,15 @@ def _gang_steps(
 
 
 def test_straggler_scorer_flags_persistent_slowdown_only() -> None:
-    scorer = StragglerScorer(threshold=1.03, persist=4, window=20)
+    scorer = StragglerScorer(threshold=1.03, persist=4, window=20, over=3)
     gen = torch.Generator().manual_seed(0)
     flagged_at = None
     for window in range(20):
         values = [0.1] * 8
         if window >= 5:
             values[5] *= 1.05
-        if window in (2, 3, 4):
-            values[1] *= 1.5  # three bad windows in a row are not yet a straggler
+        if window in (3, 4):
+            values[1] *= 1.5  # two bad windows in a row are not yet a straggler
         rows = _gang_steps(window * 20, values, gen)
         if window == 8:
             for step in range(160, 165):
@@ -75,22 +75,36 @@ def test_straggler_scorer_flags_persistent_slowdown_only() -> None:
         if found and flagged_at is None:
             flagged_at = window
             assert [f.rank for f in found] == [5] and 1.03 < found[0].slowdown < 1.07
-    # a window is judged as soon as all its steps are in: flagged with its 4th slow window
-    assert flagged_at == 8 and scorer.flagged == {5}
+    # windows 0-2 set every rank's normal; a window is judged as soon as all its steps are
+    # in: flagged with its 3rd slow window of 4
+    assert flagged_at == 7 and scorer.flagged == {5}
+
+
+def test_a_rank_is_judged_against_its_own_normal() -> None:
+    # rank 0 runs 5% above its peers from the start (a steady offset, not a straggler); rank 3
+    # was born 60% slow (over baseline_max: still a straggler); rank 2 slows by 5% later
+    scorer = StragglerScorer(threshold=1.03, persist=4, window=20, over=3)
+    gen = torch.Generator().manual_seed(2)
+    found = []
+    for window in range(12):
+        values = [0.105, 0.1, 0.1, 0.16, 0.1, 0.1]
+        if window >= 6:
+            values[2] *= 1.05
+        found += [(f.rank, window) for f in scorer.update(_gang_steps(window * 20, values, gen))]
+    assert found == [(3, 5), (2, 8)]
+    assert scorer.normal[0] == pytest.approx(1.05, abs=0.01)
 
 
 def test_straggler_peers_are_the_ranks_doing_the_same_work() -> None:
     # two pipeline stages, the first ~20% heavier: not a straggler among its own stage
     stage = [0.12, 0.12, 0.12, 0.12, 0.10, 0.10, 0.10, 0.10]
     groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
-    blind, scorer = StragglerScorer(1.15, 3), StragglerScorer(1.15, 3)
+    scorer = StragglerScorer(1.15, 3, over=3)
     gen = torch.Generator().manual_seed(1)
-    for w in range(5):
+    for w in range(7):
         assert scorer.update(_gang_steps(w * 20, stage, gen), groups) == []
-        blind.update(_gang_steps(w * 20, stage, gen))
-    assert blind.flagged == {0, 1, 2, 3}  # what comparing across stages does
     slow = [v * (1.6 if r == 7 else 1.0) for r, v in enumerate(stage)]
-    found = [f for w in range(5, 9) for f in scorer.update(_gang_steps(w * 20, slow, gen), groups)]
+    found = [f for w in range(7, 11) for f in scorer.update(_gang_steps(w * 20, slow, gen), groups)]
     assert [(f.rank, round(f.slowdown, 1)) for f in found] == [(7, 1.6)]
 
 

@@ -76,6 +76,7 @@ HOOKS_ENV = {
     "SENTINEL_HOOKS_EXCHANGE_EVERY": "2",
     "SENTINEL_HOOKS_STRAGGLER_WINDOW": "2",
     "SENTINEL_HOOKS_STRAGGLER_PERSIST": "2",
+    "SENTINEL_HOOKS_STRAGGLER_OVER": "2",
     # Two-step windows of two ranks on a loaded 2-core machine differ by 10% or more from noise
     # alone, and with two ranks one of them is always "the slowest": the default 1.03, and
     # once even 1.5, flagged the healthy rank 0 in CI (this tiny model's steps take a few ms,

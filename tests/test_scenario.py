@@ -127,12 +127,18 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
 
 def test_quick_mirrors_the_hooks_shipped_warmups() -> None:
     """`sentinel` cannot import trainer_hooks: the warm-ups quick() respects must match them."""
-    from sentinel.lab.demo.quick import CORRUPT_BATCH_EARLIEST, LOSS_SPIKE_WARMUP, STRAGGLER_PERSIST
+    from sentinel.lab.demo.quick import (
+        CORRUPT_BATCH_EARLIEST,
+        LOSS_SPIKE_WARMUP,
+        STRAGGLER_BASELINE,
+        STRAGGLER_OVER,
+    )
     from trainer_hooks.anomaly import make_policy
     from trainer_hooks.config import HooksConfig
 
     assert make_policy(HooksConfig().anomaly_policy, "loss").warmup == LOSS_SPIKE_WARMUP  # type: ignore[attr-defined]
-    assert HooksConfig().straggler_persist == STRAGGLER_PERSIST
+    assert HooksConfig().straggler_over == STRAGGLER_OVER
+    assert HooksConfig().straggler_baseline == STRAGGLER_BASELINE
     assert CORRUPT_BATCH_EARLIEST >= LOSS_SPIKE_WARMUP
 
 

@@ -36,11 +36,15 @@ class HooksConfig:
     anomaly_policy: str = "robust"
     # Gang exchange (stragglers, SDC and checkpoint consensus) every N steps on a gloo side group.
     exchange_every: int = 20
-    # Stragglers (trainer_hooks.straggler): a rank whose own compute runs `threshold` times its
-    # peers' in `persist` consecutive windows of `window` steps.
+    # Stragglers (trainer_hooks.straggler): a rank whose own compute, over its peers', runs
+    # `threshold` times its own normal (its ratio over its first `baseline` windows, counted as
+    # 1.0 to `baseline_max`) in `over` of its last `persist` windows of `window` steps.
     straggler_threshold: float = 1.03
     straggler_persist: int = 4
+    straggler_over: int = 3
     straggler_window: int = 20
+    straggler_baseline: int = 3
+    straggler_baseline_max: float = 1.10
     # Steps between SDC spot checks (a multiple of exchange_every); 0: on command only; unset:
     # every fifth exchange (100 steps at the defaults). A check costs a small GEMM chain and
     # a digest per rank, gathered without waiting; silent corruption is caught within it.
@@ -63,7 +67,9 @@ class HooksConfig:
             "report_every",
             "exchange_every",
             "straggler_persist",
+            "straggler_over",
             "straggler_window",
+            "straggler_baseline",
             "sdc_size",
             "sdc_chain",
         ):
@@ -79,6 +85,13 @@ class HooksConfig:
             )
         if self.straggler_threshold <= 1.0:
             raise HooksConfigError("straggler_threshold is a slowdown ratio and must be > 1")
+        if self.straggler_over > self.straggler_persist:
+            raise HooksConfigError(
+                f"straggler_over ({self.straggler_over}) counts windows of the last "
+                f"straggler_persist ({self.straggler_persist}) and cannot exceed it"
+            )
+        if self.straggler_baseline_max < 1.0:
+            raise HooksConfigError("straggler_baseline_max is a ratio and must be >= 1")
         if self.hang_k <= 0 or self.hang_floor_s <= 0 or self.hang_first_step_s <= 0:
             raise HooksConfigError("hang_k, hang_floor_s and hang_first_step_s must be > 0")
 

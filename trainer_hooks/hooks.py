@@ -119,7 +119,12 @@ class SentinelHooks:
         self.scalars = ScalarReader()
         self.anomalies = AnomalyMonitor(cfg.anomaly_policy)
         self.stragglers = StragglerScorer(
-            cfg.straggler_threshold, cfg.straggler_persist, cfg.straggler_window
+            threshold=cfg.straggler_threshold,
+            persist=cfg.straggler_persist,
+            window=cfg.straggler_window,
+            over=cfg.straggler_over,
+            baseline=cfg.straggler_baseline,
+            baseline_max=cfg.straggler_baseline_max,
         )
         # One exchange carries the steps since the last (one more if a GPU timing came late).
         self.steplog = StepLog(cfg.exchange_every + 1)

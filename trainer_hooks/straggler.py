@@ -14,22 +14,41 @@ would blame the first stage for its embedding (it runs ~20% above the last).
 
 How. For every step, a rank's ratio is its value over the median of its peers' values at that
 step: load that comes and goes on the machine raises a whole step on every rank and cancels.
-Steps are grouped into windows of `window` steps; a window's slowdown is the median of its
-ratios, so a burst of interference shorter than half a window (a neighbour's job, the rank's
-own garbage collection) does not move it. A rank whose slowdown is at or above `threshold` for
-`persist` consecutive windows is flagged once, and cleared once it has stayed under it for
-`persist` windows. The ranks a straggler holds up need no special care: their waits are not
-in their compute.
-With the defaults (window 20, threshold 1.03, persist 4) a persistent 5% straggler is flagged
-within 80-100 steps of its slowdown starting, and a rank needs four windows in a row, each
-with most of its steps 3% slower than its peers, to be flagged at all.
+Steps are grouped into windows of `window` steps; a window's ratio is the median of its
+per-step ratios, so a burst of interference shorter than half a window (a neighbour's job, the
+rank's own garbage collection) does not move it.
+
+Against its own normal. Ranks doing the same work are not equally fast: GPUs of one model
+differ by a few percent in their clocks under a power cap, and on a CPU device one process may
+run a steady few percent above its peers (on the development VM a healthy rank 0 ran 2-5% above
+its stage peers in every window of every clean run, cause unknown). Judged against 1.0, such a
+rank is a straggler for as long as it lives; what marks a straggler is a rank that *became*
+slower than its peers. So every rank's first `baseline` windows set its normal, the median of
+all their per-step ratios (one number over `baseline * window` steps, steadier than a window's),
+and from then on a window's slowdown is its ratio over that normal. A normal under 1.0 counts
+as 1.0 (a rank faster than its peers that slows to their pace holds nobody up), one over
+`baseline_max` as `baseline_max`: a rank slower than that from its first steps is still judged,
+against `baseline_max` (screening such a device before launch is burn-in's job). A slowdown
+that starts inside the baseline's windows leaves the normal alone while under half their steps
+are slow. The peers' median counts each peer over its own normal, so one steady fast or slow
+peer does not shift the reference the others are compared with.
+
+Persistence. A rank whose slowdown is at or above `threshold` in `over` of its last `persist`
+windows is flagged once, and cleared once all of its last `persist` windows are under it. A
+window's median moves with noise: on the development VM a 1.05x straggler's windows were over
+1.03 in 89% of windows and a healthy rank's in 2%, so "3 of 4" names the straggler almost
+always and a healthy rank almost never, where "4 in a row" missed the straggler in 2 runs of 7.
+The ranks a straggler holds up need no special care: their waits are not in their compute.
+With the defaults (window 20, baseline 3, threshold 1.03, over 3 of persist 4) a rank is judged
+from its 61st step, and a persistent 5% straggler is flagged 60-80 steps after its slowdown
+starts.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,11 +90,17 @@ class StragglerScorer:
         threshold: float = 1.03,
         persist: int = 4,
         window: int = 20,
+        over: int = 3,
+        baseline: int = 3,
+        baseline_max: float = 1.10,
     ) -> None:
-        self.threshold, self.persist, self.window = threshold, persist, window
+        self.threshold, self.persist, self.window, self.over = threshold, persist, window, over
+        self.baseline, self.baseline_max = baseline, baseline_max
         self._steps: dict[int, dict[int, float]] = {}  # step -> {rank: compute seconds}
         self._scored = -1  # the last window judged (windows are step // window)
-        self._streak: dict[int, int] = {}
+        self._recent: dict[int, deque[bool]] = {}  # rank -> its last windows: over or not
+        self._settling: dict[int, list[list[float]]] = {}  # rank -> its first windows' ratios
+        self.normal: dict[int, float] = {}  # rank -> its settled ratio to its peers
         self.flagged: set[int] = set()
 
     def update(
@@ -97,29 +122,49 @@ class StragglerScorer:
             window = {s: self._steps.pop(s) for s in sorted(self._steps) if s // self.window == w}
             self._scored = w
             if 2 * len(window) >= self.window:  # a stub (the run began mid-window) says little
-                new += self._judge(_window_scores(window, len(rows), peers))
+                new += self._judge(_window_scores(window, len(rows), peers, self.normal))
         return new
 
-    def _judge(self, scores: dict[int, tuple[float, float, float]]) -> list[StragglerFinding]:
-        """Advance every rank's streak by one window's (slowdown, own, peers') scores."""
+    def _judge(self, scores: dict[int, WindowScore]) -> list[StragglerFinding]:
+        """Judge every settled rank on one more window; a rank still settling adds the
+        window's ratios to its normal instead."""
         new = []
-        for rank, (slowdown, own, others) in scores.items():
-            if slowdown >= self.threshold:
-                self._streak[rank] = max(0, self._streak.get(rank, 0)) + 1
-            else:  # a negative streak counts windows back under the threshold
-                self._streak[rank] = min(0, self._streak.get(rank, 0)) - 1
-                if self._streak[rank] <= -self.persist:
-                    self.flagged.discard(rank)
-            if self._streak[rank] >= self.persist and rank not in self.flagged:
+        for rank, score in scores.items():
+            if rank not in self.normal:
+                settling = self._settling.setdefault(rank, [])
+                settling.append(score.ratios)
+                if len(settling) >= self.baseline:
+                    self.normal[rank] = statistics.median(r for w in settling for r in w)
+                    del self._settling[rank]
+                continue
+            slowdown = score.ratio / min(max(self.normal[rank], 1.0), self.baseline_max)
+            recent = self._recent.setdefault(rank, deque(maxlen=self.persist))
+            recent.append(slowdown >= self.threshold)
+            if sum(recent) >= self.over and rank not in self.flagged:
                 self.flagged.add(rank)
-                new.append(StragglerFinding(rank, slowdown, own, others))
+                new.append(StragglerFinding(rank, slowdown, score.own, score.peers))
+            elif len(recent) == self.persist and not any(recent):
+                self.flagged.discard(rank)
         return new
+
+
+@dataclass(frozen=True)
+class WindowScore:
+    ratios: list[float]  # the rank's value over its peers' median, step by step
+    ratio: float  # their median
+    own: float  # the rank's median value
+    peers: float  # its peers' median
 
 
 def _window_scores(
-    window: dict[int, dict[int, float]], world: int, peers: Sequence[Sequence[int]] | None
-) -> dict[int, tuple[float, float, float]]:
-    """{rank: (median per-step ratio to its peers, its median value, its peers' median)}."""
+    window: dict[int, dict[int, float]],
+    world: int,
+    peers: Sequence[Sequence[int]] | None,
+    normal: dict[int, float],
+) -> dict[int, WindowScore]:
+    """Every rank's score over one window's steps. Each peer's value counts over its own
+    `normal`: a peer that always runs 4% above the rest would otherwise raise the median that
+    every other rank is compared with."""
     group_of = {r: [q for q in g if q != r] for g in peers or [] for r in g}
     everyone = list(range(world))
     ratios: dict[int, list[float]] = {}
@@ -127,7 +172,8 @@ def _window_scores(
     theirs: dict[int, list[float]] = {}
     for values in window.values():
         for rank, value in values.items():
-            others = [values[q] for q in group_of.get(rank, everyone) if q != rank and q in values]
+            group = group_of.get(rank, everyone)
+            others = [values[q] / normal.get(q, 1.0) for q in group if q != rank and q in values]
             if not others:
                 continue
             ref = statistics.median(others)
@@ -135,6 +181,8 @@ def _window_scores(
             own.setdefault(rank, []).append(value)
             theirs.setdefault(rank, []).append(ref)
     return {
-        r: (statistics.median(x), statistics.median(own[r]), statistics.median(theirs[r]))
+        r: WindowScore(
+            x, statistics.median(x), statistics.median(own[r]), statistics.median(theirs[r])
+        )
         for r, x in ratios.items()
     }

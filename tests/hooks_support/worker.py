@@ -3,7 +3,8 @@
 Launched by the tests as real processes (gloo). Each step does `--compute-s` seconds of real
 work: matrix products, a count measured once on rank 0 and the same on every rank. Faults are
 injected here, in the rank's own work, and found by the hooks from their signals:
-`--slow-rank R --slowdown F` gives rank R F times as many products, `--spike-step S` / `--nan-step S` corrupt rank 0's loss, `--sdc-rank R` perturbs R's
+`--slow-rank R --slowdown F` gives rank R F times as many products (from step `--slow-from`),
+`--spike-step S` / `--nan-step S` corrupt rank 0's loss, `--sdc-rank R` perturbs R's
 arithmetic, `--stop-rank R --stop-step S` stops R before a collective (`--stop-in sub` before
 the subgroup's, else the world's).
 """
@@ -28,6 +29,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--compute-s", type=float, default=0.01)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slowdown", type=float, default=1.0)
+    p.add_argument("--slow-from", type=int, default=0)
     p.add_argument("--spike-step", type=int, default=-1)
     p.add_argument("--nan-step", type=int, default=-1)
     p.add_argument("--sdc-rank", type=int, default=-1)
@@ -64,8 +66,9 @@ def main() -> None:
         inject_sdc()
     gen = torch.Generator().manual_seed(1234 + rank)
     work = Work(args.compute_s)
-    products = round(work.count * (args.slowdown if rank == args.slow_rank else 1.0))
+    slowed = round(work.count * (args.slowdown if rank == args.slow_rank else 1.0))
     for step in range(args.steps):
+        products = slowed if step >= args.slow_from else work.count
         with hooks.step(step, tokens=16):
             x = torch.randn(16, 32, generator=gen)
             loss = (model(x) - x).pow(2).mean()

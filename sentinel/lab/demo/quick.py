@@ -19,9 +19,11 @@ from sentinel.scenario import CorruptBatchFault, Fault, Scenario, SdcFault, Stra
 
 # Mirrors of trainer_hooks' shipped settings (`sentinel` does not import `trainer_hooks`; a test
 # checks they match): the loss-spike detector's warm-up, in loss values (anomaly.RobustSpike),
-# and the windows in a row a straggler must be slow in before it reports (HooksConfig).
+# the windows that set each rank's normal before it is judged from a run's first step, and the
+# slow windows a straggler needs before it reports (HooksConfig).
 LOSS_SPIKE_WARMUP = 8
-STRAGGLER_PERSIST = 4
+STRAGGLER_BASELINE = 3
+STRAGGLER_OVER = 3
 # The earliest batch a corrupt batch can be told from the loss curve of the demo's model. Past
 # the warm-up the loss must also have come down from its first plunge: a batch of random tokens
 # must stand above the threshold (the last 8 values' median + 8 MADs of the step-to-step
@@ -53,14 +55,19 @@ def earliest(fault: Fault, every: int) -> int:
 def needed_after(fault: Fault, every: int) -> int:
     """Steps after the strike within which the repaired gang passes the strike's step again:
     one checkpoint interval (the rollback's checkpoint is at most that far back); for a
-    straggler first the scoring windows before it reports and the exchange that carries them,
+    straggler first the windows that set the ranks' normals if it struck while they were
+    being set, the slow windows it needs to report (one more if it struck mid-window) and the
+    exchange that carries them,
     and the checkpoint its node's swap waits for; for SDC first the spot check that sees it
     (every `sdc_every` steps) and the exchange after it, where every rank recomputes the step to
     name the culprit, then the interval (a restart ordered after the last step comes too late:
     the run would end with the corrupt model)."""
     hooks = drill_hooks()
     if isinstance(fault, StragglerFault):
-        scoring = int(hooks["straggler_window"]) * STRAGGLER_PERSIST + int(hooks["exchange_every"])
+        window = int(hooks["straggler_window"])
+        settling = max(0, window * STRAGGLER_BASELINE - fault.at_step)
+        judged = window * (STRAGGLER_OVER + bool(fault.at_step % window))
+        scoring = settling + judged + int(hooks["exchange_every"])
         return scoring + 2 * every
     if isinstance(fault, SdcFault):
         check = int(hooks["sdc_every"])
@@ -84,7 +91,9 @@ def quick(scenario: Scenario) -> Scenario:
     room = min(((s - earliest(f, every)) // every for f, s in timed), default=0)
     shift = max(0, room) * every
     full = scenario.trainer.steps - shift
-    proven = max((s - shift + needed_after(f, every) for f, s in timed), default=every)
+    proven = max(
+        (s - shift + needed_after(_moved(f, shift), every) for f, s in timed), default=every
+    )
     steps = proven + every if proven + every < full else min(full, proven)
     trainer = scenario.trainer.model_copy(update={"steps": max(1, steps)})
     faults = [_moved(f, shift) for f in scenario.faults]
