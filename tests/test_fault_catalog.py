@@ -188,3 +188,17 @@ def test_a_healthy_health_event_tries_no_playbook() -> None:
     event = make_event(EventKind.NODE_HEALTH, Source(node="node-0"), healthy)
     assert correlator.passive(EventBatch(events=[event]))
     assert _classify(event) is None
+
+
+def test_a_straggler_means_the_same_to_the_hooks_and_the_playbook() -> None:
+    """One pair of thresholds (`catalog.STRAGGLER`): the hooks name a rank at `named`, the
+    shipped playbook acts at `acted_on`, and nothing else says otherwise."""
+    from sentinel.faults.catalog import STRAGGLER
+    from trainer_hooks.config import HooksConfig
+
+    assert HooksConfig().straggler_threshold == STRAGGLER.named < STRAGGLER.acted_on
+    (playbook,) = [p for p in load_playbooks(default_playbooks_dir()) if p.name == "straggler"]
+    conditions = [c for clause in playbook.trigger for c in clause.when]
+    assert [(c.field, c.op, c.value) for c in conditions] == [
+        ("payload.slowdown", "ge", STRAGGLER.acted_on)
+    ]

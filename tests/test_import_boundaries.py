@@ -1,7 +1,8 @@
 """What a training process may take from `sentinel`, read from the source.
 
-The in-trainer library (`trainer_hooks`) imports the wire protocol and nothing else of
-`sentinel`: no aiohttp, no pynvml in a training process. The reference trainer
+The in-trainer library (`trainer_hooks`) imports the wire protocol and the fault catalog (which
+depends on the protocol only; the straggler thresholds are its) and nothing else of `sentinel`:
+no aiohttp, no pynvml in a training process. The reference trainer
 (`trainer_hooks/reference/`) may also use the scenario file's models, the exit codes, and the
 process helpers its launcher shares with the supervisor and the simulated fleet
 (`sentinel.processes`), which is why that module is standard library only.
@@ -38,7 +39,7 @@ CORE_FORBIDS = (
 # load, however indirectly.
 DAEMONS = ("agent", "coordinator", "supervisor", "ranks")
 LAB = "sentinel.lab"
-LIBRARY = {"sentinel.protocol", "sentinel.ranks.current"}
+LIBRARY = {"sentinel.protocol", "sentinel.ranks.current", "sentinel.faults.catalog"}
 REFERENCE = LIBRARY | {
     "sentinel.processes",
     "sentinel.scenario",

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sentinel.faults.catalog import STRAGGLER
+
 
 class HooksConfigError(ValueError):
     pass
@@ -39,7 +41,7 @@ class HooksConfig:
     # Stragglers (trainer_hooks.straggler): a rank whose own compute, over its peers', runs
     # `threshold` times its own normal (its ratio over its first `baseline` windows, counted as
     # 1.0 to `baseline_max`) in `over` of its last `persist` windows of `window` steps.
-    straggler_threshold: float = 1.03
+    straggler_threshold: float = STRAGGLER.named
     straggler_persist: int = 4
     straggler_over: int = 3
     straggler_window: int = 20

@@ -220,6 +220,25 @@ def rule(name: str) -> RuleInfo:
     return RULE_BY_NAME[name]
 
 
+# --- stragglers: one pair of thresholds ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerThresholds:
+    """What a straggler's slowdown means (`trainer_hooks.straggler`: a rank's compute over its
+    peers', over its own normal). At `named` the rank reports itself (`rank.straggler`: on the
+    dashboards, in the alert, in an incident's evidence); at `acted_on` the shipped straggler
+    playbook swaps its node for a spare. Between the two a slowdown is shown, not repaired: a
+    swap costs a checkpoint and a restart, which a few percent does not repay. The hooks' default
+    threshold is `named` and `playbooks/straggler.yaml` triggers at `acted_on` (a test compares)."""
+
+    named: float
+    acted_on: float
+
+
+STRAGGLER = StragglerThresholds(named=1.03, acted_on=1.2)
+
+
 # --- the driver's requested recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) ---------------
 
 # nvmlDeviceGpuRecoveryAction_t value -> (NVIDIA's name, the rule it raises or None for "none").

@@ -57,8 +57,11 @@ class Named:
     slowdown: float
 
 
-def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 900) -> list[Named]:
-    """Train `steps` steps; every `rank.straggler` event, in the order received."""
+def run(
+    layout: Layout, steps: int, fault: str | None = None, timeout: float = 900, pin: bool = True
+) -> list[Named]:
+    """Train `steps` steps; every `rank.straggler` event, in the order received. `pin=False`
+    leaves the ranks where the machine places them."""
     with tempfile.TemporaryDirectory(prefix="sentinel-stragglers-") as name:
         tmp = Path(name)
         args = [*MODEL, "--tp", str(layout.tp), "--pp", str(layout.pp), "--dp", str(layout.dp)]
@@ -67,7 +70,8 @@ def run(layout: Layout, steps: int, fault: str | None = None, timeout: float = 9
         with fake_agent(tmp) as agent:
             env = {**os.environ, "SENTINEL_AGENT_SOCKET": str(agent.path)}
             gang = launch(layout.world, args, log_dir=tmp / "logs", env=env, fork=True)
-            _peers_share_a_core(layout, [p.pid for p in gang.procs])
+            if pin:
+                _peers_share_a_core(layout, [p.pid for p in gang.procs])
             try:
                 codes = gang.wait(timeout)
             finally:
