@@ -107,6 +107,7 @@ def test_injected_faults_are_flagged_and_nothing_else(
         n for n, row in rep["nodes"].items() if any(r.startswith("links") for r in row["reasons"])
     ]
     assert link_blamed == ["node-3"]
+    assert rep["link_search"]["circle"]["retested"] == ["node-3"]  # and slow again
     assert rep["link_search"]["bisection"]["found"] == "node-3"
     assert rep["link_search"]["bisection"]["rounds"] == 2
     assert any("ECC" in r for r in rep["nodes"]["node-1"]["reasons"])

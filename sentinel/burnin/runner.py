@@ -121,9 +121,19 @@ def _links(comm: Comm, s: BurninSettings, f: Findings, base: dict[str, Any]) -> 
             matrix.update(zip(pairs, rings([list(p) for p in pairs]), strict=True))
             bar.step(f"round {i + 1}/{len(schedule)}")
         verdicts = links.judge_matrix(nodes, matrix, s.thresholds, base.get("node_link_gbps"))
+        # A flagged node's links are measured once more and each keeps its better figure: a
+        # slow link is slow again, a burst of load (or a rank descheduled through both of a
+        # node's rounds) is not. Every rank holds the same verdicts, so all re-measure alike.
+        suspects = set(verdicts.node_reasons)
+        retest = [[p for p in pairs if suspects & set(p)] for pairs in schedule]
+        for pairs in (r for r in retest if r):
+            again = rings([list(p) for p in pairs])
+            matrix.update({p: max(matrix[p], g) for p, g in zip(pairs, again, strict=True)})
+        if suspects:
+            verdicts = links.judge_matrix(nodes, matrix, s.thresholds, base.get("node_link_gbps"))
         out["links"] = verdicts.rows
         out["link_search"].update(
-            circle={"rounds": len(schedule)},
+            circle={"rounds": len(schedule), "retested": sorted(suspects)},
             reference_gbps=round(verdicts.reference_gbps, 4),
             node_scores={n: round(v, 4) for n, v in verdicts.node_scores.items()},
         )
