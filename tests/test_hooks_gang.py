@@ -7,6 +7,7 @@ processes; faults are injected in a rank's own work and must be found from the s
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import shutil
@@ -204,3 +205,37 @@ def test_sigterm_dumps_even_when_blocked_in_a_collective(tmp_path: Path) -> None
     assert reasons.get(1) == "signal:SIGTERM"
     report = analyze(load_dir(fr))
     assert report.verdict == "hang" and report.culprit_ranks == [1]
+
+
+def test_a_hung_pipeline_rank_without_a_dump_is_named_at_the_end_of_the_chain(
+    tmp_path: Path,
+) -> None:
+    """The reference trainer in TP2 x PP2 x DP2 on real gloo ranks; rank 6 (second stage) hangs
+    at the start of a step and its own dump is removed. The others wait on it along every kind
+    of group: its TP partner in a tensor-parallel all-reduce, its data-parallel replica in the
+    gradient all-reduce, the first stage in pipeline receives gloo does not record (and their
+    own replicas behind them). The analysis follows each chain to rank 6 and says how."""
+    from tests.hooks_support.straggler_runs import MODEL
+    from trainer_hooks.reference.launch import launch as launch_trainer
+
+    fr = tmp_path / "fr"
+    args = [*MODEL, "--tp", "2", "--pp", "2", "--dp", "2", "--steps", "40"]
+    args += ["--checkpoint-every", "0", "--out", str(tmp_path / "out")]
+    args += ["--fault", "hang:rank=6,at_step=5"]
+    with fake_agent(tmp_path) as agent:
+        env = {**os.environ, **_env(agent.path, fr), "SENTINEL_HOOKS_HANG_FLOOR_S": "2"}
+        gang = launch_trainer(8, args, log_dir=tmp_path / "logs", env=env, fork=True)
+        try:
+            others = set(range(8)) - {6}
+            _wait(lambda: others <= {r for r, _ in agent.payloads("rank.fr_dump")}, 120)
+        finally:
+            gang.kill()
+    recorded = analyze(load_dir(fr))
+    assert recorded.verdict == "hang" and recorded.culprit_ranks == [6]
+    for name in ("fr_trace_rank_6", "sentinel_fr_meta.6.json"):
+        (fr / name).unlink(missing_ok=True)
+    report = analyze(load_dir(fr))
+    assert report.verdict == "hang" and report.evidence == "missing_dump"
+    assert report.culprit_ranks == [6] and report.waiting_ranks == [0, 1, 2, 3, 4, 5, 7]
+    assert "off the record in group" in report.reason and "(mesh_pp)" in report.reason
+    assert "(mesh_tp)" in report.reason

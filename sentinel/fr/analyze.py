@@ -289,8 +289,9 @@ def analyze_world(dumps: DumpDir) -> Report:
         _blame_hang(report, stuck)
         held = _waiting_on_absent(groups, summaries, absent)
         # The ranks the record blames wait themselves, on ranks that left no dump: the root.
-        if held and set(report.culprit_ranks) <= {r for f in held for r in f[3]}:
-            _blame_absence(report, held, summaries)
+        chains = _chains_to_absent(report.culprit_ranks, stuck, held, groups, world) if held else []
+        if chains:
+            _blame_absence(report, held, summaries, chains)
             return report
     elif held := _waiting_on_absent(groups, summaries, absent):
         _blame_absence(report, held, summaries)
@@ -341,10 +342,80 @@ def _waiting_on_absent(
     return found
 
 
-def _blame_absence(report: Report, found: list[Held], summaries: dict[int, RankSummary]) -> None:
+def _chains_to_absent(
+    culprits: list[int],
+    stuck: list[Stuck],
+    held: list[Held],
+    groups: dict[str, Group],
+    world: int,
+) -> list[str]:
+    """How each rank the record blames leads on to a rank with no readable dump, one line per
+    rank; empty unless every one of them does.
+
+    A blamed rank is silent: behind in a collective, waiting in none on the record. It leads on
+    when it waits in a collective of a group holding an absent rank (`held`), or, waiting off
+    the record (a pipeline's point-to-point receive, which gloo does not log), when it shares a
+    group smaller than the world with an absent rank or with a rank that waits on one. A rank a
+    mid-step rank waits for (one that waits while it holds up another group) stopped inside its
+    own step: it is the end of its chain, absent neighbours or not."""
+    waits_on_absent = {w: (g, seq, gone) for g, seq, gone, waiting in held for w in waiting}
+    mid_step = ({w for s in stuck for w in s.waiting} | set(waits_on_absent)) & {
+        b for s in stuck for b in s.behind
+    }
+    lines = []
+    for rank in culprits:
+        if rank in waits_on_absent:
+            g, seq, gone = waits_on_absent[rank]
+            lines.append(f"rank {rank} waits in collective seq {seq} of group {_name(g)} on {gone}")
+            continue
+        if any(rank in s.behind and set(s.waiting) & mid_step for s in stuck):
+            return []
+        step = _off_record_step(rank, groups, waits_on_absent, world)
+        if step is None:
+            return []
+        lines.append(step)
+    return lines
+
+
+def _off_record_step(
+    rank: int,
+    groups: dict[str, Group],
+    waits_on_absent: dict[int, tuple[Group, int, list[int]]],
+    world: int,
+) -> str | None:
+    """The silent `rank`'s way on to an absent rank through a group it shares with one (or with
+    a rank waiting on one), smallest group first; None if there is none."""
+    absent = {a for _, _, gone in waits_on_absent.values() for a in gone}
+    for g in sorted(groups.values(), key=lambda g: (len(g.ranks), _natural(g.name))):
+        if rank not in g.ranks or len(g.ranks) >= world:
+            continue
+        others = [r for r in g.ranks if r != rank]
+        if gone := sorted(set(others) & absent):
+            return f"rank {rank} waits off the record in group {_name(g)} on {gone}"
+        for w in others:
+            if w in waits_on_absent:
+                g2, seq, gone = waits_on_absent[w]
+                return (
+                    f"rank {rank} waits off the record in group {_name(g)} on rank {w}, which "
+                    f"waits in collective seq {seq} of group {_name(g2)} on {gone}"
+                )
+    return None
+
+
+def _name(g: Group) -> str:
+    return f"{g.name} ({g.desc})"
+
+
+def _blame_absence(
+    report: Report,
+    found: list[Held],
+    summaries: dict[int, RankSummary],
+    chains: list[str] | None = None,
+) -> None:
     """The ranks present wait, directly or behind others, on ranks that left no readable dump:
     those are the likely culprits. Where they first held others up: the earliest-issued such
-    collective, then the smallest group (as for a recorded hang)."""
+    collective, then the smallest group (as for a recorded hang). `chains` says how the ranks
+    the record blamed lead on to them."""
 
     def issued(f: Held) -> int:
         times = [t for r in f[3] if (t := summaries[r].groups[f[0].name].created_ns.get(f[1]))]
@@ -364,6 +435,8 @@ def _blame_absence(report: Report, found: list[Held], summaries: dict[int, RankS
         "missing dumps (a rank that raised an error tears its process group down and often "
         "never dumps), not on a recorded collective"
     )
+    if chains:
+        report.reason += "; the ranks the record shows behind lead on to them: " + "; ".join(chains)
 
 
 def _stuck_json(s: Stuck) -> dict[str, Any]:
