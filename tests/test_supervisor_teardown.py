@@ -15,7 +15,8 @@ from pathlib import Path
 from coord_util import ROOT, wait_for
 
 from sentinel.processes import alive, free_rendezvous_port, proc_stat
-from sentinel.supervisor.launcher import GangPlan, LocalLauncher
+from sentinel.supervisor.launcher import Gang, GangPlan, LocalLauncher
+from sentinel.supervisor.replicas import ReplicaGang
 
 GRACE_S = 3.0
 
@@ -69,3 +70,35 @@ def test_a_hung_gang_that_ignores_sigterm_is_gone_within_30_s(tmp_path: Path) ->
             if proc_stat(int(pid[1])) is not None:
                 os.kill(int(pid[1]), 9)
         gang.stop(grace_s=1.0)
+
+
+def test_a_replica_rank_that_died_before_its_live_stop_is_still_reported(tmp_path: Path) -> None:
+    """A live repair stops one replica while its rank is crashing: the stop hands back that
+    rank's end, as the job's rank (replica 1's rank 1 is the job's rank 3), and nothing of the
+    replica that keeps running."""
+
+    def gang(replica: int, crash_rank: int | None) -> Gang:
+        code = "import os, sys, time; r = int(os.environ['RANK'])\n" + (
+            f"sys.exit(3) if r == {crash_rank} else time.sleep(60)"
+        )
+        plan = GangPlan(
+            argv=[sys.executable, "-c", code],
+            nodes=[f"node-{2 * replica}", f"node-{2 * replica + 1}"],
+            gpus_per_node=1,
+            generation=0,
+            label=f"replica{replica}",
+        )
+        return LocalLauncher(tmp_path).launch(plan)
+
+    replicas = ReplicaGang({0: gang(0, None), 1: gang(1, 1)}, ranks_per_replica=2)
+    try:
+        struck = replicas.gangs[1]
+        wait_for(lambda: struck.running() == 1, 30, "replica 1's rank 1 ended")
+
+        result, ended = replicas.stop_replica(1, grace_s=1.0)
+
+        assert [(e.rank, e.node, e.returncode) for e in ended] == [(3, "node-3", 3)]
+        assert result.verified and sorted(replicas.gangs) == [0]
+        assert replicas.poll() == [] and replicas.running() == 2
+    finally:
+        replicas.stop(grace_s=1.0)

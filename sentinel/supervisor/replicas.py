@@ -47,12 +47,14 @@ class ReplicaGang(Gang):
         self.ranks_per_replica = ranks_per_replica
 
     def poll(self) -> list[RankExit]:
-        out = []
-        for replica, gang in sorted(self.gangs.items()):
-            base = replica * self.ranks_per_replica
-            for e in gang.poll():
-                out.append(dataclasses.replace(e, rank=base + e.rank))
-        return out
+        return [
+            e for replica in sorted(self.gangs) for e in self._poll(replica, self.gangs[replica])
+        ]
+
+    def _poll(self, replica: int, gang: Gang) -> list[RankExit]:
+        """`gang`'s exits since its last poll, as the job's ranks."""
+        base = replica * self.ranks_per_replica
+        return [dataclasses.replace(e, rank=base + e.rank) for e in gang.poll()]
 
     def running(self) -> int:
         return sum(g.running() for g in self.gangs.values())
@@ -66,9 +68,14 @@ class ReplicaGang(Gang):
 
     def stop_replica(
         self, replica: int, grace_s: float, keep: frozenset[str] = frozenset()
-    ) -> Teardown:
-        """One replica (a live repair): its gang leaves this set until `rejoin`."""
-        return self.gangs.pop(replica).stop(grace_s, keep)
+    ) -> tuple[Teardown, list[RankExit]]:
+        """One replica (a live repair): its gang leaves this set until `rejoin`. With the
+        teardown, the replica's ranks that had ended before the stop signalled them, and not
+        been polled yet (a rank that crashed as the repair arrived is still a crash)."""
+        gang = self.gangs.pop(replica)
+        ended = self._poll(replica, gang)
+        result = gang.stop(grace_s, keep)
+        return result, ended + self._poll(replica, gang)
 
     def rejoin(self, replica: int, gang: Gang) -> None:
         self.gangs[replica] = gang

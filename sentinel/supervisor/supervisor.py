@@ -277,11 +277,14 @@ class Supervisor:
         out = {*plan.exclude, *plan.spare_map, *plan.replace}
         leaving = [n for r in sorted(struck) for n in layout.nodes(self.job.nodes, r)]
         keep = frozenset(leaving) - out  # the struck replicas' sound nodes stay warm
+        generation, resumed = self.job.generation, self.job.resume_step
         stops = [
             await asyncio.to_thread(gang.stop_replica, r, self.cfg.stop_grace_s, keep)
             for r in sorted(struck)
         ]
-        self.teardown = stops[0]
+        self.teardown = stops[0][0]
+        died = [e for _teardown, ended in stops for e in ended if e.returncode != 0]
+        await self._report_crashes(died, generation, resumed)
         try:
             left = self.job.swap_nodes(plan)
         except GangError as e:  # the survivors train on; the replica waits for a node
