@@ -8,6 +8,10 @@ TOY_HANG="RANK:STEPS:GENERATION" stops that rank STEPS steps after it started (a
 collective: it stays alive, stops advancing). Each rank follows SENTINEL_CONTROL_FILE: on
 `fr.dump` it writes a toy flight record, `<fr-dir>/rank<R>.json` = {"rank", "seq"}, the last
 collective sequence number it reached.
+
+The ranks step together, as a real gang's collectives make them (`Lockstep`): a rank cannot run
+ahead of a dead or stuck peer, so a crash's generation commits no checkpoint its dead rank
+never reached, however the ranks' starts are spread on a loaded machine.
 """
 
 from __future__ import annotations
@@ -35,6 +39,29 @@ class Control:
             text = f.read()
         self.offset += len(text)
         return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class Lockstep:
+    """Each rank's last finished step in OUT/lockstep-g<generation>/rank<r>; a rank starts a
+    step once every rank of the gang has finished the one before (and has started)."""
+
+    def __init__(self, out: Path, generation: int, rank: int, world: int) -> None:
+        self.dir, self.rank, self.world = out / f"lockstep-g{generation}", rank, world
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def finished(self, step: int) -> None:
+        tmp = self.dir / f".rank{self.rank}.tmp"
+        tmp.write_text(str(step))
+        os.replace(tmp, self.dir / f"rank{self.rank}")
+
+    def may_start(self, step: int) -> bool:
+        for r in range(self.world):
+            try:
+                if int((self.dir / f"rank{r}").read_text()) < step:
+                    return False
+            except (FileNotFoundError, ValueError):
+                return False
+        return True
 
 
 def main() -> int:
@@ -81,11 +108,16 @@ def main() -> int:
     hang = os.environ.get("TOY_HANG", "")
     hang_rank, hang_after, hang_gen = map(int, hang.split(":")) if hang else (-1, 0, -1)
     control = Control(os.environ.get("SENTINEL_CONTROL_FILE"))
+    gang = Lockstep(a.out, gen, rank, int(os.environ["WORLD_SIZE"]))
+    gang.finished(step)
     while step < a.steps:
         for cmd in control.new():
             if cmd["kind"] == "fr.dump" and a.fr_dir is not None:
                 a.fr_dir.mkdir(parents=True, exist_ok=True)
                 (a.fr_dir / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "seq": step}))
+        if not gang.may_start(step):  # waiting on a peer, as in a collective
+            time.sleep(0.01)
+            continue
         if (rank, gen) == (hang_rank, hang_gen) and step >= start + hang_after:
             time.sleep(a.step_s)  # stuck in a collective that never completes
             continue
@@ -98,6 +130,7 @@ def main() -> int:
             tmp = a.ckpt_dir / f"step_{step}.json.tmp"
             tmp.write_text(json.dumps({"step": step, "value": value}))
             os.replace(tmp, a.ckpt_dir / f"step_{step}.json")
+        gang.finished(step)
         time.sleep(a.step_s)
     record.update(end=step, value=value)
     (a.out / f"g{gen}-rank{rank}.json").write_text(json.dumps(record))
