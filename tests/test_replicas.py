@@ -155,7 +155,7 @@ def test_killed_replica_leaves_survivors_stepping_and_a_spare_heals_from_a_peer(
     uninterrupted: Path, data_dir: Path, lighthouse: Lighthouse, tmp_path: Path
 ) -> None:
     out = tmp_path / "killed"
-    args = ft_args(out, data_dir)
+    args = ft_args(out, data_dir, "--checkpoint-every", "4")
     gangs = [start(r, args, lighthouse, out / "logs") for r in range(REPLICAS)]
     survivors = [p.pid for r in (0, 2) for p in gangs[r].procs]
     wait_for_step(out, 1, 8, gangs, timeout=120)
@@ -178,6 +178,10 @@ def test_killed_replica_leaves_survivors_stepping_and_a_spare_heals_from_a_peer(
     launches = [r["launch"] for r in records(out) if "launch" in r]
     assert sorted(x["replica"] for x in launches) == [0, 1, 1, 2]  # the survivors launched once
     assert all(x["load_s"] == 0 and x["resume_step"] == 0 for x in launches)  # read nothing
+    # The spare trains from its peers' step: the checkpoints its replica committed before the
+    # kill are the job's history (a whole-job restart may need them), not set aside.
+    kept = out / "ckpt/replica-1"
+    assert not (kept / "superseded").exists(), sorted(p.name for p in kept.rglob("step-*"))
     done = final(out)
     assert len({f["digest"] for f in done.values()}) == 1, "the healed replica diverged"
     verdict = check(out, STEPS)

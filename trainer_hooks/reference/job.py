@@ -57,6 +57,7 @@ class Job:
     skip: set[int] = field(default_factory=set)
     saves: int = 0
     link: ReplicaLink | None = None  # --replicas ft: this rank's link to the other replicas
+    superseded: bool = False  # this launch set aside the checkpoints after its start
 
     @property
     def reports_loss(self) -> bool:
@@ -101,6 +102,17 @@ class Job:
 
         load_model_state(self.model, self.opt, state["model"])
         self.restore(state["train"])
+
+    def supersede_later_checkpoints(self) -> None:
+        """Once a launch knows the step it trains from (`step`): set aside its checkpoints after
+        it, the branch a rollback abandoned. A replica knows it after its first quorum: one
+        that starts without a checkpoint may heal from a live peer there, and its checkpoints up
+        to the peers' step are the job's own history, the newest ones a whole-job restart may
+        need. (Set aside from step 0, a live repair in each replica could leave none: the next
+        whole-job restart then trained from scratch, a wrong model with an exact ledger.)"""
+        if not self.superseded:
+            self.ckpt.supersede_after(self.step)
+            self.superseded = True
 
     def committed(self, batch: int, quorum: int | None, assignment: dict[int, Any]) -> None:
         """The step trained on `batch` committed: move on and record it in the ledger."""
@@ -209,7 +221,8 @@ def build_job(cfg: TrainConfig, resume: Path | None, faults: list[Any]) -> Job:
     if cfg.lr_scale:
         first = job.start if cfg.lr_scale_from is None else cfg.lr_scale_from
         job.lr.scale_from(first, *cfg.lr_scale)
-    job.ckpt.supersede_after(job.start)
+    if cfg.ft is None:  # a replica's waits for its first quorum (train_replica)
+        job.supersede_later_checkpoints()
     job.step_fn.before_update = job.ckpt.wait_staged
     if cfg.ft is not None:
         from trainer_hooks.reference.replicas import ReplicaLink  # torchft: only in this mode

@@ -85,6 +85,7 @@ def train_replica(job: Job, out: list[TextIO]) -> Trained | None:
         attempts += 1
         if not link.start(leave_requested):  # a replica behind its peers heals here
             return None
+        job.supersede_later_checkpoints()
         if link.healed is not None:
             _emit(job.tag({"heal": link.healed | {"step": job.step}}), out)
         batch = job.loader.peek()
