@@ -97,5 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as e:
         print(f"sentinel: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except (OSError, UnicodeError) as e:  # what a command met without a message of its own
+        print(f"sentinel: {system_error(e)}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         return 130
+
+
+def system_error(e: OSError | UnicodeError) -> str:
+    """One line for an operating-system or decoding error: the file it names, if any, and
+    what is wrong, never a traceback."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"an input is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+    if isinstance(e, OSError) and e.filename is not None:
+        also = f" -> {e.filename2}" if e.filename2 is not None else ""
+        return f"{e.filename}{also}: {e.strerror or e}"
+    return str(e)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -29,6 +29,7 @@ from pydantic import (
 from sentinel.exitcodes import InputError
 from sentinel.faults.blame import LemonPolicy
 from sentinel.faults.catalog import RULE_BY_NAME
+from sentinel.inputs import parse_yaml, read_text
 from sentinel.protocol import Recovery
 
 ENV_PREFIX = "SENTINEL_"
@@ -63,6 +64,25 @@ def parse_urls(value: str | Sequence[str]) -> tuple[str, ...]:
 
 
 CoordinatorUrls = Annotated[tuple[str, ...], BeforeValidator(parse_urls)]
+
+
+def host_port(listen: str) -> tuple[str, int]:
+    """A daemon's listen address, HOST:PORT (an IPv6 host in brackets; no host: every
+    interface), as (host, port). Raises ValueError saying what is wrong."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{listen!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ValueError(f"{listen!r}: port {port} is out of range (0-65535)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _listen(value: str) -> str:
+    host_port(value)
+    return value
+
+
+Listen = Annotated[str, AfterValidator(_listen)]
 
 
 class StrictModel(BaseModel):
@@ -120,7 +140,7 @@ class SimConfig(StrictModel):
 
 class AgentConfig(StrictModel):
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
-    listen: str = "127.0.0.1:9410"
+    listen: Listen = "127.0.0.1:9410"
     interval_s: float = Field(default=1.0, gt=0)
     # None: no coordinator (the agent serves /metrics only).
     coordinator_url: CoordinatorUrls | None = None
@@ -197,10 +217,10 @@ class ValidationConfig(StrictModel):
 
 
 class CoordinatorConfig(StrictModel):
-    listen: str = "127.0.0.1:9400"
+    listen: Listen = "127.0.0.1:9400"
     # A second port that serves only `POST /v1/events`, past aiohttp (coordinator/front.py):
     # what a large fleet's agents post to. None: events go to the API port only.
-    ingest_listen: str | None = None
+    ingest_listen: Listen | None = None
     state_dir: Path = Path("/var/lib/sentinel/coordinator")
     # None: SQLite in state_dir (one coordinator). A PostgreSQL URL
     # (postgresql://USER@HOST:PORT/DB?sslmode=verify-full): several replicas share it, one
@@ -335,21 +355,11 @@ class SentinelConfig(StrictModel):
 
 
 def _parse_file(path: Path) -> dict[str, Any]:
+    text = read_text(path)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            doc: object = tomllib.loads(text)
-        else:
-            doc = yaml.safe_load(text)
+        doc = tomllib.loads(text) if path.suffix == ".toml" else parse_yaml(text, str(path))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: not valid TOML: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise InputError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if doc is None:
         return {}
     if not isinstance(doc, dict):

@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
 from sentinel.faults.repairs import Recovery, allowed_for_kind, path_for_kind
+from sentinel.inputs import parse_yaml, read_text
 
 NodeName = Annotated[str, Field(pattern=r"^(node|spare)-\d+$")]
 
@@ -184,6 +184,13 @@ class Scenario(_Fault):
                 out.append(f"faults.{i}.gpu: {gpu} >= gpus_per_node ({self.fleet.gpus_per_node})")
             if rank is not None and rank >= world:
                 out.append(f"faults.{i}.rank: {rank} >= world size {world}")
+            field = "batch" if isinstance(f, CorruptBatchFault) else "at_step"
+            step = getattr(f, field, None)
+            if step is not None and step >= t.steps:
+                out.append(
+                    f"faults.{i}.{field}: {step} is past the run's last step ({t.steps - 1}):"
+                    " the fault would never strike"
+                )
         if self.recovery == Recovery.LIVE and t.dp < 2:
             out.append("recovery: live needs data-parallel replicas (trainer.dp >= 2)")
         if self.runs_replicas and self.fleet.nodes % t.dp:
@@ -248,10 +255,9 @@ def shipped_scenarios() -> list[str]:
 
 def load_scenario(name_or_file: str | Path) -> Scenario:
     path = resolve_scenario_path(str(name_or_file))
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise InputError(f"{path}: not valid YAML: {e}") from None
+    doc = parse_yaml(read_text(path), str(path))
+    if doc is None:
+        raise InputError(f"{path}: empty: a scenario is a mapping with fleet, trainer and faults")
     if not isinstance(doc, dict):
         raise InputError(f"{path}: a scenario is a mapping with fleet, trainer and faults")
     doc.setdefault("name", path.stem)

@@ -96,6 +96,13 @@ def verdict_of(a: AgentProcess, node: str) -> str:
     return next(lbl["verdict"] for lbl, v in samples if v == 1 and lbl["node"] == node)
 
 
+def node_token(directory: Path) -> Path:
+    """A token file: an agent that reports to a coordinator refuses to start without one."""
+    token = directory / "token"
+    token.write_text("node-token\n")
+    return token
+
+
 @pytest.fixture
 def coordinator() -> Iterator[StandInCoordinator]:
     c = StandInCoordinator(free_port())
@@ -149,6 +156,7 @@ def test_no_event_lost_while_coordinator_is_down_and_agent_restarts(
         2,
         interval_s=0.2,
         coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+        token_file=node_token(tmp_path),
     )
     fleet.start()
     fleet.inject("node-1", {"kind": "xid", "gpu": 1, "xid": 79})
@@ -271,6 +279,7 @@ def test_rank_events_are_relayed_and_reexported(
         2,
         interval_s=0.2,
         coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+        token_file=node_token(tmp_path),
     )
     with fleet:
         a = fleet.agents["node-3"]
@@ -309,6 +318,7 @@ def test_a_checkpoint_the_hooks_report_is_relayed_and_reexported(
         2,
         interval_s=0.2,
         coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+        token_file=node_token(tmp_path),
     )
     with fleet:
         a = fleet.agents["node-3"]
@@ -376,6 +386,7 @@ def test_hardware_faults_are_judged_between_sweeps(
         4,
         interval_s=10.0,
         coordinator_url=f"http://127.0.0.1:{coordinator.port}",
+        token_file=node_token(tmp_path),
     )
     with fleet:
         wait_until(lambda: "node.health" in coordinator.kinds())

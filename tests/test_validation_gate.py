@@ -82,7 +82,9 @@ def test_playbooks_check_refuses_a_return_with_no_baseline_at_its_line(tmp_path:
     good = tmp_path / "base.json"
     save_validation_baseline(good, BASE)
     assert load_playbooks(tmp_path, good)[0].name == "back"
-    with pytest.raises(PlaybookError, match=r"ret.yaml:7: steps.1: validation baseline .*nope"):
+    with pytest.raises(
+        PlaybookError, match=r"ret.yaml:7: steps.1: .*nope.json: cannot read.*validation baseline"
+    ):
         load_playbooks(tmp_path, tmp_path / "nope.json")
 
 

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,18 +48,28 @@ from sentinel.agent.uplink.delivery import Deliverer
 from sentinel.agent.uplink.fr_carry import FrCarrier
 from sentinel.agent.uplink.spool import Spool
 from sentinel.agent.uplink.validation import NodeValidator
-from sentinel.config import AgentConfig, ConfigError, load_config
+from sentinel.config import AgentConfig, ConfigError, host_port, load_config
+from sentinel.exitcodes import InputError
 from sentinel.failover import Coordinators
+from sentinel.inputs import read_token, writable_dir
 from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict
 
 log = logging.getLogger("sentinel.agent")
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"listen address {listen!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
+def _bound(listen: str) -> socket.socket:
+    """A socket bound to the agent's listen address (InputError when it cannot be)."""
+    host, port = host_port(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InputError(f"agent.listen {listen}: cannot listen there: {e.strerror or e}") from None
+    sock.setblocking(False)
+    return sock
 
 
 class AgentMetrics:
@@ -133,8 +145,19 @@ class Agent:
         )
         self.relay: CommandRelay | None = None
         if cfg.coordinator_url:
-            self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
-            token = cfg.token_file.read_text().strip() if cfg.token_file else None
+            if cfg.token_file is None:  # every request would be refused, forever
+                raise InputError(
+                    "agent.token_file is needed to report to a coordinator: a node token "
+                    "(sentinel token create --role node --node NAME)"
+                )
+            token = read_token(cfg.token_file, "agent.token_file")
+            writable_dir(cfg.spool_dir, "agent.spool_dir")
+            try:
+                self.spool = Spool(cfg.spool_dir, cfg.spool_max_events)
+            except sqlite3.Error as e:
+                raise InputError(
+                    f"agent.spool_dir {cfg.spool_dir}: cannot keep events: {e}"
+                ) from None
             # One rotation for delivery and commands: a replica one finds dead, both leave.
             coordinators = Coordinators(cfg.coordinator_url)
             self.deliverer = Deliverer(self.spool, coordinators, token, cfg.batch_max_events)
@@ -156,12 +179,23 @@ class Agent:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # Its addresses first: one in use or out of reach stops the agent before it has said
+        # anything of the node (a verdict, ready).
+        listening = _bound(self.cfg.listen)
+        if self.rank_server is not None and self.cfg.rank_socket is not None:
+            try:
+                writable_dir(self.cfg.rank_socket.parent, "agent.rank_socket's directory")
+                await self.rank_server.start()
+            except (InputError, OSError) as e:
+                listening.close()
+                if isinstance(e, InputError):
+                    raise
+                where = f"agent.rank_socket {self.cfg.rank_socket}"
+                raise InputError(f"{where}: {e.strerror or e}") from None
         first = asyncio.ensure_future(self.collect_once())
         # /metrics has data from the first scrape on, unless NVML wedges on the very first sweep
         await asyncio.wait([first], timeout=self.cfg.nvml_call_deadline_s)
-        await self._start_http()
-        if self.rank_server is not None:
-            await self.rank_server.start()
+        await self._start_http(listening)
         self._tasks = [
             asyncio.create_task(self._collect_loop(first), name="collect"),
             asyncio.create_task(self._watch_loop(), name="watch"),
@@ -329,19 +363,15 @@ class Agent:
                 self.emit([AgentHeartbeatEvent(source=self.monitor.source, payload=payload)])
             await asyncio.sleep(self.cfg.heartbeat_s)
 
-    async def _start_http(self) -> None:
+    async def _start_http(self, listening: socket.socket) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        host, port = parse_listen(self.cfg.listen)
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.metrics_port = sockets[0].getsockname()[1] if sockets else port
+        await web.SockSite(self._runner, listening).start()
+        self.metrics_port = listening.getsockname()[1]
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = self._renderer.render(self.registry)

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_json
 from sentinel.protocol import ValidationCheck, format_validation_error
 
 SECTION = "validation"  # the key of a baseline file that holds these figures
@@ -46,12 +47,7 @@ class ValidationBaseline(BaseModel):
 def load_validation_baseline(path: Path) -> ValidationBaseline:
     """Read the `validation` section of a baseline file; InputError says what is wrong and how
     to make one."""
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise InputError(f"validation baseline {path}: cannot read: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"validation baseline {path}: not JSON: {e}") from None
+    doc = read_json(path, "a validation baseline")
     section = doc.get(SECTION) if isinstance(doc, dict) else None
     if not isinstance(section, dict):
         raise InputError(
@@ -68,10 +64,7 @@ def save_validation_baseline(path: Path, baseline: ValidationBaseline) -> None:
     """Write the section, keeping what else the file holds (a fleet burn-in's figures)."""
     doc: dict[str, Any] = {}
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError(f"--save-baseline {path}: exists and is not JSON: {e}") from None
+        old = read_json(path, "--save-baseline: an existing baseline file is added to")
         doc = old if isinstance(old, dict) else {}
     doc[SECTION] = baseline.model_dump(mode="json")
     tmp = path.with_name(path.name + ".tmp")

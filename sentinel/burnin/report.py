@@ -3,13 +3,13 @@ and baseline files."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_json
 
 BASELINE_VERSION = 1
 
@@ -130,10 +130,7 @@ def baseline_from(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError(f"--baseline {path}: cannot read a JSON baseline: {e}") from None
+    doc = read_json(path, "--baseline: a burn-in baseline")
     if not isinstance(doc, dict) or doc.get("version") != BASELINE_VERSION:
         raise InputError(
             f"--baseline {path}: not a burn-in baseline (version {BASELINE_VERSION}); "

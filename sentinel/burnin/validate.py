@@ -150,6 +150,8 @@ def run_validate(args: argparse.Namespace) -> int:
         raise InputError("--validate tests this node alone: drop --sim-nodes and --scenario")
     if args.baseline is None and args.save_baseline is None:
         raise InputError("--validate needs --baseline FILE (or --save-baseline FILE to make one)")
+    if args.sim_faults is not None and args.sim_faults.is_dir():
+        raise InputError(f"--sim-faults {args.sim_faults}: a directory, not a fault file")
     if args.sim_faults is not None and not args.sim_faults.parent.is_dir():
         raise InputError(f"--sim-faults {args.sim_faults}: directory does not exist")
     check_json_target(args)

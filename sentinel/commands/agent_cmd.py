@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from sentinel.agent.host import PsutilHost
-    from sentinel.agent.service import Agent, parse_listen
+    from sentinel.agent.service import Agent
     from sentinel.config import AgentConfig, ConfigError, SimConfig, config_errors, load_config
 
     cfg = load_config(args.config)
@@ -77,13 +77,12 @@ def run(args: argparse.Namespace) -> int:
         fields["sim"] = base.model_dump() | ({"gpus": args.gpus} if args.gpus else {})
     try:
         agent_cfg = AgentConfig.model_validate(fields)
-        parse_listen(agent_cfg.listen)
     except ValidationError as e:
         raise ConfigError("command line", config_errors(e)) from None
-    except ValueError as e:
-        raise InputError(str(e)) from None
     if args.sim_faults and agent_cfg.sim is None:
         raise InputError("--sim-faults needs --sim")
+    if args.sim_faults and args.sim_faults.is_dir():  # missing is fine: no fault injected yet
+        raise InputError(f"--sim-faults {args.sim_faults}: a directory, not a fault file")
 
     backend = _backend(agent_cfg, args.sim_faults)
     if backend is None:

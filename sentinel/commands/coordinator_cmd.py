@@ -59,27 +59,23 @@ def coordinator_config(args: argparse.Namespace):  # type: ignore[no-untyped-def
     return cfg.model_copy(update=updates)
 
 
-def split_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        raise InputError(f"--listen must be HOST:PORT, got {listen!r}")
-    return host or "0.0.0.0", int(port)
-
-
 def run(args: argparse.Namespace) -> int:
     import gc
 
     import uvloop
 
+    from sentinel.config import host_port
     from sentinel.coordinator.core.playbooks import PlaybookError
     from sentinel.coordinator.core.store import StoreUnavailable
     from sentinel.coordinator.http.app import build_app
     from sentinel.coordinator.http.listener import serve
     from sentinel.coordinator.runtime import Service
+    from sentinel.inputs import writable_dir
 
     cfg = coordinator_config(args)
-    host, port = split_listen(cfg.listen)
-    ingest = split_listen(cfg.ingest_listen) if cfg.ingest_listen else None
+    writable_dir(cfg.state_dir, "coordinator.state_dir")
+    host, port = host_port(cfg.listen)
+    ingest = host_port(cfg.ingest_listen) if cfg.ingest_listen else None
     try:
         service = Service(cfg)
     except PlaybookError as e:
@@ -89,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.PROBLEM_FOUND
     admin = cfg.state_dir / "admin.token"
     log.info(
-        "coordinator listening on %s:%d, state in %s",
+        "coordinator starting on %s:%d, state in %s",
         host,
         port,
         cfg.state_dir,

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 
 from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+from sentinel.inputs import read_json
 
 TOKEN_ENV = "SENTINEL_GRAFANA_TOKEN"
 
@@ -139,15 +140,16 @@ def run_push(args: argparse.Namespace) -> int:
 def run_burnin_textfile(args: argparse.Namespace) -> int:
     from sentinel.dashboards.burnin_metrics import ReportError, exposition, write_textfile
 
+    if args.out is not None and not args.out.parent.is_dir():
+        what = "is not a directory" if args.out.parent.exists() else "does not exist"
+        raise InputError(f"--out {args.out}: {args.out.parent} {what}")
+    report = read_json(args.report, "a burn-in report: sentinel burnin --report")
     try:
-        report = json.loads(args.report.read_text())
         body = exposition(report, args.report.stat().st_mtime)
-    except (OSError, json.JSONDecodeError, ReportError) as e:
+    except (OSError, ReportError) as e:
         raise InputError(f"{args.report}: {e}") from None
     if args.out is None:
         sys.stdout.write(body.decode())
         return ExitCode.OK
-    if not args.out.parent.is_dir():
-        raise InputError(f"--out {args.out}: directory {args.out.parent} does not exist")
     write_textfile(args.out, body)
     return ExitCode.OK

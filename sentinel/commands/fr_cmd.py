@@ -29,7 +29,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     try:
         dumps = load_dir(args.dump_dir, prefix=args.prefix, workers=args.workers)
     except DumpError as e:
-        raise InputError(str(e)) from None
+        raise InputError(f"{args.dump_dir}: {e}") from None
     if not dumps.summaries and not dumps.sidecars:
         # Nothing here is a dump: bad input, not a verdict about the job's ranks.
         why = "; ".join(f"{dumps.prefix}{r}: {e}" for r, e in sorted(dumps.unreadable.items())[:3])

@@ -35,6 +35,15 @@ def _positive(
     return parse
 
 
+def _ratio(text: str) -> float:
+    """A ratio in (0, 1]: 0.97, not 97 (a percentage is refused with the ratio it meant)."""
+    value = _positive(float, 0, True)(text)
+    if value > 1:
+        hint = f" (for {value:g}%, pass {value / 100:g})" if value <= 100 else ""
+        raise argparse.ArgumentTypeError(f"a ratio is at most 1, got {text}{hint}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "goodput",
@@ -53,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--target",
-        type=_positive(float, 0, True),
+        type=_ratio,
         default=0.97,
         help="ratio to compare with (default 0.97)",
     )
@@ -110,7 +119,7 @@ def _fleet_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--goal",
-        type=_positive(float, 0, True),
+        type=_ratio,
         default=GOAL,
         help="the live path's goal at the largest --compare-gpus (default 0.90)",
     )

@@ -8,12 +8,14 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sentinel.commands.status_cmd import coordinator_option
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_text, read_token, writable_dir
 
 log = logging.getLogger("sentinel.supervisor")
 
@@ -113,12 +115,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("command line", config_errors(e)) from None
     token = os.environ.get("SENTINEL_TOKEN")
     if cfg.token_file is not None:
-        try:
-            token = cfg.token_file.read_text().strip()
-        except OSError as e:
-            raise InputError(f"{cfg.token_file}: cannot read the token: {e.strerror}") from None
+        token = read_token(cfg.token_file, "--token-file")
     if not token:
         raise InputError("no token: pass --token-file FILE or set SENTINEL_TOKEN")
+    if cfg.launcher == "local":  # on Slurm the nodes' own filesystems hold the trainer
+        runnable(argv[0])
+        for option, where in (
+            ("supervisor.checkpoint_dir", cfg.checkpoint_dir),
+            ("supervisor.fr_dir", cfg.fr_dir),
+        ):
+            if where is not None and "{node}" not in str(where):
+                writable_dir(where, option)
+    if args.log_dir is not None:
+        writable_dir(args.log_dir, "--log-dir")
     exclude = read_exclude(args.exclude_file)
     control = (args.log_dir or Path(".")) / f"{cfg.job_id}.control.jsonl"
     if cfg.ranks == "warm" and not warm_capable(argv):
@@ -133,6 +142,13 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise InputError(f"cannot place the gang: {e}") from None
         return asyncio.run(sup.run())
+
+
+def runnable(program: str) -> None:
+    """InputError unless `program` is an executable file, as a path or on PATH."""
+    if shutil.which(program) is None:
+        where = "not an executable file" if "/" in program else "not found on PATH"
+        raise InputError(f"the trainer command {program!r}: {where}")
 
 
 def warm_capable(argv: list[str]) -> bool:
@@ -192,10 +208,7 @@ def read_exclude(path: Path | None) -> frozenset[str]:
     """Node names, one per line; blank lines and `#` comments ignored."""
     if path is None:
         return frozenset()
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as e:
-        raise InputError(f"--exclude-file {path}: cannot read it: {e.strerror}") from None
+    lines = read_text(path, "--exclude-file: node names, one per line").splitlines()
     names = [ln.split("#", 1)[0].strip() for ln in lines]
     bad = [n for n in names if n and not re.fullmatch(r"(node|spare)-\d+", n)]
     if bad:

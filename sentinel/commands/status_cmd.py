@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
 from sentinel.exitcodes import ExitCode, InputError
+from sentinel.inputs import read_token
 
 if TYPE_CHECKING:
     from sentinel.status import Client
@@ -57,10 +58,7 @@ def token_of(args: argparse.Namespace) -> str | None:
     """The operator token: from --token-file, else $SENTINEL_TOKEN."""
     if args.token_file is None:
         return os.environ.get(TOKEN_ENV) or None
-    try:
-        return args.token_file.read_text().strip()
-    except OSError as e:
-        raise InputError(f"--token-file {args.token_file}: {e.strerror}") from None
+    return read_token(args.token_file, "--token-file")
 
 
 def ask(

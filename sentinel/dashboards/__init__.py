@@ -13,6 +13,8 @@ from pathlib import Path
 from sentinel.dashboards import burn_in, fleet_health, incidents, training_run
 from sentinel.dashboards.panels import JSON, Spec
 from sentinel.dashboards.panels import render as render_spec
+from sentinel.exitcodes import InputError
+from sentinel.inputs import read_json
 
 # File stem -> dashboard. The stem is the file name under dashboards/.
 SPECS: dict[str, Spec] = {
@@ -43,4 +45,8 @@ def write_all(directory: Path) -> list[Path]:
 
 def load_dir(directory: Path) -> dict[str, JSON]:
     """The dashboards in a directory, by file stem (what `dashboards push` uploads)."""
-    return {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+    if not directory.is_dir():
+        raise InputError(f"--dir {directory}: not a directory of dashboards")
+    return {
+        p.stem: read_json(p, "--dir: a Grafana dashboard") for p in sorted(directory.glob("*.json"))
+    }

@@ -198,7 +198,7 @@ def _infer_prefix(names: list[str]) -> str:
 def load_dir(path: str | Path, prefix: str | None = None, workers: int | None = None) -> DumpDir:
     root = Path(path)
     if not root.is_dir():
-        raise DumpError(f"{root} is not a directory")
+        raise DumpError("not a directory")
     names = [n for n in os.listdir(root) if not n.startswith(".")]
     sidecars: dict[int, dict[str, Any]] = {}
     for n in names:
@@ -215,7 +215,7 @@ def load_dir(path: str | Path, prefix: str | None = None, workers: int | None = 
         if n.startswith(prefix) and n[len(prefix) :].isdigit()
     ]
     if not jobs:
-        raise DumpError(f"no dumps named {prefix}<rank> in {root}")
+        raise DumpError(f"no dumps named {prefix}<rank>")
     _seen_configs.clear()
     results = _load_all(jobs, workers)
     summaries = {

@@ -28,7 +28,8 @@ the catalog's meaning of a fault instead of repeating a list of codes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -44,7 +45,9 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sentinel.coordinator.core.actions import ACTIONS
 from sentinel.coordinator.core.stages import LAUNCH_STAGES
-from sentinel.protocol import Action, EventKind
+from sentinel.exitcodes import InputError
+from sentinel.inputs import parse_yaml, read_text
+from sentinel.protocol import EVENT_TYPES, Action, EventKind
 
 
 class _Strict(BaseModel):
@@ -80,6 +83,50 @@ class TriggerClause(_Strict):
     when: list[Condition] = Field(default_factory=list)
     min_count: int = Field(default=1, ge=1)
     window_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _fields_exist(self) -> TriggerClause:
+        """A condition's field is in the events it is asked of (a misspelt one would never
+        hold, and the playbook never fire)."""
+        for field in _fields(self.when):
+            if not any(_resolves(EVENT_TYPES[k], field.split(".")) for k in self.kinds):
+                kinds = ", ".join(k.value for k in self.kinds)
+                raise ValueError(f"{field} is not a field of {kinds} events")
+        return self
+
+
+def _fields(conditions: list[Condition]) -> list[str]:
+    return [f for c in conditions for f in ([c.field] if c.field else _fields(c.any))]
+
+
+def _resolves(annotation: Any, path: list[str]) -> bool:
+    """Whether a dotted path (`*` for any element of a list) leads somewhere in a value of this
+    type; a mapping, or a value of any type, holds whatever is asked of it."""
+    if not path:
+        return True
+    head, rest = path[0], path[1:]
+    for option in _options(annotation):
+        origin = get_origin(option)
+        if option is Any or option is dict or origin is dict:
+            return True
+        if head == "*" and origin in (list, tuple, set, frozenset):
+            if any(_resolves(a, rest) for a in get_args(option) if a is not Ellipsis):
+                return True
+        elif isinstance(option, type) and issubclass(option, BaseModel):
+            field = option.model_fields.get(head)
+            if field is not None and _resolves(field.annotation, rest):
+                return True
+    return False
+
+
+def _options(annotation: Any) -> list[Any]:
+    """The types a value of `annotation` may have (Optional, unions and Annotated unwrapped)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _options(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return [t for a in get_args(annotation) for t in _options(a)]
+    return [annotation]
 
 
 class IncidentSpec(_Strict):
@@ -217,16 +264,11 @@ def _line_of(node: yaml.Node | None, loc: tuple[int | str, ...]) -> int | None:
 def load_playbook(path: Path, baseline: Path | None = None) -> Playbook:
     """One playbook, validated; `baseline`: the coordinator's validation baseline, if any."""
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise PlaybookError([f"{path}: cannot read: {e.strerror}"]) from None
-    try:
-        tree = yaml.compose(text)
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise PlaybookError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+        text = read_text(path)
+        doc = parse_yaml(text, str(path))
+    except InputError as e:
+        raise PlaybookError([str(e)]) from None
+    tree = yaml.compose(text)
     if not isinstance(doc, dict):
         raise PlaybookError([f"{path}:1: a playbook is a mapping (name, incident, trigger, ...)"])
     try:

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import cast
@@ -47,6 +48,7 @@ from sentinel.coordinator.http.ingest import answer_batch, retry_after
 from sentinel.coordinator.http.metrics import Metrics
 from sentinel.coordinator.http.routes import route_for
 from sentinel.coordinator.runtime import Service
+from sentinel.exitcodes import InputError
 
 INGEST = route_for("post", "/v1/events")  # the one door: its roles, its answer
 
@@ -372,6 +374,15 @@ class IngestListener:
             await self.front.close()
 
 
+async def _listening(start: Awaitable[None], host: str, port: int) -> None:
+    """Start a listener; InputError when its address cannot be had (another daemon's port, an
+    address this host does not have)."""
+    try:
+        await start
+    except OSError as e:
+        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 async def serve(
     app: web.Application, host: str, port: int, ingest: tuple[str, int] | None = None
 ) -> None:
@@ -383,10 +394,11 @@ async def serve(
     await runner.setup()
     listener = None
     try:
-        await web.TCPSite(runner, host, port, backlog=1024).start()
+        await _listening(web.TCPSite(runner, host, port, backlog=1024).start(), host, port)
         if ingest is not None:
             listener = IngestListener(app, *ingest)
-            await listener.start()
+            await _listening(listener.start(), *ingest)
+        log.info("listening on %s:%d", host, port, extra={"ingest": ingest})
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

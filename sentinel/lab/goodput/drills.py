@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_json
 from sentinel.lab.demo.result import HANG_SLACK_S
-from sentinel.lab.goodput.jsonfile import read_json
 from sentinel.lab.goodput.measurements import Drill, Sample
 from sentinel.lab.goodput.model import DEMO_KIND_CLASS
 from sentinel.scenario import Scenario, load_scenario

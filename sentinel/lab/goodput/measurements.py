@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
-from sentinel.lab.goodput.jsonfile import read_json
+from sentinel.inputs import read_json
 from sentinel.lab.goodput.trace import FaultClass
 
 FORMAT = "sentinel-goodput-measurements/1"

@@ -31,8 +31,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_json
 from sentinel.lab.goodput.checkpoint import CheckpointSpec
-from sentinel.lab.goodput.jsonfile import read_json
 from sentinel.lab.goodput.scaling import throughput
 from sentinel.lab.goodput.trace import LLAMA3, FaultClass
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from sentinel.config import config_errors
 from sentinel.exitcodes import InputError
+from sentinel.inputs import read_text
 
 WHAT = "benchmarks/recovery.py's output, its last line JSON"
 SHIPPED = "recovery_bench.json"  # in sentinel/data/: the last line of the run the README cites
@@ -55,10 +56,7 @@ class RecoveryBench(BaseModel):
 
 
 def _last_line(path: Path) -> str:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror} ({WHAT})") from None
+    text = read_text(path, WHAT)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise InputError(f"{path}: empty ({WHAT})")

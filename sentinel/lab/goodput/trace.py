@@ -13,15 +13,14 @@ A trace file (YAML or JSON) looks like the built-in reference:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.exitcodes import InputError
+from sentinel.inputs import parse_yaml, read_json, read_text
 
 
 class FaultClass(StrEnum):
@@ -126,13 +125,6 @@ def parse_trace(data: object, source: str) -> Trace:
 
 
 def load_trace(path: Path) -> Trace:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise InputError(f"{path}: cannot read trace: {e.strerror}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise InputError(f"{path}: not valid {kind}: {e}") from None
-    return parse_trace(data, str(path))
+    if path.suffix == ".json":
+        return parse_trace(read_json(path, "a failure trace"), str(path))
+    return parse_trace(parse_yaml(read_text(path, "a failure trace"), str(path)), str(path))
