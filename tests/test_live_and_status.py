@@ -143,7 +143,8 @@ def test_status_refuses_a_bad_token_and_an_absent_coordinator(
         text=True,
         timeout=60,
     )
-    assert r.returncode == 1 and "cannot reach the coordinator at http://127.0.0.1:9" in r.stderr
+    # unreachable is its own answer (3), not "incidents are open" (1)
+    assert r.returncode == 3 and "cannot reach the coordinator at http://127.0.0.1:9" in r.stderr
 
 
 def test_status_is_one_screen_in_a_terminal(busy: tuple[Coordinator, Path]) -> None:

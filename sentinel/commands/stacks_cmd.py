@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Python stacks through the node agents, waits until all ranks answered or --wait "
         "passed, and prints identical stacks once with the ranks sharing them (`ranks 0-5,7`), "
         "the smallest groups first, and the ranks that did not answer. Exit 0 when every rank "
-        "answered, 1 when some did not, 2 on bad input (an unknown job, a refused token).",
+        "answered, 1 when some did not, 2 on bad input (an unknown job, a refused token), 3 when "
+        "no coordinator answered.",
     )
     p.add_argument("job", metavar="JOB", help="the job id (as `sentinel run --job-id` named it)")
     p.add_argument(
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     check_json_target(args)
     doc = ask(args, lambda client: collect(client, args.job, args.wait))
     if doc is None:
-        return ExitCode.PROBLEM_FOUND
+        return ExitCode.UNAVAILABLE
     emit_json(args, doc)
     if not json_to_stdout(args):
         print(render(doc), end="")

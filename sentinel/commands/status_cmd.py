@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "status",
         help="fleet, jobs, open incidents and playbook runs, from a coordinator",
         description="Reads the coordinator's HTTP API with an operator (or admin) token. Exit 0 "
-        "when nothing is open, 1 when incidents are open, 2 on bad input or a refused token.",
+        "when nothing is open, 1 when incidents are open, 2 on bad input or a refused token, 3 when "
+        "no coordinator answered.",
     )
     add_coordinator_options(p)
     add_json_option(p, "the status")
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.status import gather, render
 
     doc = ask(args, gather)
-    if doc is None:
-        return ExitCode.PROBLEM_FOUND
+    if doc is None:  # unreachable: not the same answer as "incidents are open"
+        return ExitCode.UNAVAILABLE
     emit_json(args, doc)
     if not json_to_stdout(args):
         render(doc, Console())
