@@ -217,7 +217,7 @@ class ValidationConfig(StrictModel):
 
 
 class CoordinatorConfig(StrictModel):
-    listen: Listen = "127.0.0.1:9400"
+    listen: Listen = "127.0.0.1:8470"
     # A second port that serves only `POST /v1/events`, past aiohttp (coordinator/front.py):
     # what a large fleet's agents post to. None: events go to the API port only.
     ingest_listen: Listen | None = None
@@ -286,7 +286,7 @@ class CoordinatorConfig(StrictModel):
 class SupervisorConfig(StrictModel):
     """`sentinel run`: where the coordinator is and what gang to launch."""
 
-    coordinator_url: CoordinatorUrls = ("http://127.0.0.1:9400",)
+    coordinator_url: CoordinatorUrls = ("http://127.0.0.1:8470",)
     token_file: Path | None = None
     job_id: str = Field(default="job", min_length=1, pattern=r"^[A-Za-z0-9_.:@-]+$")
     # local: ranks as local processes (the simulated fleet); slurm: a job step per generation

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -158,12 +159,12 @@ def test_replica_unit_keeps_the_password_out_of_argv_and_environment() -> None:
 
 def test_replica_config_is_a_valid_sentinel_config() -> None:
     cfg = load_config(DEPLOY / "coordinator-replica.yaml", env={})
-    assert cfg.coordinator.store and cfg.coordinator.listen == "0.0.0.0:9400"
+    assert cfg.coordinator.store and cfg.coordinator.listen == "0.0.0.0:8470"
 
 
 def test_agents_list_both_replicas() -> None:
     cfg = load_config(DEPLOY / "agent-replicas.yaml", env={})
-    urls = ("https://coord-a.example:9400", "https://coord-b.example:9400")
+    urls = ("https://coord-a.example:8470", "https://coord-b.example:8470")
     assert cfg.agent.coordinator_url == urls and cfg.supervisor.coordinator_url == urls
 
 
@@ -342,3 +343,24 @@ def test_slurm_gate_without_an_agent(slurm_env: dict[str, str]) -> None:
     assert "not answering" in reason
     r = subprocess.run([str(SLURM / "sentinel-gate.sh")], env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_each_daemon_has_one_port_that_collides_with_nothing_usual() -> None:
+    """The agent's and the coordinator's default ports are not dcgm-exporter's (9400, which runs
+    beside the agent on the same nodes), node_exporter's (9100), Prometheus's (9090),
+    Alertmanager's (9093) or Grafana's (3000); and every shipped file and doc names the
+    coordinator by its one port (a port appearing in a URL or listen address of a coordinator)."""
+    from sentinel.config import AgentConfig, CoordinatorConfig, host_port
+
+    usual = {9400, 9100, 9090, 9093, 3000}
+    agent, coordinator = (
+        host_port(AgentConfig().listen)[1],
+        host_port(CoordinatorConfig().listen)[1],
+    )
+    assert not {agent, coordinator} & usual and agent != coordinator
+    texts = [p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()]
+    for path in [*texts, ROOT / "README.md"]:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "coord" in line.lower() and "dcgm" not in line.lower():
+                for port in {int(p) for p in re.findall(r"coord[\w.-]*:(\d{4,5})\b", line)}:
+                    assert port == coordinator, f"{path.relative_to(ROOT)}:{n}: {line.strip()}"

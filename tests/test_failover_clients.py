@@ -59,16 +59,16 @@ class Clock:
 
 
 def test_urls_parse_one_or_several_and_refuse_what_is_not_one() -> None:
-    assert parse_urls("http://a:9400/") == ("http://a:9400",)
-    assert parse_urls(" http://a:9400, https://b ") == ("http://a:9400", "https://b")
+    assert parse_urls("http://a:8470/") == ("http://a:8470",)
+    assert parse_urls(" http://a:8470, https://b ") == ("http://a:8470", "https://b")
     assert parse_urls(["http://a", "http://b/prefix"]) == ("http://a", "http://b/prefix")
     for bad, why in [
         ("", "no coordinator URL"),
-        ("a:9400", r"not an http\(s\)"),
+        ("a:8470", r"not an http\(s\)"),
         ("http://a,http://a", "listed twice"),
         ("http://a?x=1", "no query"),
         (5, "a list of them"),
-        ([9400], "a list of them"),
+        ([8470], "a list of them"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_urls(bad)
@@ -438,9 +438,9 @@ async def test_status_asks_the_first_replica_that_answers(
 
 
 def test_a_url_list_in_config_and_environment_and_no_password_echoed() -> None:
-    cfg = load_config(env={"SENTINEL_AGENT__COORDINATOR_URL": "http://a:9400,http://b:9400"})
-    assert cfg.agent.coordinator_url == ("http://a:9400", "http://b:9400")
-    assert cfg.supervisor.coordinator_url == ("http://127.0.0.1:9400",)  # one, as before
+    cfg = load_config(env={"SENTINEL_AGENT__COORDINATOR_URL": "http://a:8470,http://b:8470"})
+    assert cfg.agent.coordinator_url == ("http://a:8470", "http://b:8470")
+    assert cfg.supervisor.coordinator_url == ("http://127.0.0.1:8470",)  # one, as before
     with pytest.raises(ConfigError) as e:
         load_config(env={"SENTINEL_SUPERVISOR__COORDINATOR_URL": "http://me:hunter2@a"})
     assert "supervisor.coordinator_url" in str(e.value) and "hunter2" not in str(e.value)

@@ -15,7 +15,7 @@ GC_GEN0_THRESHOLD = 20_000
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("coordinator", help="run the coordinator (API, incidents, playbooks)")
     p.add_argument("--config", type=Path, help="config file (YAML or TOML)")
-    p.add_argument("--listen", help="HOST:PORT (default from config: 127.0.0.1:9400)")
+    p.add_argument("--listen", help="HOST:PORT (default from config: 127.0.0.1:8470)")
     p.add_argument(
         "--ingest-listen",
         metavar="HOST:PORT",

@@ -38,15 +38,15 @@ def coordinator_option(p: argparse.ArgumentParser, where: str, default: str | No
         "--coordinator",
         metavar="URL[,URL...]",
         default=default,
-        help="coordinator URL, e.g. http://127.0.0.1:9400, or several replicas' comma-separated:"
+        help="coordinator URL, e.g. http://127.0.0.1:8470, or several replicas' comma-separated:"
         f" asked in order, the next when one does not answer ({where})",
     )
 
 
 def add_coordinator_options(p: argparse.ArgumentParser) -> None:
     """--coordinator, --token-file and --timeout: how an operator's command reaches the API."""
-    default = os.environ.get(URL_ENV, "http://127.0.0.1:9400")
-    coordinator_option(p, f"default: ${URL_ENV} or http://127.0.0.1:9400", default)
+    default = os.environ.get(URL_ENV, "http://127.0.0.1:8470")
+    coordinator_option(p, f"default: ${URL_ENV} or http://127.0.0.1:8470", default)
     p.add_argument(
         "--token-file",
         type=Path,
