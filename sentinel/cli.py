@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "sentinel.commands.demo_cmd",
     "sentinel.commands.status_cmd",
     "sentinel.commands.stacks_cmd",
+    "sentinel.commands.incident_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -5,6 +5,7 @@ that answers (sentinel/failover.py) and says which one did."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -45,10 +46,17 @@ class Client:
     def get(self, path: str) -> Any:
         return self.call("GET", path)
 
-    def call(self, method: str, path: str, bad_input: tuple[int, ...] = (401, 403)) -> Any:
-        """`method path`'s JSON answer. StatusError when it fails; `bad_input` when the
-        coordinator answered one of those statuses (the caller's request itself is wrong)."""
-        reply = self._fetch(method, path)
+    def call(
+        self,
+        method: str,
+        path: str,
+        bad_input: tuple[int, ...] = (401, 403),
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        """`method path`'s JSON answer (`body` sent as JSON). StatusError when it fails;
+        `bad_input` when the coordinator answered one of those statuses (the caller's request
+        itself is wrong)."""
+        reply = self._fetch(method, path, body)
         if not reply.ok:
             raise StatusError(
                 f"{reply.url}{path}: {reply.status} {reply.error()}",
@@ -59,9 +67,10 @@ class Client:
         except ValueError:
             raise StatusError(f"{reply.url}{path}: not JSON: {reply.text()[:200]}") from None
 
-    def _fetch(self, method: str, path: str) -> Reply:
-        data = b"" if method == "POST" else None
-        args = (self.coordinators, path, self.headers, self.timeout_s, method, data)
+    def _fetch(self, method: str, path: str, body: dict[str, Any] | None = None) -> Reply:
+        data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
+        headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})
+        args = (self.coordinators, path, headers, self.timeout_s, method, data)
         try:
             return fetch(*args)
         except Unreachable as e:

@@ -52,6 +52,9 @@ READS: dict[str, str] = {
     "dashboards push --dir": f"dashboards push --url {COORD} --dir {{}}",
     "status --token-file": f"status --coordinator {COORD} --token-file {{}}",
     "stacks --token-file": f"stacks j1 --coordinator {COORD} --token-file {{}}",
+} | {
+    f"incident {verb} --token-file": f"incident {verb} 1 {extra} --coordinator {COORD} --token-file {{}}"
+    for verb, extra in (("ack", ""), ("approve", ""), ("resolve", ""), ("act", "notify --why x"))
 }
 ALL_KINDS = ("missing", "binary", "utf16", "directory")
 # A fault file the simulated GPUs watch: missing is no fault yet, and its lines are read as the

@@ -169,3 +169,36 @@ def test_status_is_one_screen_in_a_terminal(busy: tuple[Coordinator, Path]) -> N
     assert "job1" in screen and "gpu_hardware" in screen and "evict_node:done" in screen
     assert "node-1 │ evicted" in screen
     assert len(screen.rstrip().splitlines()) < 40  # all of it on one 120x40 screen
+
+
+def incident(coord: Coordinator, token: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [*SENTINEL, "incident", *args, "--coordinator", coord.url, "--token-file", str(token)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_an_operator_acts_on_an_incident_from_the_command_line(
+    busy: tuple[Coordinator, Path],
+) -> None:
+    """`sentinel incident`: the API's operator verbs and hand-run actions, audited under the
+    token's name; a refusal is one line and exit 2, whatever the coordinator refused."""
+    coord, token = busy
+    (open_,) = json.loads(status(coord, token, "--json").stdout)["incidents"]
+    iid = str(open_["id"])
+    r = incident(coord, token, "ack", iid, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["acknowledged_by"].startswith("operator:")
+    r = incident(coord, token, "act", iid, "notify", "--param", "severity=info", "--why", "told")
+    assert r.returncode == 0 and "act: run" in r.stdout, r.stdout + r.stderr
+    for wrong, said in (
+        (["act", iid, "notify", "--param", "severity=loud", "--why", "x"], "severity"),
+        (["act", iid, "no_such_action", "--why", "x"], "unknown action"),
+        (["ack", "9999"], "404"),
+    ):
+        r = incident(coord, token, *wrong)
+        assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert incident(coord, token, "resolve", iid).returncode == 0
+    r = incident(coord, token, "resolve", iid)  # twice: refused, not a silent no-op
+    assert r.returncode == 2 and "409" in r.stderr
+    admin = coord.token("--role", "admin")
+    audit = coord.call("GET", "/v1/audit?limit=1000", admin)
+    done = {a["what"] for a in audit if str(a["who"]).startswith("operator:")}  # type: ignore[union-attr]
+    assert {"incident.acknowledge", "manual.notify", "incident.resolve"} <= done, done

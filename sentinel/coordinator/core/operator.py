@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from sentinel.coordinator.core import lifecycle
 from sentinel.coordinator.core.actions import ACTIONS
 from sentinel.coordinator.core.rows import CommandRow, ManualStep, RunContext
 from sentinel.coordinator.core.states import OPEN_RUNS, Entity, IncidentState, RunState, check
 from sentinel.coordinator.core.store import StateStore
+from sentinel.protocol import format_validation_error
 
 # --- commands --------------------------------------------------------------------------------
 
@@ -136,8 +139,8 @@ def run_action(
         raise ValueError(f"unknown action {action!r}; known: {', '.join(sorted(ACTIONS))}")
     try:
         ACTIONS[action].Params.model_validate(params)
-    except Exception as e:
-        raise ValueError(f"params for {action}: {e}") from None
+    except ValidationError as e:
+        raise ValueError(f"params for {action}: {format_validation_error(e)}") from None
     with store.tx():
         if _incident_or_404(store, incident_id) == IncidentState.RESOLVED:
             raise ValueError(f"incident {incident_id} is resolved")
