@@ -71,7 +71,10 @@ def test_a_wedged_nvml_call_makes_the_node_unhealthy_and_not_the_agent(
     coord = StandInCoordinator(free_port())
     coord.start()
     dog = Watchdog(tmp_path / "notify.sock")
+    token = tmp_path / "node.token"
+    token.write_text("node-token\n")  # the stand-in coordinator takes any
     env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "2000000"}
+    env["SENTINEL_AGENT__TOKEN_FILE"] = str(token)
     agent = FakeNvmlAgent(
         tmp_path,
         lib,
