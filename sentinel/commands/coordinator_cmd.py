@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from sentinel.coordinator.core.playbooks import PlaybookError
     from sentinel.coordinator.core.store import StoreUnavailable
     from sentinel.coordinator.http.app import build_app
-    from sentinel.coordinator.http.listener import serve
+    from sentinel.coordinator.http.serve import serve
     from sentinel.coordinator.runtime import Service
     from sentinel.inputs import writable_dir
 

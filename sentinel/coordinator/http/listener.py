@@ -22,11 +22,9 @@ pipelining client retries what was not answered, RFC 9112, 9.3.2).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import cast
@@ -48,7 +46,6 @@ from sentinel.coordinator.http.ingest import answer_batch, retry_after
 from sentinel.coordinator.http.metrics import Metrics
 from sentinel.coordinator.http.routes import route_for
 from sentinel.coordinator.runtime import Service
-from sentinel.exitcodes import InputError
 
 INGEST = route_for("post", "/v1/events")  # the one door: its roles, its answer
 
@@ -372,40 +369,3 @@ class IngestListener:
             self._server.close()  # no new connections
         if self.front is not None:
             await self.front.close()
-
-
-async def _listening(start: Awaitable[None], host: str, port: int) -> None:
-    """Start a listener; InputError when its address cannot be had (another daemon's port, an
-    address this host does not have)."""
-    try:
-        await start
-    except OSError as e:
-        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-
-
-async def serve(
-    app: web.Application, host: str, port: int, ingest: tuple[str, int] | None = None
-) -> None:
-    """Run `app` on host:port, and the ingest listener on `ingest` when given, until SIGINT
-    or SIGTERM."""
-    import signal
-
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    listener = None
-    try:
-        await _listening(web.TCPSite(runner, host, port, backlog=1024).start(), host, port)
-        if ingest is not None:
-            listener = IngestListener(app, *ingest)
-            await _listening(listener.start(), *ingest)
-        log.info("listening on %s:%d", host, port, extra={"ingest": ingest})
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-    finally:
-        if listener is not None:
-            await listener.stop()  # batches being answered finish before the store closes
-        with contextlib.suppress(asyncio.CancelledError):
-            await runner.cleanup()
