@@ -96,9 +96,9 @@ def burnin() -> dict[str, Any]:
 def timeline() -> list[TimelineEntry]:
     timeline = [
         TimelineEntry(1.0, None, "burnin", "node-3", "link node-3 slow: excluded"),
-        TimelineEntry(15.0, 30, "fault", EVIL, "straggler injected"),
+        TimelineEntry(15.0, 30, "fault", EVIL, "straggler injected", ref="fault:1"),
         TimelineEntry(16.5, 33, "detect", EVIL, "straggler detected"),
-        TimelineEntry(22.5, 45, "fault", "node-2", "ecc_dbe injected"),
+        TimelineEntry(22.5, 45, "fault", "node-2", "ecc_dbe injected", ref="fault:0"),
         TimelineEntry(23.7, 47, "incident", "node-2", "inc-1 opened"),
         TimelineEntry(24.0, None, "action", "node-2", "cordon node-2"),
         TimelineEntry(30.0, None, "action", "spare-0", "swap in spare-0"),

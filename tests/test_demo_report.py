@@ -20,7 +20,7 @@ from demo_report_data import make_data
 from sentinel.lab.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.lab.demo.drill import rank_samples
 from sentinel.lab.demo.figures import loss_chart, loss_top
-from sentinel.lab.demo.lanes import place_labels
+from sentinel.lab.demo.lanes import place_labels, repair_spans
 from sentinel.lab.demo.rankmap import (
     blocks,
     colour_norm,
@@ -403,3 +403,22 @@ def test_partial_inputs_degrade_to_notes(tmp_path: Path) -> None:
     # Ranks reported before any generation was known are still drawn, without a node.
     ranks = rank_heatmap(base.ranks, [], 2, [], "step_s")
     assert "g1 · rank 4" in ranks.svg and "spare-" not in ranks.svg and "node-" not in ranks.svg
+
+
+def test_every_fault_gets_its_bars_wherever_it_struck() -> None:
+    """A rank's fault strikes on a node and a corrupt batch on none: each injection is found by
+    its `fault:INDEX`, not by a target the result names otherwise (`rank-3`, `batch-45`)."""
+    entries = [
+        TimelineEntry(10.0, 5, "fault", "node-1", "crash on rank-3", ref="fault:0"),
+        TimelineEntry(12.0, 7, "fault", None, "corrupt batch 45", ref="fault:1"),
+    ]
+    faults = [
+        {"kind": "crash", "target": "rank-3", "time_to_detect_s": 0.5, "time_to_resume_s": 1.0},
+        {"kind": "corrupt_batch", "target": "batch-45", "time_to_detect_s": 0.25},
+    ]
+    spans = repair_spans(entries, faults, ["Detection", "Resume"])
+    assert [(s.lane, s.start, s.end) for s in spans] == [
+        ("Detection", 10.0, 10.5),
+        ("Resume", 10.5, 11.5),
+        ("Detection", 12.0, 12.25),
+    ]

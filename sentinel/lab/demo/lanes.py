@@ -50,19 +50,13 @@ def repair_spans(
     entries: Sequence[TimelineEntry], faults: Sequence[dict[str, Any]], lanes: Sequence[str]
 ) -> list[Span]:
     """Bars for each fault's measured time to detect (from its injection entry) and time to
-    resume (from detection), on the Detection and Resume lanes where those exist."""
+    resume (from detection), on the Detection and Resume lanes where those exist. `faults` are
+    the result's, in the scenario's order: fault i's injection is the entry `fault:i` (a rank's
+    fault strikes on a node, a batch on none: their targets never matched the result's)."""
     out = []
-    for f in faults:
-        start = next(
-            (
-                e.t
-                for e in entries
-                if e.kind == "fault"
-                and e.target == f.get("target")
-                and e.step in (None, f.get("injected_step"))
-            ),
-            None,
-        )
+    for i, f in enumerate(faults):
+        injected = (e.t for e in entries if e.kind == "fault" and e.ref == f"fault:{i}")
+        start = next(injected, None)
         detect, resume = f.get("time_to_detect_s"), f.get("time_to_resume_s")
         if start is None or not isinstance(detect, int | float):
             continue
