@@ -289,3 +289,22 @@ def test_sdc_digest_is_deterministic_and_majority_names_the_odd_rank() -> None:
     assert matmul_digest(7, 64, 4) == matmul_digest(7, 64, 4) != matmul_digest(8, 64, 4)
     assert majority(["a", "a", "b", "a"]) == ("a", [2])
     assert majority(["a", "b"]) == (None, [])
+
+
+def test_a_small_slowdown_is_named_on_its_pooled_windows_and_a_big_one_at_its_own_level() -> None:
+    """A 1.05x rank whose windows straddle 1.03 (2 of 4 over) is named on the pooled estimate;
+    a burst of two 1.5x windows is not named (a pooled figure would read 1.25, a repair's
+    level); a 1.25x rank is named by 3 of 4 windows, at its window's own ratio."""
+
+    def run(slow: dict[int, float]) -> list[tuple[int, int, float]]:
+        scorer = StragglerScorer(threshold=1.03, persist=4, window=20, over=3)
+        found = []
+        for w in range(10):
+            values = [0.1, 0.1, 0.1, 0.1 * slow.get(w, 1.0)]
+            rows = _gang_steps(w * 20, values, torch.Generator().manual_seed(w), noise=0.0)
+            found += [(f.rank, w, round(f.slowdown, 3)) for f in scorer.update(rows)]
+        return found
+
+    assert run({5: 1.05, 6: 1.02, 7: 1.06, 8: 1.02}) == [(3, 7, 1.035)]
+    assert run({5: 1.5, 6: 1.5}) == []
+    assert run({5: 1.25, 6: 1.25, 7: 1.25, 8: 1.25}) == [(3, 7, 1.25)]

@@ -40,7 +40,8 @@ class HooksConfig:
     exchange_every: int = 20
     # Stragglers (trainer_hooks.straggler): a rank whose own compute, over its peers', runs
     # `threshold` times its own normal (its ratio over its first `baseline` windows, counted as
-    # 1.0 to `baseline_max`) in `over` of its last `persist` windows of `window` steps.
+    # 1.0 to `baseline_max`) in `over` of its last `persist` windows of `window` steps, or over
+    # those windows' steps pooled while none of them reaches the catalog's `acted_on`.
     straggler_threshold: float = STRAGGLER.named
     straggler_persist: int = 4
     straggler_over: int = 3
