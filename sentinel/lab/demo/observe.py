@@ -123,6 +123,10 @@ class Observer(Polling):
             old = self.seen.actions.get(act["id"])
             if old is None or old["state"] != act["state"]:
                 target = f" {act['target']}" if act.get("target") else ""
+                # a job's repair that took nodes out (the hang's culprit) names them
+                nodes = (act.get("result") or {}).get("nodes") or []
+                if nodes and act.get("target") not in nodes:
+                    target = f" {','.join(nodes)} (for {act['target']})"
                 self.on_change(
                     "action",
                     act.get("target"),
@@ -143,8 +147,14 @@ class Observer(Polling):
 
 
 def _where(detail: dict[str, Any]) -> str:
-    """The node (and rank) an incident's evidence came from."""
-    nodes = sorted({e["node"] for e in detail.get("events", []) if e.get("node")})
-    ranks = sorted({e["rank"] for e in detail.get("events", []) if e.get("rank") is not None})
-    where = ",".join(nodes) or str(detail.get("target"))
+    """What an incident is about: its node (and the ranks its evidence came from); a job's
+    incident names the job and the ranks that reported it, not their nodes (a corrupt batch's
+    spike is seen by the last stage's ranks, whose nodes are not at fault)."""
+    events = detail.get("events", [])
+    ranks = sorted({e["rank"] for e in events if e.get("rank") is not None})
+    target = str(detail.get("target"))
+    if target.startswith("job:"):
+        return target + (f" (reported by rank {','.join(map(str, ranks))})" if ranks else "")
+    nodes = sorted({e["node"] for e in events if e.get("node")})
+    where = ",".join(nodes) or target
     return where + (f" (rank {','.join(map(str, ranks))})" if ranks else "")

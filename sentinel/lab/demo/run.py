@@ -162,6 +162,8 @@ class Demo:
         self.print_every = max(1, scenario.trainer.steps // 12)
         self.markers = MarkerWatch(self.out / "run" / "faults")
         self._noted: set[str] = set()  # `fault:INDEX` refs already on the timeline
+        # "incident #N is mitigated", held until the job trains again (on_line)
+        self._mitigated: list[tuple[str | None, str, float]] = []
         # What the time targets are judged against (result.py).
         self.timing = Timing(agent_interval_s=AGENT_INTERVAL_S, hang_timeout_s=HANG_FLOOR_S)
         self.damage: Callable[[str], None] | None = None  # the returns drill's (train())
@@ -176,7 +178,12 @@ class Demo:
         step: int | None = None,
         ref: str | None = None,
     ) -> None:
-        """One timeline entry, echoed; `step` defaults to the step in progress (result.py)."""
+        """One timeline entry, echoed; `step` defaults to the step in progress (result.py). The
+        coordinator calls an incident mitigated once its repair relaunched the job; that is
+        said when the job trains again, with its first step (`on_line`)."""
+        if kind == "incident" and text.endswith(" is mitigated"):
+            self._mitigated.append((target, text, time.time() - self.rec.t0))
+            return
         t = time.time() - self.rec.t0
         if step is None and self.rec.lines:
             step = self.rec.lines[-1][0].step + 1
@@ -209,9 +216,17 @@ class Demo:
                     step=line.step,
                     ref=ref,
                 )
+        newest = observer.seen.generations[-1][1] if observer.seen.generations else 0
+        if gen >= newest:  # a step trained after the incident was called mitigated
+            self._training_again(f"training again at step {line.step}", since=line.t)
         if replay or line.step % self.print_every == 0 or line.step == 1:
             tag = " (replayed after rollback)" if replay else ""
             self.echo(f"[{line.t:7.1f}s]    step {line.step:4d}  loss {line.loss:.4f}{tag}")
+
+    def _training_again(self, how: str, since: float = float("inf")) -> None:
+        for target, text, held_at in [m for m in self._mitigated if m[2] <= since]:
+            self._mitigated.remove((target, text, held_at))
+            self.note("incident", target, f"{text}: {how}")
 
     def on_inject(self, inj: Injection) -> None:
         fault = self.scenario.faults[inj.index]
@@ -507,6 +522,7 @@ class Demo:
                 self.note("info", None, f"giving up: no training step for {stall_s:.0f}s")
                 return
             time.sleep(0.2)
+        self._training_again("the job trained no further step")
         self.note("info", None, f"supervisor exited with {sup.poll()}")
 
     # --- after the run -----------------------------------------------------------------------
