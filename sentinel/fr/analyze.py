@@ -413,16 +413,21 @@ def _blame_absence(
     chains: list[str] | None = None,
 ) -> None:
     """The ranks present wait, directly or behind others, on ranks that left no readable dump:
-    those are the likely culprits. Where they first held others up: the earliest-issued such
-    collective, then the smallest group (as for a recorded hang). `chains` says how the ranks
-    the record blamed lead on to them."""
+    those are the likely culprits. Where they first held others up: a collective whose every
+    missing member is absent (where a present member is behind too, as the victim of a subgroup
+    hang is in the next world collective, that member waits elsewhere on them: a consequence),
+    then the earliest issued (the two orders race), then the smallest group (as for a recorded
+    hang). `chains` says how the ranks the record blamed lead on to them."""
 
     def issued(f: Held) -> int:
         times = [t for r in f[3] if (t := summaries[r].groups[f[0].name].created_ns.get(f[1]))]
         return min(times, default=2**63)
 
+    def behind(f: Held) -> bool:
+        return any(r in summaries and r not in f[3] for r in f[0].ranks)
+
     g, seq, gone, waiting = min(
-        found, key=lambda f: (issued(f), len(f[0].ranks), _natural(f[0].name))
+        found, key=lambda f: (behind(f), issued(f), len(f[0].ranks), _natural(f[0].name))
     )
     op = _op_at(summaries, waiting, g.name, seq)
     report.verdict, report.evidence = "hang", "missing_dump"
