@@ -157,23 +157,8 @@ class ReplicaLink:
         self._load: Callable[[dict[str, Any]], None] | None = load
         timeout = timedelta(seconds=settings.timeout_s)
         self.pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
-        self.manager = Manager(
-            pg=self.pg,
-            load_state_dict=self._heal,
-            state_dict=self._send,
-            min_replica_size=1,
-            use_async_quorum=False,  # heal before the step, then train in it at full width
-            timeout=timeout,
-            quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=settings.connect_timeout_s),
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            lighthouse_addr=settings.lighthouse,
-            replica_id=f"replica-{settings.replica}",
-            heartbeat_interval=HEARTBEAT,
-            init_sync=False,  # every replica builds the same initial model from the seed
-        )
-        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        self._manager: Manager | None = None  # made at the first quorum (`_join`)
         self.plan: StepPlan | None = None
         self.healed: dict[str, Any] | None = None  # this attempt's heal: from which step, when
         self.assignment: dict[int, tuple[int, ...]] = {}  # the last reduce's replica -> share
@@ -190,8 +175,39 @@ class ReplicaLink:
         self.healed = {"from_step": self._before, "load_s": time.perf_counter() - t0}
 
     @property
+    def manager(self) -> Manager:
+        assert self._manager is not None, "start() makes the manager"
+        return self._manager
+
+    @property
     def step(self) -> int:
         return self.manager.current_step()
+
+    def _join(self) -> None:
+        """Make this rank's torchft Manager, which starts the replica's heartbeats, only now,
+        at its first quorum. The lighthouse holds a quorum for every replica that heartbeats
+        and has not asked yet (up to `join_timeout_ms`): a replacement that heartbeats from its
+        build on would hold its running peers' next quorum for as long as it takes to get to
+        its first step (5.5 s in a loaded drill, against their 5 s target)."""
+        settings = self.settings
+        timeout = timedelta(seconds=settings.timeout_s)
+        self._manager = Manager(
+            pg=self.pg,
+            load_state_dict=self._heal,
+            state_dict=self._send,
+            min_replica_size=1,
+            use_async_quorum=False,  # heal before the step, then train in it at full width
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=settings.connect_timeout_s),
+            rank=self._rank,
+            world_size=self._world,
+            lighthouse_addr=settings.lighthouse,
+            replica_id=f"replica-{settings.replica}",
+            heartbeat_interval=HEARTBEAT,
+            init_sync=False,  # every replica builds the same initial model from the seed
+        )
+        self._manager.load_state_dict({"step": self._before, "batches_committed": 0})
 
     def start(self, leave: Callable[[], bool]) -> bool:
         """The step's quorum; a replica behind the others heals in it (`healed` then says from
@@ -199,6 +215,8 @@ class ReplicaLink:
         request (the lighthouse unreachable, this replica left out) is asked again, until
         `leave()` says this replica is to leave its generation: then False."""
         self.healed, self.plan, self.assignment = None, None, {}
+        if self._manager is None:
+            self._join()
         self._before = self.step
         while True:
             t0 = time.perf_counter()
@@ -296,6 +314,7 @@ class ReplicaLink:
         once the entry point returns: a warm host's next generation starts clean. torchft's
         process-wide timeout service (two daemon threads, started on first use) stays and
         serves the next generation."""
-        self.manager.shutdown(wait=True)
+        if self._manager is not None:
+            self._manager.shutdown(wait=True)
         self.pg.abort()
         self._state = self._load = None
