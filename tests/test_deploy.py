@@ -23,6 +23,7 @@ from system_deps import require_command
 from sentinel.config import load_config
 from sentinel.lab.sim.fleet import SimFleet
 from sentinel.processes import free_port
+from tests.helpers.unit_sandbox import unit_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -126,15 +127,6 @@ def test_coordinator_unit_type_matches_the_coordinator() -> None:
 # names, ports, paths and files they refer to agree), not applied.
 
 PG = DEPLOY / "k8s" / "postgresql" / "coordinator.yaml"
-
-
-def unit_settings(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        if "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            out.setdefault(key, []).append(value)
-    return out
 
 
 def test_replica_unit_keeps_the_password_out_of_argv_and_environment() -> None:

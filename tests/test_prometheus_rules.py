@@ -83,3 +83,15 @@ def test_scrape_config_is_valid(tmp_path: Path) -> None:
     shutil.copy(PROM / "alerts.yml", tmp_path / "alerts.yml")
     r = promtool("check", "config", "scrape.yml", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_deployment_page_lists_every_alert_the_rules_file_holds() -> None:
+    import runpy
+
+    table = runpy.run_path(str(ROOT / "scripts" / "alert_table.py"))["markdown_alerts"]()
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    assert table in page, (
+        "docs/deployment.md: regenerate its alert table: python scripts/alert_table.py"
+    )
+    listed = re.findall(r"^\| `(Sentinel\w+)` \|", page, re.M)
+    assert listed == [r["alert"] for r in alert_rules() if "alert" in r]

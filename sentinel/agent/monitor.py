@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sentinel.agent.health.judge import GpuHealth, HealthEvaluator, NodeHealth, XidOutcome
 from sentinel.agent.health.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
 from sentinel.agent.health.node_rules import NodeSignals, Report
+from sentinel.agent.health.sources import HOST, KMSG, SourceStates
 from sentinel.agent.host import HostSource, HostStats
 from sentinel.agent.nvml.deadline import Stall
 from sentinel.agent.nvml.readings import GpuBackend, GpuReading, XidEvent
@@ -66,6 +67,7 @@ class NodeMonitor:
         expected_gpus: int | None = None,
         kernel_log: KernelLog | None = None,
         host_interval_s: float = 0.0,
+        sources: SourceStates | None = None,
     ) -> None:
         self.source = Source(node=node_id)
         self.backend = backend
@@ -77,6 +79,7 @@ class NodeMonitor:
         self.clock = clock
         self.expected_gpus = expected_gpus
         self.kernel_log = kernel_log
+        self.sources = sources or SourceStates(())
         self.xids = XidTally()
         self.pairing = XidPairing()
         self.snapshot: Snapshot | None = None
@@ -120,7 +123,14 @@ class NodeMonitor:
         now = self.clock()
         due = not 0 <= now - self._host_read_at < self.host_interval_s  # or the clock stepped back
         if self.host is not None and due:
-            self._host_stats, self._host_read_at = self.host.read(), now
+            self._host_read_at = now
+            try:
+                self._host_stats = self.host.read()
+            except Exception as e:  # the GPUs are still read: the sweep carries no host stats
+                self._host_stats = None
+                self.sources.mark(HOST, f"{type(e).__name__}: {e}")
+            else:
+                self.sources.mark(HOST, None)
         return self._host_stats
 
     # ---- between sweeps (event loop) ----------------------------------------------------------
@@ -139,6 +149,7 @@ class NodeMonitor:
         if self.kernel_log is None:
             return []
         kernel_xids, reports = self.kernel_log.poll()
+        self.sources.mark(KMSG, self.kernel_log.problem)
         with self._lock:
             self._reports += reports
             self._kernel_xids += self._admit_kernel_xids(kernel_xids)

@@ -17,6 +17,7 @@ import logging
 import signal
 import socket
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from sentinel.agent.export.pipeline_metrics import (
 from sentinel.agent.export.rank_metrics import RankMetrics
 from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.health.kmsg import KernelLog, watched_devices
+from sentinel.agent.health.sources import HOST, KMSG, NVML, RANK_SOCKET, SourceStates
 from sentinel.agent.host import HostSource
 from sentinel.agent.monitor import NodeMonitor
 from sentinel.agent.nvml.deadline import SweepThread
@@ -55,6 +57,15 @@ from sentinel.inputs import read_token, writable_dir
 from sentinel.protocol import AgentHeartbeatEvent, AgentHeartbeatPayload, Event, Verdict
 
 log = logging.getLogger("sentinel.agent")
+
+
+def _socket_problem(path: Path) -> str | None:
+    """Why the ranks cannot reach the agent's socket at `path`, or None (it is there)."""
+    try:
+        is_socket = stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError as e:
+        return f"{path}: {e.strerror or e} (ranks cannot connect)"
+    return None if is_socket else f"{path} is no longer a socket (ranks cannot connect)"
 
 
 def _bound(listen: str) -> socket.socket:
@@ -123,6 +134,8 @@ class Agent:
         self.metrics = AgentMetrics(self.registry)
         self.evaluator = HealthEvaluator(cfg.thresholds)
         self.kernel_log = kernel_log_of(cfg)
+        watched = [NVML, *([HOST] if host else []), *([KMSG] if self.kernel_log else [])]
+        self.sources = SourceStates(watched + ([RANK_SOCKET] if cfg.rank_socket else []))
         self.monitor = NodeMonitor(
             cfg.node_id,
             backend,
@@ -134,6 +147,7 @@ class Agent:
             else expected_gpus(cfg.expected_gpus, cfg.pci_devices_dir),
             kernel_log=self.kernel_log,
             host_interval_s=cfg.host_interval_s,
+            sources=self.sources,
         )
         self.ranks = RankMetrics()
         self.spool: Spool | None = None
@@ -277,10 +291,13 @@ class Agent:
     async def collect_once(self) -> None:
         try:
             snapshot, events = await self._sweeper.submit(self.monitor.collect)
-        except Exception:
+        except Exception as e:
             self.metrics.collection_errors.inc()
-            log.exception("collection sweep failed")
+            if NVML not in self.sources.down():  # the traceback once, not every sweep
+                log.exception("collection sweep failed")
+            self.sources.mark(NVML, f"{type(e).__name__}: {e}")
             return
+        self.sources.mark(NVML, None)
         self.metrics.collection_seconds.observe(snapshot.sweep_s)
         self.emit(events)
 
@@ -347,6 +364,8 @@ class Agent:
             if stall is not None:
                 self.emit(self.monitor.check_stall(stall))
             self.emit(self.monitor.poll_kernel())
+            if self.cfg.rank_socket is not None:
+                self.sources.mark(RANK_SOCKET, _socket_problem(self.cfg.rank_socket))
             self.notifier.watchdog()
             await asyncio.sleep(tick)
 
@@ -400,19 +419,25 @@ class Agent:
         if snap is None:
             return web.json_response({"ready": False, "reasons": ["no sweep yet"]}, status=503)
         health = snap.health
-        ready = health.verdict is not Verdict.UNHEALTHY
+        down = self.sources.down()
+        # A source it cannot read leaves the agent unable to vouch for the node: its rules
+        # there cannot fire, whatever the verdict says.
+        ready = health.verdict is not Verdict.UNHEALTHY and not down
         body = {
             "ready": ready,
             "verdict": health.verdict.value,
             "expected_gpus": self.monitor.expected_gpus,
             "visible_gpus": len(snap.readings),
+            "sources_down": down,
             "reasons": [
                 f"{f.rule}: {f.detail}" for f in health.findings if f.verdict is not Verdict.HEALTHY
-            ],
+            ]
+            + [f"source {source} down: {why}" for source, why in down.items()],
         }
         return web.json_response(body, status=200 if ready else 503)
 
     def _extra_metrics(self) -> Iterator[Metric]:
+        yield self.sources.family(self.cfg.node_id)
         yield from self.ranks.collect(self.cfg.node_id)
         yield from backend_error_families(self.backend)
         if self.spool is not None and self.deliverer is not None:

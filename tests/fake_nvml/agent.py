@@ -44,6 +44,7 @@ class FakeNvmlAgent:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         node: str = "gpu-node-1",
+        prefix: Sequence[str] = (),  # a command the agent runs under (a sandbox)
     ) -> None:
         self.tmp, self.gpus, self.node = tmp, list(gpus), node
         self.nvml_config = tmp / "fake-nvml.conf"
@@ -74,7 +75,9 @@ class FakeNvmlAgent:
         self.log_path = tmp / "agent.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, env={**fake_env(lib, self.nvml_config), **(env or {})}, stderr=self._log
+            [*prefix, *cmd],
+            env={**fake_env(lib, self.nvml_config), **(env or {})},
+            stderr=self._log,
         )
         self.http = AgentProcess(node, port, tmp / "none", tmp / "agent.sock", tmp)
         wait_until(lambda: "sentinel_node_health_verdict" in self.scrape(), 30, "first scrape")

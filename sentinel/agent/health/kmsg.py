@@ -93,6 +93,9 @@ class KernelLog:
         self.watched = watched or {}
         self.records = 0
         self.garbage: Counter[str] = Counter()  # why lines could not be read
+        # why the last poll could not read the log, None when it could: the agent's source
+        # state (health/sources.py) logs and exports it, once a change
+        self.problem: str | None = None
         self._fd: int | None = None
         self._tail = b""
         self._from_start = from_start
@@ -102,7 +105,7 @@ class KernelLog:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             except OSError as e:
-                log.warning("cannot open the kernel log %s: %s", self.path, e.strerror)
+                self.problem = f"cannot open {self.path}: {e.strerror or e}"
                 return None
             if not self._from_start:
                 with contextlib.suppress(OSError):  # a FIFO: nothing to skip
@@ -115,6 +118,7 @@ class KernelLog:
             self._fd = None
 
     def _read_chunks(self) -> list[bytes]:
+        self.problem = None
         fd = self._open()
         chunks: list[bytes] = []
         while fd is not None and len(chunks) < MAX_RECORDS_PER_POLL:
@@ -126,7 +130,8 @@ class KernelLog:
                 if e.errno == errno.EPIPE:  # /dev/kmsg: records overwritten before we read
                     self.garbage["overrun"] += 1
                     continue
-                log.warning("reading the kernel log failed: %s", e.strerror)
+                self.problem = f"cannot read {self.path}: {e.strerror or e}"
+                self.close()  # opened again at the next poll
                 break
             if not data:
                 break
