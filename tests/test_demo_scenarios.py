@@ -134,7 +134,7 @@ def test_bad_scenario_exits_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_straggler_node_is_swapped_for_the_spare(tmp_path: Path, cache: Path) -> None:
     # rank 1 runs 60% slow on node-0; its node is swapped at the checkpoint after its scoring
-    # windows: --quick keeps the steps those need (55 of 60).
+    # windows: --quick keeps the steps those need (60 of 70).
     code, res, _ = demo("straggler", tmp_path, cache)
     assert code == 0
     assert_repaired(res, "straggler", "straggler", ["node-0"])

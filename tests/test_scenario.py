@@ -114,7 +114,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
         "link_degraded": 20,
         "poison_crash": 35,
         "sdc": 40,
-        "straggler": 55,
+        "straggler": 60,
         "thermal": 32,
         "validation": 40,
         "xid": 35,

@@ -39,15 +39,17 @@ class HooksConfig:
     # Gang exchange (stragglers, SDC and checkpoint consensus) every N steps on a gloo side group.
     exchange_every: int = 20
     # Stragglers (trainer_hooks.straggler): a rank whose own compute, over its peers', runs
-    # `threshold` times its own normal (its ratio over its first `baseline` windows, counted as
-    # 1.0 to `baseline_max`) in `over` of its last `persist` windows of `window` steps, or over
-    # those windows' steps pooled while none of them reaches the catalog's `acted_on`.
+    # `threshold` times its own normal (its ratio over its first `baseline` windows, then over
+    # its unflagged windows up to `history` of them, counted as 1.0 to `baseline_max`) in `over`
+    # of its last `persist` windows of `window` steps, or over those windows' steps pooled while
+    # none of them reaches the catalog's `acted_on`.
     straggler_threshold: float = STRAGGLER.named
     straggler_persist: int = 4
     straggler_over: int = 3
     straggler_window: int = 20
-    straggler_baseline: int = 3
+    straggler_baseline: int = 4
     straggler_baseline_max: float = 1.10
+    straggler_history: int = 25
     # Steps between SDC spot checks (a multiple of exchange_every); 0: on command only; unset:
     # every fifth exchange (100 steps at the defaults). A check costs a small GEMM chain and
     # a digest per rank, gathered without waiting; silent corruption is caught within it.
@@ -92,6 +94,11 @@ class HooksConfig:
             raise HooksConfigError(
                 f"straggler_over ({self.straggler_over}) counts windows of the last "
                 f"straggler_persist ({self.straggler_persist}) and cannot exceed it"
+            )
+        if self.straggler_history < self.straggler_baseline:
+            raise HooksConfigError(
+                f"straggler_history ({self.straggler_history}) counts the windows of a rank's "
+                f"normal, its first straggler_baseline ({self.straggler_baseline}) among them"
             )
         if self.straggler_baseline_max < 1.0:
             raise HooksConfigError("straggler_baseline_max is a ratio and must be >= 1")

@@ -125,6 +125,7 @@ class SentinelHooks:
             over=cfg.straggler_over,
             baseline=cfg.straggler_baseline,
             baseline_max=cfg.straggler_baseline_max,
+            history=cfg.straggler_history,
         )
         # One exchange carries the steps since the last (one more if a GPU timing came late).
         self.steplog = StepLog(cfg.exchange_every + 1)

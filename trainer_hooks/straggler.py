@@ -24,13 +24,20 @@ run a steady few percent above its peers (on the development VM a healthy rank 0
 its stage peers in every window of every clean run, cause unknown). Judged against 1.0, such a
 rank is a straggler for as long as it lives; what marks a straggler is a rank that *became*
 slower than its peers. So every rank's first `baseline` windows set its normal, the median of
-all their per-step ratios (one number over `baseline * window` steps, steadier than a window's),
-and from then on a window's slowdown is its ratio over that normal. A normal under 1.0 counts
+their ratios, and from then on a window's slowdown is its ratio over that normal. The normal
+goes on learning: each window that leaves the rank's last `persist` while it is not flagged
+joins it, up to `history` windows (500 steps at the defaults), after which it stays fixed, so a
+slow drift later on is still measured against it. A normal set on few windows carries their
+slow noise: on the development VM with another process on the ranks' core, a clean rank 0 read
+1.00-1.03 over its first three windows and 1.05-1.08 in three of the next four, named at 1.07;
+four windows to start, and the windows after, set it at 1.03-1.05 (offline over 23 recorded
+DP4 runs, 4 of them loaded: no clean rank named, every 1.05x rank named as soon as before).
+A normal under 1.0 counts
 as 1.0 (a rank faster than its peers that slows to their pace holds nobody up), one over
 `baseline_max` as `baseline_max`: a rank slower than that from its first steps is still judged,
 against `baseline_max` (screening such a device before launch is burn-in's job). A slowdown
-that starts inside the baseline's windows leaves the normal alone while under half their steps
-are slow. The peers' median counts each peer over its own normal, so one steady fast or slow
+that starts inside the baseline's windows leaves the normal alone while under half of those
+windows are slow. The peers' median counts each peer over its own normal, so one steady fast or slow
 peer does not shift the reference the others are compared with.
 
 Persistence. A rank is flagged once, when either holds over its last `persist` windows:
@@ -38,8 +45,12 @@ Persistence. A rank is flagged once, when either holds over its last `persist` w
 - or, while none of them reaches `acted_on` (the catalog's level for a repair), the mean of the
   middle half of their per-step slowdowns (`persist * window` steps, a quarter of the highest and
   of the lowest left out) is at or above `threshold`.
-It is cleared once all of its last `persist` windows are under `threshold`. A window's ratio
-moves with noise that is slow, not step to step (on the development VM its spread was 0.031,
+It is cleared once all of its last `persist` windows are under `threshold`. A flagged rank
+reports once more, and only once, when its slowdown grows to the repair's level: `over` of its
+last `persist` windows at or above `acted_on`, the last of them too (a GPU named at 1.05x that
+degrades to 1.5x is then seen by the playbook that swaps it, which acts from `acted_on`).
+
+A window's ratio moves with noise that is slow, not step to step (on the development VM its spread was 0.031,
 0.024, 0.021 and 0.021 for windows of 5, 10, 20 and 40 steps): a 1.05x straggler's windows
 averaged 1.052 with a spread of 0.021, 14% of them under 1.03, and "3 of 4" alone missed such a
 straggler within 100 steps in about one run in sixteen (more in the loaded test suite). The
@@ -49,8 +60,8 @@ is a blend: two windows of a 1.5x burst among four would read 1.25, and a 1.25x 
 windows in would read about 1.12 and be flagged once, under the level that repairs it. A rank
 at the repair's level is named by "3 of 4", with its window's own ratio, as before. The ranks a
 straggler holds up need no special care: their waits are not in their compute. With the
-defaults (window 20, baseline 3, over 3 of persist 4, threshold 1.03) a rank is judged from its
-61st step, and a persistent 5% straggler is flagged 40-80 steps after its slowdown starts.
+defaults (window 20, baseline 4, over 3 of persist 4, threshold 1.03) a rank is judged from its
+81st step, and a persistent 5% straggler is flagged 40-80 steps after its slowdown starts.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sentinel.faults.catalog import STRAGGLER
 
@@ -102,26 +114,28 @@ class StragglerScorer:
         persist: int = 4,
         window: int = 20,
         over: int = 3,
-        baseline: int = 3,
+        baseline: int = 4,
         baseline_max: float = 1.10,
         acted_on: float = STRAGGLER.acted_on,
+        history: int = 25,
     ) -> None:
         self.threshold, self.persist, self.window, self.over = threshold, persist, window, over
         self.baseline, self.baseline_max, self.acted_on = baseline, baseline_max, acted_on
+        self.history = history
         self._steps: dict[int, dict[int, float]] = {}  # step -> {rank: compute seconds}
         self._scored = -1  # the last window judged (windows are step // window)
-        # rank -> its last windows: (the window's slowdown, its per-step slowdowns)
-        self._recent: dict[int, deque[tuple[float, list[float]]]] = {}
-        self._settling: dict[int, list[list[float]]] = {}  # rank -> its first windows' ratios
+        self._recent: dict[int, deque[Judged]] = {}  # rank -> its last `persist` windows
+        self._normal_of: dict[int, list[float]] = {}  # rank -> the window ratios of its normal
         self.normal: dict[int, float] = {}  # rank -> its settled ratio to its peers
-        self.flagged: set[int] = set()
+        self.flagged: dict[int, float] = {}  # rank -> the slowdown it last reported
 
     def update(
         self, rows: Sequence[dict[int, float]], peers: Sequence[Sequence[int]] | None = None
     ) -> list[StragglerFinding]:
         """Add every rank's {step: compute seconds} since the last exchange (by rank); score
         the windows that are complete (all their steps, or a later step, seen). `peers` are groups of
-        ranks doing the same work. Returns newly flagged ranks only; `flagged` holds all."""
+        ranks doing the same work. Returns newly flagged ranks, and flagged ones whose slowdown
+        grew to `acted_on`; `flagged` holds all."""
         for rank, steps in enumerate(rows):
             for step, value in steps.items():
                 if step // self.window > self._scored:  # a late step of a judged window: out
@@ -140,35 +154,52 @@ class StragglerScorer:
 
     def _judge(self, scores: dict[int, WindowScore]) -> list[StragglerFinding]:
         """Judge every settled rank on one more window; a rank still settling adds the
-        window's ratios to its normal instead."""
+        window's ratio to its normal instead."""
         new = []
         for rank, score in scores.items():
-            if rank not in self.normal:
-                settling = self._settling.setdefault(rank, [])
-                settling.append(score.ratios)
-                if len(settling) >= self.baseline:
-                    self.normal[rank] = statistics.median(r for w in settling for r in w)
-                    del self._settling[rank]
-                continue
-            normal = min(max(self.normal[rank], 1.0), self.baseline_max)
+            of_normal = self._normal_of.setdefault(rank, [])
             recent = self._recent.setdefault(rank, deque(maxlen=self.persist))
-            recent.append((score.ratio / normal, [r / normal for r in score.ratios]))
-            slowdown = self._slowdown(recent)
-            if slowdown is not None and rank not in self.flagged:
-                self.flagged.add(rank)
+            if rank not in self.normal:
+                of_normal.append(score.ratio)
+                if len(of_normal) == self.baseline:
+                    self.normal[rank] = statistics.median(of_normal)
+                continue
+            refining = len(of_normal) < self.history and rank not in self.flagged
+            if refining and len(recent) == self.persist:  # the window leaving the judged ones
+                of_normal.append(recent[0].ratio)
+                self.normal[rank] = statistics.median(of_normal)
+            normal = min(max(self.normal[rank], 1.0), self.baseline_max)
+            recent.append(
+                Judged(score.ratio / normal, [r / normal for r in score.ratios], score.ratio)
+            )
+            reported = self.flagged.get(rank)
+            if reported is None:
+                slowdown = self._slowdown(recent)
+            else:  # named already: once more only if it grew to the repair's level
+                slowdown = self._grown(recent) if reported < self.acted_on else None
+            if slowdown is not None:
+                self.flagged[rank] = slowdown
                 new.append(StragglerFinding(rank, slowdown, score.own, score.peers))
-            elif len(recent) == self.persist and all(w < self.threshold for w, _ in recent):
-                self.flagged.discard(rank)
+            elif len(recent) == self.persist and all(j.slowdown < self.threshold for j in recent):
+                self.flagged.pop(rank, None)
         return new
 
-    def _slowdown(self, recent: deque[tuple[float, list[float]]]) -> float | None:
+    def _grown(self, recent: deque[Judged]) -> float | None:
+        """A named rank's slowdown once `over` of its last windows, the last among them, are
+        at or above `acted_on`; else None."""
+        windows = [j.slowdown for j in recent]
+        if windows[-1] >= self.acted_on and sum(w >= self.acted_on for w in windows) >= self.over:
+            return windows[-1]
+        return None
+
+    def _slowdown(self, recent: deque[Judged]) -> float | None:
         """The slowdown a rank's last windows flag it at (the module's docstring), or None."""
-        windows = [w for w, _ in recent]
+        windows = [j.slowdown for j in recent]
         if sum(w >= self.threshold for w in windows) >= self.over:
             return windows[-1]
         if len(recent) < self.persist or max(windows) >= self.acted_on:
             return None
-        pooled = interquartile_mean([r for _, steps in recent for r in steps])
+        pooled = interquartile_mean([r for j in recent for r in j.steps])
         return pooled if pooled >= self.threshold else None
 
 
@@ -177,6 +208,14 @@ def interquartile_mean(values: Sequence[float]) -> float:
     ordered = sorted(values)
     cut = len(ordered) // 4
     return statistics.fmean(ordered[cut : len(ordered) - cut])
+
+
+class Judged(NamedTuple):
+    """One of a rank's judged windows."""
+
+    slowdown: float  # its ratio over the rank's normal
+    steps: list[float]  # its per-step ratios over the normal
+    ratio: float  # its ratio to the peers (what joins the normal when it leaves unflagged)
 
 
 @dataclass(frozen=True)

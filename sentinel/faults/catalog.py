@@ -228,7 +228,8 @@ class StragglerThresholds:
     """What a straggler's slowdown means (`trainer_hooks.straggler`: a rank's compute over its
     peers', over its own normal). At `named` the rank reports itself (`rank.straggler`: on the
     dashboards, in the alert, in an incident's evidence); at `acted_on` the shipped straggler
-    playbook swaps its node for a spare. Between the two a slowdown is shown, not repaired: a
+    playbook swaps its node for a spare (a rank named below it reports again once it grows to
+    it). Between the two a slowdown is shown, not repaired: a
     swap costs a checkpoint and a restart, which a few percent does not repay. The hooks' default
     threshold is `named` and `playbooks/straggler.yaml` triggers at `acted_on` (a test compares)."""
 

@@ -22,7 +22,7 @@ from sentinel.scenario import CorruptBatchFault, Fault, Scenario, SdcFault, Stra
 # the windows that set each rank's normal before it is judged from a run's first step, and the
 # slow windows a straggler needs before it reports (HooksConfig).
 LOSS_SPIKE_WARMUP = 8
-STRAGGLER_BASELINE = 3
+STRAGGLER_BASELINE = 4
 STRAGGLER_OVER = 3
 # The earliest batch a corrupt batch can be told from the loss curve of the demo's model. Past
 # the warm-up the loss must also have come down from its first plunge: a batch of random tokens
