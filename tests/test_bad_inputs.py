@@ -25,37 +25,49 @@ TRAINER = f"-- {sys.executable} -c pass"
 AGENT = "agent --sim --listen 127.0.0.1:0"
 
 # The files each command reads: its argv, {} where the bad file goes. Outputs are in OUTPUTS.
-READS: dict[str, str] = {
-    "config check FILE": "config check {}",
-    "agent --config": "agent --sim --config {}",
-    "agent --sim-faults": f"{AGENT} --sim-faults {{}}",
-    "coordinator --config": "coordinator --config {}",
-    "coordinator --playbooks": "coordinator --state-dir {tmp}/st --playbooks {}",
-    "playbooks check DIR": "playbooks check {}",
-    "playbooks check --config": "playbooks check {playbooks} --config {}",
-    "token create --config": "token create --role admin --config {}",
-    "token revoke --config": "token revoke x --config {}",
-    "token list --config": "token list --config {}",
-    "run --config": f"run {JOB} --config {{}} {TRAINER}",
-    "run --token-file": f"run {JOB} --token-file {{}} {TRAINER}",
-    "run --exclude-file": f"run {JOB} --token-file {{token}} --exclude-file {{}} {TRAINER}",
-    "goodput --trace": "goodput --trace {}",
-    "goodput --measurements": "goodput --measurements {}",
-    "goodput --from-demo": "goodput --from-demo {}",
-    "goodput --recovery-bench": "goodput --recovery-bench {}",
-    "fr analyze DIR": "fr analyze {}",
-    "burnin --scenario": "burnin --scenario {}",
-    "burnin --baseline": "burnin --sim-nodes 2 --baseline {}",
-    "burnin --sim-faults": "burnin --validate --save-baseline {tmp}/b.json --sim-faults {}",
-    "demo --scenario": "demo --scenario {}",
-    "dashboards burnin-textfile REPORT": "dashboards burnin-textfile {}",
-    "dashboards push --dir": f"dashboards push --url {COORD} --dir {{}}",
-    "status --token-file": f"status --coordinator {COORD} --token-file {{}}",
-    "stacks --token-file": f"stacks j1 --coordinator {COORD} --token-file {{}}",
-} | {
-    f"incident {verb} --token-file": f"incident {verb} 1 {extra} --coordinator {COORD} --token-file {{}}"
-    for verb, extra in (("ack", ""), ("approve", ""), ("resolve", ""), ("act", "notify --why x"))
-}
+READS: dict[str, str] = (
+    {
+        "config check FILE": "config check {}",
+        "agent --config": "agent --sim --config {}",
+        "agent --sim-faults": f"{AGENT} --sim-faults {{}}",
+        "coordinator --config": "coordinator --config {}",
+        "coordinator --playbooks": "coordinator --state-dir {tmp}/st --playbooks {}",
+        "playbooks check DIR": "playbooks check {}",
+        "playbooks check --config": "playbooks check {playbooks} --config {}",
+        "token create --config": "token create --role admin --config {}",
+        "token revoke --config": "token revoke x --config {}",
+        "token list --config": "token list --config {}",
+        "run --config": f"run {JOB} --config {{}} {TRAINER}",
+        "run --token-file": f"run {JOB} --token-file {{}} {TRAINER}",
+        "run --exclude-file": f"run {JOB} --token-file {{token}} --exclude-file {{}} {TRAINER}",
+        "goodput --trace": "goodput --trace {}",
+        "goodput --measurements": "goodput --measurements {}",
+        "goodput --from-demo": "goodput --from-demo {}",
+        "goodput --recovery-bench": "goodput --recovery-bench {}",
+        "fr analyze DIR": "fr analyze {}",
+        "burnin --scenario": "burnin --scenario {}",
+        "burnin --baseline": "burnin --sim-nodes 2 --baseline {}",
+        "burnin --sim-faults": "burnin --validate --save-baseline {tmp}/b.json --sim-faults {}",
+        "demo --scenario": "demo --scenario {}",
+        "dashboards burnin-textfile REPORT": "dashboards burnin-textfile {}",
+        "dashboards push --dir": f"dashboards push --url {COORD} --dir {{}}",
+        "status --token-file": f"status --coordinator {COORD} --token-file {{}}",
+        "stacks --token-file": f"stacks j1 --coordinator {COORD} --token-file {{}}",
+    }
+    | {
+        f"incident {verb} --token-file": f"incident {verb} 1 {extra} --coordinator {COORD} --token-file {{}}"
+        for verb, extra in (
+            ("ack", ""),
+            ("approve", ""),
+            ("resolve", ""),
+            ("act", "notify --why x"),
+        )
+    }
+    | {
+        f"playbooks {verb} --token-file": f"playbooks {verb} {name} --coordinator {COORD} --token-file {{}}"
+        for verb, name in (("list", ""), ("shadow", "straggler"), ("act", "straggler"))
+    }
+)
 ALL_KINDS = ("missing", "binary", "utf16", "directory")
 # A fault file the simulated GPUs watch: missing is no fault yet, and its lines are read as the
 # injector appends them (a bad line is skipped, said once); only a directory cannot be one.

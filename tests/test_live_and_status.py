@@ -202,3 +202,51 @@ def test_an_operator_acts_on_an_incident_from_the_command_line(
     audit = coord.call("GET", "/v1/audit?limit=1000", admin)
     done = {a["what"] for a in audit if str(a["who"]).startswith("operator:")}  # type: ignore[union-attr]
     assert {"incident.acknowledge", "manual.notify", "incident.resolve"} <= done, done
+
+
+def playbooks(coord: Coordinator, token: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [*SENTINEL, "playbooks", *args, "--coordinator", coord.url, "--token-file", str(token)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_an_operator_switches_a_playbook_between_shadow_and_acting(
+    busy: tuple[Coordinator, Path],
+) -> None:
+    """`sentinel playbooks list|shadow|act`: a playbook switched to shadow opens dry runs (they
+    decide and record, act on nothing) until it is switched back; each switch is audited. The
+    mode is kept in the store, which every replica of the coordinator reads."""
+    coord, token = busy
+    modes = {
+        p["playbook"]: p
+        for p in json.loads(playbooks(coord, token, "list", "--json").stdout)["playbooks"]
+    }
+    assert modes["gpu_hardware_fault"] == {
+        "playbook": "gpu_hardware_fault",
+        "mode": "acting",
+        "set_by": "the default",
+    }
+    r = playbooks(coord, token, "shadow", "gpu_hardware_fault")
+    assert r.returncode == 0 and r.stdout == "playbook gpu_hardware_fault: acting -> shadow\n"
+    node = coord.token("--role", "node", "--node", "node-0")
+    coord.call(
+        "POST", "/v1/events", node, encode(EventBatch(events=[xid("node-0", 0, 79)])).encode()
+    )
+    admin = coord.token("--role", "admin")
+    shadow = [i for i in coord.call("GET", "/v1/incidents", admin) if i["target"] == "node-0"]  # type: ignore[union-attr]
+    (run,) = coord.call("GET", f"/v1/incidents/{shadow[0]['id']}", admin)["runs"]  # type: ignore[index]
+    assert run["playbook"] == "gpu_hardware_fault" and run["dry_run"] is True, run
+    r = playbooks(coord, token, "act", "gpu_hardware_fault", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {
+        "playbook": "gpu_hardware_fault",
+        "mode": "acting",
+        "was": "shadow",
+    }
+    r = playbooks(coord, token, "shadow", "no_such_playbook")
+    assert r.returncode == 2 and "no playbook 'no_such_playbook'" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+    audit = coord.call("GET", "/v1/audit?limit=1000", admin)
+    switched = [a["why"] for a in audit if a["what"] == "playbook.mode"]  # type: ignore[union-attr,index]
+    assert switched == [  # newest first
+        "gpu_hardware_fault: shadow -> acting",
+        "gpu_hardware_fault: acting -> shadow",
+    ]

@@ -1,13 +1,21 @@
-"""`sentinel playbooks check DIR`: validate playbooks; every error with file, line and field."""
+"""`sentinel playbooks check DIR`: validate playbooks; every error with file, line and field.
+`sentinel playbooks list|shadow NAME|act NAME`: read and switch, through the coordinator's API,
+whether each playbook acts or only records what it would have done (a shadow, or dry, run)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
-from sentinel.commands.jsonout import add_json_option, emit_json, json_to_stdout
+from sentinel.commands.incident_cmd import REFUSED
+from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
+from sentinel.commands.status_cmd import add_coordinator_options, ask
 from sentinel.exitcodes import ExitCode
+
+# the playbook's mode its runs take from now on, by the verb that sets it
+MODES = {"shadow": "shadow", "act": "acting"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,6 +31,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_json_option(check, "the parsed playbooks")
     check.set_defaults(handler=run_check)
+    listing = psub.add_parser(
+        "list",
+        help="every playbook the coordinator runs: shadow or acting, and what set it",
+    )
+    add_coordinator_options(listing)
+    add_json_option(listing, "the coordinator's answer")
+    listing.set_defaults(handler=run_list)
+    for verb, mode in MODES.items():
+        what = (
+            "record what it would do and do none of it (dry runs)"
+            if mode == "shadow"
+            else "carry its steps out"
+        )
+        v = psub.add_parser(
+            verb,
+            help=f"switch a playbook to {mode}: its next runs {what}",
+            description=f"Switch playbook NAME to {mode}: the runs it opens from now on {what}; "
+            "a run under way keeps its mode. Overrides the playbook's guards.dry_run and the "
+            "coordinator's dry_run; audited under the token's name (operator or admin). Exit 0 "
+            "when the coordinator took it, 2 when it refused it (no such playbook, the token's "
+            "role), 3 when no coordinator answered.",
+        )
+        v.add_argument("name", metavar="NAME", help="the playbook's name, as `list` shows it")
+        add_coordinator_options(v)
+        add_json_option(v, "the coordinator's answer")
+        v.set_defaults(handler=run_switch, mode=mode)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -41,4 +75,28 @@ def run_check(args: argparse.Namespace) -> int:
     if not json_to_stdout(args):
         for b in books:
             print(f"{b.name}: ok ({len(b.steps)} steps, priority {b.priority})")
+    return ExitCode.OK
+
+
+def run_list(args: argparse.Namespace) -> int:
+    check_json_target(args)
+    doc = ask(args, lambda c: c.call("GET", "/v1/playbooks", REFUSED))
+    if doc is None:
+        return ExitCode.UNAVAILABLE
+    emit_json(args, doc)
+    if not json_to_stdout(args):
+        for p in doc["playbooks"]:
+            print(f"{p['playbook']}: {p['mode']} ({p['set_by']})")
+    return ExitCode.OK
+
+
+def run_switch(args: argparse.Namespace) -> int:
+    check_json_target(args)
+    path, body = f"/v1/playbooks/{quote(args.name, safe='')}/mode", {"mode": args.mode}
+    doc = ask(args, lambda c: c.call("PUT", path, REFUSED, body))
+    if doc is None:
+        return ExitCode.UNAVAILABLE
+    emit_json(args, doc)
+    if not json_to_stdout(args):
+        print(f"playbook {doc['playbook']}: {doc['was']} -> {doc['mode']}")
     return ExitCode.OK

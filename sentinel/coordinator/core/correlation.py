@@ -213,7 +213,7 @@ class Correlator:
     def _first_run(self, book: Playbook) -> tuple[str, RunState, bool]:
         """(playbook, state, dry run) of a run of `book`: approval first where its guards say."""
         status = RunState.AWAITING_APPROVAL if book.guards.require_approval else RunState.PENDING
-        return book.name, status, book.guards.dry_run or self.cfg.dry_run
+        return book.name, status, book.runs_dry(self.store, self.cfg)
 
 
 # --- triggers ----------------------------------------------------------------------------------

@@ -1,16 +1,20 @@
 """What operators and command targets do through the API: deliver and acknowledge commands,
-acknowledge, approve and resolve incidents, queue an action by hand. Plain functions run in the
+acknowledge, approve and resolve incidents, queue an action by hand, switch a playbook between
+shadow and acting. Plain functions run in the
 store thread; every move goes through `lifecycle`, which checks it and audits it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
+from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.core import lifecycle
 from sentinel.coordinator.core.actions import ACTIONS
+from sentinel.coordinator.core.playbooks import Playbook, PlaybookMode
 from sentinel.coordinator.core.rows import CommandRow, ManualStep, RunContext
 from sentinel.coordinator.core.states import OPEN_RUNS, Entity, IncidentState, RunState, check
 from sentinel.coordinator.core.store import StateStore
@@ -150,3 +154,52 @@ def run_action(
         )
         store.audit(now, who, f"manual.{action}", why, incident_id, {"params": params})
     return {"incident": incident_id, "run": run_id, "queued_at": now}
+
+
+# --- playbook modes --------------------------------------------------------------------------
+
+
+def playbook_modes(
+    store: StateStore, books: Sequence[Playbook], cfg: CoordinatorConfig
+) -> list[dict[str, Any]]:
+    """Every playbook's mode for the runs it opens now, and what set it."""
+    switched = store.playbook_modes()
+    out = []
+    for book in books:
+        if book.name in switched:
+            why = "switched by an operator"
+        elif book.guards.dry_run:
+            why = "its guards.dry_run"
+        elif cfg.dry_run:
+            why = "the coordinator's dry_run"
+        else:
+            why = "the default"
+        out.append({"playbook": book.name, "mode": _mode(store, book, cfg), "set_by": why})
+    return out
+
+
+def set_playbook_mode(
+    store: StateStore,
+    books: Sequence[Playbook],
+    cfg: CoordinatorConfig,
+    name: str,
+    mode: PlaybookMode,
+    who: str,
+    now: float,
+) -> dict[str, Any]:
+    """Switch playbook `name` to shadow or acting for the runs it opens from now on (a run
+    already under way keeps its mode); audited with the mode it had."""
+    book = next((b for b in books if b.name == name), None)
+    if book is None:
+        known = ", ".join(sorted(b.name for b in books))
+        raise LookupError(f"no playbook {name!r}; the coordinator runs: {known}")
+    with store.tx():
+        was = _mode(store, book, cfg)
+        store.set_playbook_mode(name, mode.value, who, now)
+        detail = {"playbook": name, "mode": mode.value, "was": was}
+        store.audit(now, who, "playbook.mode", f"{name}: {was} -> {mode.value}", None, detail)
+    return detail
+
+
+def _mode(store: StateStore, book: Playbook, cfg: CoordinatorConfig) -> str:
+    return (PlaybookMode.SHADOW if book.runs_dry(store, cfg) else PlaybookMode.ACTING).value

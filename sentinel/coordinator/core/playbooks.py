@@ -27,9 +27,10 @@ the catalog's meaning of a fault instead of repeating a list of codes.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -48,6 +49,10 @@ from sentinel.coordinator.core.stages import LAUNCH_STAGES
 from sentinel.exitcodes import InputError
 from sentinel.inputs import parse_yaml, read_text
 from sentinel.protocol import EVENT_TYPES, Action, EventKind
+
+if TYPE_CHECKING:
+    from sentinel.config import CoordinatorConfig
+    from sentinel.coordinator.core.store import StateStore
 
 
 class _Strict(BaseModel):
@@ -163,6 +168,15 @@ class Guards(_Strict):
     dry_run: bool = False
 
 
+class PlaybookMode(StrEnum):
+    """An operator's switch of a playbook (`sentinel playbooks shadow|act NAME`), over its
+    guards' `dry_run` and the coordinator's: a shadow playbook's runs decide and record every
+    step and carry out none."""
+
+    SHADOW = "shadow"
+    ACTING = "acting"
+
+
 class Playbook(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     description: str = ""
@@ -217,6 +231,14 @@ class Playbook(_Strict):
         """Every stage `/metrics` observes for it: `decide`, its steps' actions, and when it
         resumes the job, the relaunch's (`rendezvous`, `checkpoint_load`, `first_step`)."""
         return _stages_of(self.steps)
+
+    def runs_dry(self, store: StateStore, cfg: CoordinatorConfig) -> bool:
+        """Whether a run of it opened now is a shadow (dry) run: as an operator switched it
+        (`PlaybookMode`), or, where none did, as its guards or the coordinator's config say."""
+        switched = store.playbook_mode(self.name)
+        if switched is not None:
+            return switched == PlaybookMode.SHADOW
+        return self.guards.dry_run or cfg.dry_run
 
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]

@@ -1,4 +1,5 @@
-"""An operator's hand on incidents: acknowledge, approve, resolve, or run one action by hand."""
+"""An operator's hand on incidents (acknowledge, approve, resolve, or run one action by hand)
+and on playbooks (shadow or acting)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.coordinator.core import operator
+from sentinel.coordinator.core.playbooks import PlaybookMode
 from sentinel.coordinator.http.common import Refusal, json_body, principal, service
 from sentinel.coordinator.http.reads import incident_id
 
@@ -51,4 +53,28 @@ async def run_action(request: web.Request) -> web.Response:
         raise Refusal(422, str(e)) from None
     svc.kick()
     await svc.notify_commands()
+    return web.json_response(doc)
+
+
+class ModeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: PlaybookMode
+
+
+async def get_playbooks(request: web.Request) -> web.Response:
+    svc = service(request)
+    doc = await svc.db(operator.playbook_modes, svc.store, svc.playbooks, svc.cfg)
+    return web.json_response({"playbooks": doc})
+
+
+async def set_playbook_mode(request: web.Request) -> web.Response:
+    """404 for a playbook the coordinator does not run."""
+    svc = service(request)
+    body = await json_body(request, ModeBody)
+    name = request.match_info["name"]
+    asked = (svc.store, svc.playbooks, svc.cfg, name, body.mode, str(principal(request)))
+    try:
+        doc = await svc.db(operator.set_playbook_mode, *asked, svc.clock())
+    except LookupError as e:
+        raise Refusal(404, str(e)) from None
     return web.json_response(doc)

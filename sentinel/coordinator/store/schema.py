@@ -224,6 +224,16 @@ repair_stages = Table(
     Column("resume_step", BigInteger, nullable=False),
     Index("repair_stages_incident", "incident_id"),
 )
+# An operator's switch of a playbook between shadow (its runs are dry) and acting, over what
+# its file and the coordinator's config say; one row a playbook switched.
+playbook_modes = Table(
+    "playbook_modes",
+    metadata,
+    Column("playbook", Text, primary_key=True),
+    Column("mode", Text, nullable=False),
+    Column("set_by", Text, nullable=False),
+    _time("set_at"),
+)
 # Which replica runs the engine (`lease.py`): one row, moved by the lease's holder.
 leadership = Table(
     "leadership",

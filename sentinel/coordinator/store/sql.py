@@ -22,6 +22,7 @@ from sentinel.coordinator.store.commands import CommandsRepo
 from sentinel.coordinator.store.effects import EffectsRepo
 from sentinel.coordinator.store.events import EventsRepo
 from sentinel.coordinator.store.fleet import FleetRepo
+from sentinel.coordinator.store.playbook_modes import PlaybookModesRepo
 from sentinel.coordinator.store.reports import ReportsRepo
 from sentinel.coordinator.store.schema import STATE_COLUMNS, audit
 from sentinel.coordinator.store.tokens import TokensRepo
@@ -29,7 +30,9 @@ from sentinel.coordinator.store.tokens import TokensRepo
 audit_log = logging.getLogger("sentinel.coordinator.audit")
 
 
-class SqlStore(ReportsRepo, EventsRepo, FleetRepo, EffectsRepo, CommandsRepo, TokensRepo):
+class SqlStore(
+    ReportsRepo, EventsRepo, FleetRepo, EffectsRepo, CommandsRepo, TokensRepo, PlaybookModesRepo
+):
     """The coordinator's durable state, on any backend."""
 
     def state_of(self, entity: Entity, key: str | int) -> str | None:
