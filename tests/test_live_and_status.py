@@ -171,9 +171,16 @@ def test_status_is_one_screen_in_a_terminal(busy: tuple[Coordinator, Path]) -> N
     assert len(screen.rstrip().splitlines()) < 40  # all of it on one 120x40 screen
 
 
-def incident(coord: Coordinator, token: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [*SENTINEL, "incident", *args, "--coordinator", coord.url, "--token-file", str(token)]
+def operator_cli(
+    coord: Coordinator, token: Path, command: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`sentinel COMMAND ARGS` against `coord` with the operator's token file."""
+    argv = [*SENTINEL, command, *args, "--coordinator", coord.url, "--token-file", str(token)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def incident(coord: Coordinator, token: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return operator_cli(coord, token, "incident", *args)
 
 
 def test_an_operator_acts_on_an_incident_from_the_command_line(
@@ -205,8 +212,7 @@ def test_an_operator_acts_on_an_incident_from_the_command_line(
 
 
 def playbooks(coord: Coordinator, token: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [*SENTINEL, "playbooks", *args, "--coordinator", coord.url, "--token-file", str(token)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return operator_cli(coord, token, "playbooks", *args)
 
 
 def test_an_operator_switches_a_playbook_between_shadow_and_acting(
