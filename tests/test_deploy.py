@@ -356,3 +356,46 @@ def test_each_daemon_has_one_port_that_collides_with_nothing_usual() -> None:
             if "coord" in line.lower() and "dcgm" not in line.lower():
                 for port in {int(p) for p in re.findall(r"coord[\w.-]*:(\d{4,5})\b", line)}:
                     assert port == coordinator, f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+
+
+def _merged(base: list[dict[str, Any]], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A strategic merge of two lists keyed by `name` (containers, env, volumes)."""
+    by_name = {item["name"]: dict(item) for item in base}
+    for item in patch:
+        by_name[item["name"]] = by_name.get(item["name"], {}) | item
+    return list(by_name.values())
+
+
+def test_the_kernel_log_is_off_on_kubernetes_unless_the_privileged_patch_is_applied(
+    tmp_path: Path,
+) -> None:
+    """An unprivileged container cannot open the host's /dev/kmsg (the device cgroup): the
+    DaemonSet does not claim the source (kmsg off, said at start), and the opt-in patch gives
+    the agent what reading it takes: the device, privileged, as root (CAP_SYSLOG)."""
+    ds = manifests()[("DaemonSet", "sentinel-agent")]
+    agent = container(ds)
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["SENTINEL_AGENT__KMSG"] == "off" and not agent["securityContext"].get("privileged")
+    doc = manifests()[("ConfigMap", "sentinel-agent")]["data"]["agent.yaml"]
+    (tmp_path / "agent.yaml").write_text(doc)
+    env = {"SENTINEL_AGENT__NODE_ID": "n", "SENTINEL_AGENT__KMSG": "off"}
+    cfg = load_config(tmp_path / "agent.yaml", env=env)
+    assert cfg.agent.kmsg == "off"
+    patch = yaml.safe_load((DEPLOY / "k8s" / "patches" / "agent-kernel-log.yaml").read_text())
+    (wanted,) = patch["spec"]["template"]["spec"]["containers"]
+    assert wanted["name"] == agent["name"]
+    patched = agent | {
+        "env": _merged(agent["env"], wanted["env"]),
+        "securityContext": agent["securityContext"] | wanted["securityContext"],
+        "volumeMounts": _merged(agent["volumeMounts"], wanted["volumeMounts"]),
+    }
+    env = {e["name"]: e.get("value") for e in patched["env"]}
+    assert env["SENTINEL_AGENT__KMSG"] == "auto"
+    sc = patched["securityContext"]
+    assert sc["privileged"] and sc["runAsUser"] == 0 and sc["runAsGroup"] == 65532
+    volumes = _merged(
+        ds["spec"]["template"]["spec"]["volumes"], patch["spec"]["template"]["spec"]["volumes"]
+    )
+    (kmsg,) = [v for v in volumes if v["name"] == "kmsg"]
+    assert kmsg["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in patched["volumeMounts"]

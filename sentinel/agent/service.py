@@ -36,6 +36,7 @@ from sentinel.agent.export.pipeline_metrics import (
 )
 from sentinel.agent.export.rank_metrics import RankMetrics
 from sentinel.agent.health.judge import HealthEvaluator
+from sentinel.agent.health.kmsg import RULES as KMSG_RULES
 from sentinel.agent.health.kmsg import KernelLog, watched_devices
 from sentinel.agent.health.sources import HOST, KMSG, NVML, RANK_SOCKET, SourceStates
 from sentinel.agent.host import HostSource
@@ -107,7 +108,11 @@ class AgentMetrics:
 
 def kernel_log_of(cfg: AgentConfig) -> KernelLog | None:
     """The kernel log to watch: /dev/kmsg on a real node, nothing for simulated GPUs."""
-    if cfg.kmsg == "off" or (cfg.kmsg == "auto" and cfg.sim is not None):
+    if cfg.kmsg == "auto" and cfg.sim is not None:
+        return None
+    if cfg.kmsg == "off":
+        blind = ", ".join(KMSG_RULES)
+        log.warning("the kernel log is not read (agent.kmsg: off): %s cannot fire", blind)
         return None
     path = Path("/dev/kmsg") if cfg.kmsg == "auto" else Path(cfg.kmsg)
     watched = watched_devices(cfg.mounts_file, [Path("/"), *cfg.checkpoint_dirs])

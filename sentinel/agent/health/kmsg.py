@@ -44,6 +44,9 @@ _HOST = (
     ("hung_task", re.compile(r"INFO: task \S+:\d+ blocked for more than \d+ seconds")),
 )
 
+# What only the kernel log tells: its rules, and the kernel's own Xid lines beside NVML's.
+RULES = ("fs_read_only", *(rule for rule, _ in _HOST))
+
 
 @dataclass(frozen=True, slots=True)
 class KernelXid:
