@@ -337,11 +337,16 @@ def test_slurm_gate_without_an_agent(slurm_env: dict[str, str]) -> None:
     assert r.returncode == 2 and "usage" in r.stderr
 
 
+# A port in a URL (http://ctl:8470) or after a host named for the coordinator (coord-0:8470).
+_URL_PORT = re.compile(r"(?:https?://[\w.-]+|coord[\w.-]*):(\d{4,5})\b")
+
+
 def test_each_daemon_has_one_port_that_collides_with_nothing_usual() -> None:
     """The agent's and the coordinator's default ports are not dcgm-exporter's (9400, which runs
     beside the agent on the same nodes), node_exporter's (9100), Prometheus's (9090),
     Alertmanager's (9093) or Grafana's (3000); and every shipped file and doc names the
-    coordinator by its one port (a port appearing in a URL or listen address of a coordinator)."""
+    coordinator by its one port (any URL's port, or a coordinator host's, on a line that names
+    the coordinator)."""
     from sentinel.config import AgentConfig, CoordinatorConfig, host_port
 
     usual = {9400, 9100, 9090, 9093, 3000}
@@ -354,7 +359,7 @@ def test_each_daemon_has_one_port_that_collides_with_nothing_usual() -> None:
     for path in [*texts, ROOT / "README.md"]:
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if "coord" in line.lower() and "dcgm" not in line.lower():
-                for port in {int(p) for p in re.findall(r"coord[\w.-]*:(\d{4,5})\b", line)}:
+                for port in {int(p) for p in _URL_PORT.findall(line)}:
                     assert port == coordinator, f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
 
 

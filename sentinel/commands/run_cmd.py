@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from sentinel.config import ConfigError, config_errors, load_config
+    from sentinel.supervisor.launcher import per_node
     from sentinel.supervisor.supervisor import Supervisor
 
     argv = list(args.trainer)
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             ("supervisor.checkpoint_dir", cfg.checkpoint_dir),
             ("supervisor.fr_dir", cfg.fr_dir),
         ):
-            if where is not None and "{node}" not in str(where):
+            if where is not None and not per_node(str(where)):
                 writable_dir(where, option)
     if args.log_dir is not None:
         writable_dir(args.log_dir, "--log-dir")

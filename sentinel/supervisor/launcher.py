@@ -69,9 +69,15 @@ class GangPlan:
             # the foundation's name and the trainer hooks' name for the same socket
             env["SENTINEL_RANK_SOCKET"] = env["SENTINEL_AGENT_SOCKET"] = sock
         fr_dir = inherited.get("SENTINEL_HOOKS_FR_DIR", "")
-        if "{node}" in fr_dir:  # one dump directory per node, never a shared one
+        if per_node(fr_dir):  # one dump directory per node, never a shared one
             env["SENTINEL_HOOKS_FR_DIR"] = fr_dir.format(node=node)
         return env
+
+
+def per_node(path: str) -> bool:
+    """Whether `path` is a template each node resolves to its own (`{node}` in it): it exists
+    only there, once resolved (`GangPlan.rank_env`)."""
+    return "{node}" in path
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ class Seen:
 
 class Observer(Polling):
     """Polls incidents, actions and the job every `interval_s`; reports changes through
-    `on_change(kind, target, text, ref=...)` where kind is a timeline kind and `ref` names the
-    incident a detection is about."""
+    `on_change(kind, target, text, ref=..., state=...)` where kind is a timeline kind, `ref`
+    names the incident a detection is about and `state` is an incident's new state."""
 
     def __init__(
         self,
@@ -111,7 +111,10 @@ class Observer(Polling):
                 inc["seen_t"] = old["seen_t"]
                 if old["state"] != inc["state"]:
                     self.on_change(
-                        "incident", inc["target"], f"incident #{inc['id']} is {inc['state']}"
+                        "incident",
+                        inc["target"],
+                        f"incident #{inc['id']} is {inc['state']}",
+                        state=inc["state"],
                     )
                     self.seen.incident_details[inc["id"]] = self.client.get(
                         f"/v1/incidents/{inc['id']}"

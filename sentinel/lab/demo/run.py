@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from sentinel.config import AgentConfig
+from sentinel.coordinator.core.states import IncidentState
 from sentinel.lab.demo.data import StepPoint, TimelineEntry
 from sentinel.lab.demo.observe import CoordinatorClient, Observer
 from sentinel.lab.demo.procs import SENTINEL, CoordinatorProcess, SupervisorProcess
@@ -177,11 +178,12 @@ class Demo:
         text: str,
         step: int | None = None,
         ref: str | None = None,
+        state: str | None = None,
     ) -> None:
         """One timeline entry, echoed; `step` defaults to the step in progress (result.py). The
-        coordinator calls an incident mitigated once its repair relaunched the job; that is
-        said when the job trains again, with its first step (`on_line`)."""
-        if kind == "incident" and text.endswith(" is mitigated"):
+        coordinator calls an incident mitigated (`state`) once its repair relaunched the job;
+        that is said when the job trains again, with its first step (`on_line`)."""
+        if kind == "incident" and state == IncidentState.MITIGATED:
             self._mitigated.append((target, text, time.time() - self.rec.t0))
             return
         t = time.time() - self.rec.t0
