@@ -311,6 +311,28 @@ def test_generation_blocks_keep_lost_work_and_the_unfinished_step() -> None:
     text = describe([first, second], 2, [10], "Step time")
     assert "Generation 0 on node-0 trained steps 1-13, of which 11-13 were rolled back" in text
     assert "step 13, 14 never finished (no report in the 4.0 s before the next launch)" in text
+    # the supervisor's teardown record says when the gang was gone: the relaunch is from there
+    stopped = [Generation(0.0, 0, ("node-0",), stopped_t=27.5), gens[1]]
+    first, _ = blocks(samples, stopped, "step_s", finished=True)
+    assert first.relaunch_s == pytest.approx(2.5)
+    text = describe([first], 2, [], "Step time")
+    assert "before the next launch, which came 2.5 s after the gang was stopped)" in text
+
+
+def test_a_generations_stop_is_read_from_the_supervisors_teardown(tmp_path: Path) -> None:
+    from sentinel.lab.demo.drill import generations
+
+    log = tmp_path / "supervisor.log"
+    records = [
+        {"ts": 100.0, "msg": "launching generation 0", "generation": 0, "nodes": ["node-0"]},
+        {"ts": 120.5, "msg": "gang of generation 0 gone", "teardown": {"generation": 0}},
+        {"ts": 121.0, "msg": "launching generation 1", "generation": 1, "nodes": ["spare-0"]},
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert generations(log, 100.0) == [
+        Generation(0.0, 0, ("node-0",), stopped_t=20.5),
+        Generation(21.0, 1, ("spare-0",)),
+    ]
 
 
 def test_ranks_reporting_every_few_steps_stop_where_the_metrics_do() -> None:

@@ -66,12 +66,22 @@ def _log_records(supervisor_log: Path) -> Iterator[dict[str, Any]]:
 
 
 def generations(supervisor_log: Path, t0: float) -> list[Generation]:
-    """Each gang generation the supervisor launched: when (demo seconds) and on which nodes."""
+    """Each gang generation the supervisor launched: when (demo seconds), on which nodes, and
+    when its gang was gone (its teardown's record), if it was stopped."""
+    records = list(_log_records(supervisor_log))
+    stopped = {
+        int(rec["teardown"]["generation"]): float(rec["ts"]) - t0
+        for rec in records
+        if isinstance(rec.get("teardown"), dict) and "generation" in rec["teardown"]
+    }
     return [
         Generation(
-            t=float(rec["ts"]) - t0, number=int(rec["generation"]), nodes=tuple(rec["nodes"])
+            t=float(rec["ts"]) - t0,
+            number=int(rec["generation"]),
+            nodes=tuple(rec["nodes"]),
+            stopped_t=stopped.get(int(rec["generation"])),
         )
-        for rec in _log_records(supervisor_log)
+        for rec in records
         if "generation" in rec and isinstance(rec.get("nodes"), list)
     ]
 

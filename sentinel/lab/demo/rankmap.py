@@ -35,7 +35,8 @@ SATURATE_AT = 3.0  # times the median: beyond it cells take the scale's end colo
 class Block:
     """One generation's rows. `values[(rank, step)]`; `lost_from`: its first step a later
     generation trained again; `unfinished[rank]`: the step in progress when it stopped;
-    `stopped_for_s`: seconds from its last report to the next generation's launch."""
+    `stopped_for_s`: seconds from its last report to the next generation's launch;
+    `relaunch_s`: from its gang's teardown to that launch (the relaunch itself)."""
 
     generation: int
     nodes: tuple[str, ...] | None
@@ -44,6 +45,7 @@ class Block:
     lost_from: int | None = None
     unfinished: dict[int, int] = field(default_factory=dict)
     stopped_for_s: float | None = None
+    relaunch_s: float | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -93,7 +95,10 @@ def blocks(
             for r in block.ranks:
                 block.unfinished[r] = max(closed, *(s.step for s in mine if s.rank == r)) + 1
         if later:
-            block.stopped_for_s = min(g.t for g in later) - max(s.t for s in mine)
+            launch = min(g.t for g in later)
+            block.stopped_for_s = launch - max(s.t for s in mine)
+            if gen is not None and gen.stopped_t is not None:
+                block.relaunch_s = max(0.0, launch - gen.stopped_t)
         out.append(block)
     return out
 
@@ -152,7 +157,10 @@ def describe(bs: Sequence[Block], gpus_per_node: int, checkpoints: Sequence[int]
         if stuck:
             text += f"; step {', '.join(map(str, stuck))} never finished"
             if b.stopped_for_s is not None:
-                text += f" (no report in the {b.stopped_for_s:.1f} s before the next launch)"
+                text += f" (no report in the {b.stopped_for_s:.1f} s before the next launch"
+                if b.relaunch_s is not None:
+                    text += f", which came {b.relaunch_s:.1f} s after the gang was stopped"
+                text += ")"
         parts.append(text + ".")
     if checkpoints:
         parts.append(f"Checkpoints saved after steps {', '.join(map(str, checkpoints))}.")
@@ -280,8 +288,10 @@ def _mark_blocks(ax: Axes, bs: Sequence[Block], edges: np.ndarray, col_of: dict[
             step = max(b.unfinished.values())
             right = edges[col_of[step] + 1]
             note = f" ✕ step {step} unfinished"
-            if b.stopped_for_s is not None:
-                note += f" ({b.stopped_for_s:.0f} s until the next launch)"
+            if b.relaunch_s is not None:
+                note += f" (stopped; relaunched {b.relaunch_s:.1f} s later)"
+            elif b.stopped_for_s is not None:
+                note += f" (silent {b.stopped_for_s:.0f} s before the next launch)"
             near_end = right > edges[0] + 0.6 * (edges[-1] - edges[0])
             x = edges[col_of[min(b.unfinished.values())]] if near_end else right
             ax.text(

@@ -68,11 +68,14 @@ class Strike:
 
 @dataclass(frozen=True)
 class Generation:
-    """One launch of the gang: demo time of the launch, its number and the nodes it ran on."""
+    """One launch of the gang: demo time of the launch, its number and the nodes it ran on;
+    `stopped_t`, the demo time its gang was gone (the supervisor's teardown), None for one it
+    did not stop."""
 
     t: float
     number: int
     nodes: tuple[str, ...]
+    stopped_t: float | None = None
 
 
 @dataclass(frozen=True)
