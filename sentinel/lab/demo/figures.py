@@ -86,7 +86,10 @@ def loss_chart(
     ax.grid(True, axis="y")
     if reference:
         ref = sorted(reference, key=lambda p: p.step)
-        _losses(ax, ref, top, color=REFERENCE_COLOUR, lw=1.2, label="clean reference run")
+        # A wide pale band under the run's lines: a bit-identical run draws exactly over it,
+        # and a thin line there would vanish; a run that parts from it shows at once.
+        style = {"color": REFERENCE_COLOUR, "lw": 7.0, "alpha": 0.35, "solid_capstyle": "round"}
+        _losses(ax, ref, top, **style, zorder=1, label="clean reference run")
     cut = rolled_back_from((p.generation, p.step) for p in steps)
     for i, gen in enumerate(sorted({p.generation for p in steps})):
         colour = PALETTE[i % len(PALETTE)]

@@ -385,7 +385,8 @@ def _describe(item: Any) -> str:
 def _loss(data: DemoData) -> str:
     lead = (
         "Each colour is one generation of the job (a restart starts a new one). Dashed, shaded "
-        "parts were rolled back and trained again; the thin grey line is the clean reference run. "
+        "parts were rolled back and trained again; the wide grey band is the clean reference run "
+        "(a bit-identical run draws its line along the band's middle). "
         "Red lines mark injected faults, purple dashed lines the step an incident was detected."
     )
     if not [p for p in data.steps if p.loss == p.loss]:
