@@ -29,16 +29,17 @@ goes on learning: each window that leaves the rank's last `persist` while it is 
 joins it, up to `history` windows (500 steps at the defaults), after which it stays fixed, so a
 slow drift later on is still measured against it. A normal set on few windows carries their
 slow noise: on the development VM with another process on the ranks' core, a clean rank 0 read
-1.00-1.03 over its first three windows and 1.05-1.08 in three of the next four, named at 1.07;
-four windows to start, and the windows after, set it at 1.03-1.05 (offline over 23 recorded
-DP4 runs, 4 of them loaded: no clean rank named, every 1.05x rank named as soon as before).
-A normal under 1.0 counts
-as 1.0 (a rank faster than its peers that slows to their pace holds nobody up), one over
-`baseline_max` as `baseline_max`: a rank slower than that from its first steps is still judged,
-against `baseline_max` (screening such a device before launch is burn-in's job). A slowdown
-that starts inside the baseline's windows leaves the normal alone while under half of those
-windows are slow. The peers' median counts each peer over its own normal, so one steady fast or slow
-peer does not shift the reference the others are compared with.
+1.00-1.03 over its first three windows and 1.05-1.08 in three of the next four, and the old
+three-window normal named it at 1.07. Replayed offline over 23 recorded DP4 runs (5 of them
+loaded), the four-window, learning normal names no clean rank and every 1.05x rank as soon as
+before; it does not remove every case (benchmarks.md: one healthy rank named in 5 DP4 runs).
+A normal under 1.0 counts as 1.0 (a rank faster than its peers that slows to their pace holds
+nobody up), one over `baseline_max` as `baseline_max`: a rank slower than that from its first
+steps is still judged, against `baseline_max` (screening such a device before launch is
+burn-in's job). A slowdown that starts inside the baseline's windows leaves the normal alone
+while under half of those windows are slow. The peers' median counts each peer over its own
+normal, so one steady fast or slow peer does not shift the reference the others are compared
+with.
 
 Persistence. A rank is flagged once, when either holds over its last `persist` windows:
 - `over` of them are at or above `threshold` (each window's ratio over the rank's normal);
