@@ -166,15 +166,8 @@ def playbook_modes(
     switched = store.playbook_modes()
     out = []
     for book in books:
-        if book.name in switched:
-            why = "switched by an operator"
-        elif book.guards.dry_run:
-            why = "its guards.dry_run"
-        elif cfg.dry_run:
-            why = "the coordinator's dry_run"
-        else:
-            why = "the default"
-        out.append({"playbook": book.name, "mode": _mode(store, book, cfg), "set_by": why})
+        mode, why = book.mode(switched.get(book.name), cfg)
+        out.append({"playbook": book.name, "mode": mode.value, "set_by": why})
     return out
 
 
@@ -194,12 +187,8 @@ def set_playbook_mode(
         known = ", ".join(sorted(b.name for b in books))
         raise LookupError(f"no playbook {name!r}; the coordinator runs: {known}")
     with store.tx():
-        was = _mode(store, book, cfg)
+        was = book.mode(store.playbook_mode(name), cfg)[0].value
         store.set_playbook_mode(name, mode.value, who, now)
         detail = {"playbook": name, "mode": mode.value, "was": was}
         store.audit(now, who, "playbook.mode", f"{name}: {was} -> {mode.value}", None, detail)
     return detail
-
-
-def _mode(store: StateStore, book: Playbook, cfg: CoordinatorConfig) -> str:
-    return (PlaybookMode.SHADOW if book.runs_dry(store, cfg) else PlaybookMode.ACTING).value

@@ -233,12 +233,19 @@ class Playbook(_Strict):
         return _stages_of(self.steps)
 
     def runs_dry(self, store: StateStore, cfg: CoordinatorConfig) -> bool:
-        """Whether a run of it opened now is a shadow (dry) run: as an operator switched it
-        (`PlaybookMode`), or, where none did, as its guards or the coordinator's config say."""
-        switched = store.playbook_mode(self.name)
+        """Whether a run of it opened now is a shadow (dry) run."""
+        return self.mode(store.playbook_mode(self.name), cfg)[0] is PlaybookMode.SHADOW
+
+    def mode(self, switched: str | None, cfg: CoordinatorConfig) -> tuple[PlaybookMode, str]:
+        """Its mode and what set it: the operator's switch (`switched`, None where none was
+        made), else its guards' dry_run, else the coordinator's."""
         if switched is not None:
-            return switched == PlaybookMode.SHADOW
-        return self.guards.dry_run or cfg.dry_run
+            return PlaybookMode(switched), "switched by an operator"
+        if self.guards.dry_run:
+            return PlaybookMode.SHADOW, "its guards.dry_run"
+        if cfg.dry_run:
+            return PlaybookMode.SHADOW, "the coordinator's dry_run"
+        return PlaybookMode.ACTING, "the default"
 
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
