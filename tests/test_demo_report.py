@@ -32,7 +32,8 @@ from sentinel.lab.demo.rankmap import (
 )
 from sentinel.lab.demo.readings import GOODPUT_PARTS, rolled_back_from, straggler_note
 from sentinel.lab.demo.report import write_report
-from sentinel.lab.demo.result import Generation
+from sentinel.lab.demo.result import Generation, goodput_input
+from sentinel.lab.goodput.drill_projection import drill_projection
 
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "wbr", "source"}
 
@@ -235,6 +236,30 @@ def test_timeline_correctness_goodput(full: str) -> None:
     assert all(label in text for _k, label, _c in GOODPUT_PARTS)
     assert "productive steps 80.0 s (80%)" in caption and "repair 12.0 s (12%)" in caption
     assert ">80.0%<" in goodput and "repair: checkpoint load" in goodput
+
+
+def test_goodput_shows_where_the_fleet_projections_gain_comes_from(tmp_path: Path) -> None:
+    """The drill's times on Llama 3's fleet, decomposed lever by lever under the run's account."""
+    base = make_data()
+    times = goodput_input(base.result)
+    projection = drill_projection(times, "out/goodput.json")
+    data = dataclasses.replace(base, result={**base.result, "fleet_projection": projection})
+    html = write_report(tmp_path, data).read_text(encoding="utf-8")
+    parse(html)
+    goodput = section(html, "goodput")
+    assert 'id="goodput-ratio"' in goodput  # the run's own account stays first
+    shown = unescape(re.sub(r"<[^>]+>", " ", goodput.split('id="goodput-decomposition"')[1]))
+    rows = projection["decomposition"]
+    labels = ["baseline (no Sentinel): ", *(f"+ {r['lever']}: " for r in rows[1:]), "= Sentinel"]
+    at = [shown.index(label) for label in labels]
+    assert at == sorted(at)
+    assert f"{100 * rows[-1]['ratio_mean']:.2f}%" in shown
+    assert f"{100 * sum(r['gain'] for r in rows):+.2f} points" in shown
+    assert "this drill's detection and resume times where it timed a fault class (node)" in shown
+    assert "sentinel goodput --from-demo out/goodput.json" in shown
+    # A run recorded before the projection: its account, and the projection not available.
+    html = write_report(tmp_path, base).read_text(encoding="utf-8")
+    assert "Not available: the fleet projection" in section(html, "goodput")
 
 
 def test_missing_parts_say_not_available(tmp_path: Path) -> None:

@@ -190,6 +190,7 @@ def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
         "sentinel",
         "baseline",
         "delta",
+        "decomposition",
         "levers",
         "target",
         "meets_target",
@@ -205,6 +206,19 @@ def test_json_output_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert rep["delta"] == pytest.approx(
         rep["sentinel"]["ratio_mean"] - rep["baseline"]["ratio_mean"]
     )
+    steps = rep["decomposition"]
+    assert [r["lever"] for r in steps] == [
+        "baseline",
+        "checkpoint interval",
+        "hot spares",
+        "detection",
+        "repair",
+    ]
+    # From the baseline's projection to Sentinel's, to the digit; the gains add up between.
+    assert steps[0]["ratio_mean"] == rep["baseline"]["ratio_mean"]
+    assert steps[-1]["ratio_mean"] == rep["sentinel"]["ratio_mean"]
+    assert sum(r["gain"] for r in steps) == pytest.approx(rep["delta"], abs=1e-12)
+    assert steps[-1]["checkpoint_interval_s"] == rep["sentinel"]["checkpoint_interval_s"]
     levers = {(r["lever"], r["setting"]) for r in rep["levers"]}
     assert {
         ("spares", "0"),
@@ -287,6 +301,11 @@ def test_cli_human_output(sentinel_cmd: list[str]) -> None:
     assert "419 interruptions in 54 days on 16384 GPUs" in out
     assert "effective training time ratio" in out
     assert "baseline (no Sentinel)" in out and "delta" in out
+    decomposition = out.split("where the gain comes from")[1].split("\n\n")[0]
+    steps = ("baseline (no Sentinel): ", "+ checkpoint interval: fixed 3600 s → Young/Daly")
+    steps += ("+ hot spares: none", "+ detection: 600 s every class", "+ repair: ", "= sentinel")
+    at = [decomposition.index(step) for step in steps]
+    assert at == sorted(at)
     for row in ("spares: 0", "checkpoint interval: Young/Daly", "detection time: x2"):
         assert row in out
     assert "target 97.00%" in out

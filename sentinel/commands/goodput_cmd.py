@@ -274,7 +274,7 @@ CHECKPOINT_FLAGS = {
 
 def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, Any]]:
     """Every input with its origin: the measurements, then a drill's file, then the flags."""
-    from sentinel.lab.goodput.inputs import default_rows, override
+    from sentinel.lab.goodput.inputs import default_rows, override, with_drill_times
     from sentinel.lab.goodput.inputs_report import measurements_dict
     from sentinel.lab.goodput.measurements import read_measurements
     from sentinel.lab.goodput.model import load_demo_times
@@ -289,10 +289,7 @@ def projection_inputs(args: argparse.Namespace) -> tuple[list[Input], dict[str, 
     if args.from_demo:
         detect, resume = load_demo_times(args.from_demo)
         src = f"{args.from_demo} (a drill's goodput.json, as the drill ran)"
-        for cls, v in detect.items():
-            rows = override(rows, f"sentinel.detect_s.{cls}", v, src)
-        for cls, v in resume.items():
-            rows = override(rows, f"sentinel.resume_s.{cls}", v, src)
+        rows = with_drill_times(rows, detect, resume, src)
     for name, v in _overrides(args.detect_s, "--detect-s").items():
         rows = override(rows, f"sentinel.detect_s.{name}", v, "--detect-s")
     for name, v in _overrides(args.repair_s, "--repair-s").items():
@@ -313,6 +310,7 @@ def _sources(rows: list[Input], prefix: str) -> str:
 
 def run_goodput(args: argparse.Namespace) -> int:
     from sentinel.lab.goodput.compare import compare, compare_dict, render_compare, rule_spares
+    from sentinel.lab.goodput.decompose import decompose
     from sentinel.lab.goodput.inputs import Plan, build_models
     from sentinel.lab.goodput.inputs_report import inputs_json, render_inputs
     from sentinel.lab.goodput.levers import lever_rows
@@ -362,8 +360,9 @@ def run_goodput(args: argparse.Namespace) -> int:
         "blocking_s_used": model.checkpoint_cost_s,
         "source": "derived" if args.checkpoint_cost is None else "command line (--checkpoint-cost)",
     }
+    steps = decompose(fleet, baseline, model)
     levers = lever_rows(fleet, model, sen, spec)
-    rep = build_report(fleet, sen, base, levers, args.target, args.seed, checkpoint)
+    rep = build_report(fleet, sen, base, steps, levers, args.target, args.seed, checkpoint)
     points = compare(trace, values, plan, args.compare_gpus, days, seeds, args.spares)
     counts = trace.counts_by_class()
     rep["compare"] = compare_dict(points, values, plan.keep_batch, args.goal, counts)

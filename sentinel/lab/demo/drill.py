@@ -38,6 +38,7 @@ from sentinel.lab.demo.run import (
     write_scenario,
 )
 from sentinel.lab.demo.slurm import SlurmDemo, add_slurm_facts
+from sentinel.lab.goodput.drill_projection import drill_projection
 from sentinel.lab.sim.inject import CheckpointSave, MetricsTail
 from sentinel.scenario import Scenario
 
@@ -192,8 +193,10 @@ def run_drill(
     demo.rec.timeline = align_timeline(demo.rec.timeline, result)
     if isinstance(demo, SlurmDemo):
         result = add_slurm_facts(result, demo.final_states)
+    times = goodput_input(result)
+    result["fleet_projection"] = drill_projection(times, str(out / "goodput.json"))
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "goodput.json").write_text(json.dumps(goodput_input(result), indent=2) + "\n")
+    (out / "goodput.json").write_text(json.dumps(times, indent=2) + "\n")
     write_report_for(out, demo, result, ref_steps, tail.saves, evidence.generations)
     return result
 

@@ -272,6 +272,21 @@ def override(
     return [*kept[:at], new, *kept[at:]]
 
 
+def with_drill_times(
+    rows: list[Input],
+    detect: Mapping[FaultClass, float],
+    resume: Mapping[FaultClass, float],
+    source: str,
+) -> list[Input]:
+    """`rows` with a drill's measured detection and resume per class in place of the inputs
+    they replace (a resume taken whole at any scale)."""
+    for cls, seconds in detect.items():
+        rows = override(rows, f"sentinel.detect_s.{cls}", seconds, source)
+    for cls, seconds in resume.items():
+        rows = override(rows, f"sentinel.resume_s.{cls}", seconds, source)
+    return rows
+
+
 def _label(key: str) -> str:
     kind = "repair" if key.startswith("sentinel.resume_s.") else "detection"
     return f"{kind}: {key.rsplit('.', 1)[1]}"

@@ -1,4 +1,7 @@
-"""Which lever buys what: the Sentinel model with one knob turned, on the same failures."""
+"""Which lever buys what: the Sentinel model with one knob turned, on the same failures.
+
+What each lever adds on the way from the baseline to Sentinel, cumulatively, is `decompose.py`.
+"""
 
 from __future__ import annotations
 

@@ -189,9 +189,16 @@ def _times(data: dict[str, object], key: str, source: str) -> dict[FaultClass, f
     return out
 
 
-def load_demo_times(path: Path) -> tuple[dict[FaultClass, float], dict[FaultClass, float]]:
-    """Read `{"time_to_detect_s": {kind: s}, "time_to_resume_s": {kind: s}}` from a demo JSON."""
-    data = read_json(path, "a drill's goodput.json")
+DemoTimes = tuple[dict[FaultClass, float], dict[FaultClass, float]]  # detection, resume
+
+
+def demo_times(data: object, source: str) -> DemoTimes:
+    """`{"time_to_detect_s": {kind: s}, "time_to_resume_s": {kind: s}}` (a drill's goodput.json)
+    as seconds per class."""
     if not isinstance(data, dict) or not ("time_to_detect_s" in data or "time_to_resume_s" in data):
-        raise InputError(f"{path}: expected time_to_detect_s and/or time_to_resume_s objects")
-    return _times(data, "time_to_detect_s", str(path)), _times(data, "time_to_resume_s", str(path))
+        raise InputError(f"{source}: expected time_to_detect_s and/or time_to_resume_s objects")
+    return _times(data, "time_to_detect_s", source), _times(data, "time_to_resume_s", source)
+
+
+def load_demo_times(path: Path) -> DemoTimes:
+    return demo_times(read_json(path, "a drill's goodput.json"), str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sentinel.lab.goodput.decompose import Step, decomposition_dict, render_decomposition
 from sentinel.lab.goodput.levers import LeverRow
 from sentinel.lab.goodput.model import RepairPath
 from sentinel.lab.goodput.simulate import CATEGORIES, Fleet, Summary
@@ -38,6 +39,7 @@ def build_report(
     fleet: Fleet,
     sentinel: Summary,
     baseline: Summary,
+    decomposition: list[Step],
     levers: list[LeverRow],
     target: float,
     seed: int,
@@ -66,6 +68,7 @@ def build_report(
         "sentinel": summary_dict(sentinel),
         "baseline": summary_dict(baseline),
         "delta": sentinel.mean - baseline.mean,
+        "decomposition": decomposition_dict(decomposition),
         "levers": [
             {
                 "lever": r.lever,
@@ -134,6 +137,8 @@ def render_text(rep: dict[str, Any]) -> str:
         f"  sentinel                {_pct(sen['ratio_mean'])} ± {100 * sen['ratio_stdev']:.2f} "
         f"[{_pct(sen['ratio_min']).strip()}, {_pct(sen['ratio_max']).strip()}]",
         f"  delta                   {100 * rep['delta']:+.2f} points",
+        "",
+        *render_decomposition(rep["decomposition"]),
         "",
         f"{'lever (sentinel, one knob turned)':<42}{'ratio':>9}{'change':>10}",
     ]
