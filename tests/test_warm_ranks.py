@@ -144,6 +144,20 @@ def test_a_rank_that_fails_on_its_own_is_reported_and_not_used_again(
     assert sorted(stop.kept) == sorted(p for r, p in before.items() if r != 2)
 
 
+def test_a_rank_that_dies_as_the_stop_arrives_is_still_a_crash(
+    launcher: WarmLauncher, tmp_path: Path
+) -> None:
+    """A repair's stop does not swallow a crash that coincides with it: the rank whose process
+    died instead of leaving is reported by the next poll, and its slot is not kept."""
+    gang = launcher.launch(_plan(tmp_path, 0, "--crash-on-leave", "3"))
+    before = _pids(gang)
+    _wait(lambda: _steps(tmp_path, 0) >= 20)
+    stop = gang.stop(5.0, keep=frozenset(NODES))
+    assert stop.verified and before[3] not in stop.kept
+    assert [(e.rank, e.node, e.returncode) for e in gang.poll()] == [(3, "node-1", 3)]
+    assert gang.poll() == []
+
+
 def test_the_pool_takes_only_connections_that_know_the_jobs_secret() -> None:
     pool = RankPool("the-secret")
     try:

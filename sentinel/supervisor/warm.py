@@ -175,6 +175,8 @@ class WarmGang(Gang):
             self._leave([r for r in leaving if self.procs[r].busy], at_once=True)
         self._left(leaving, self.leave_grace_s)
         stuck = [r for r in leaving if self.procs[r].busy]
+        # A process that died instead of leaving crashed as the stop arrived: still a crash.
+        died = [r for r in leaving if self.procs[r].gone]
         if stuck:
             log.warning("ranks %s did not leave generation %d: killed", stuck,
                         self.plan.generation)  # fmt: skip
@@ -184,7 +186,9 @@ class WarmGang(Gang):
             survivors = [self.procs[r].pid for r in ended if not self.procs[r].gone]
         else:
             survivors = []
-        self._reported.update(r for r in ranks if r not in before)
+        unreported = [*before, *died]  # the next poll reports them, once their codes are in
+        self._await_exit_codes(unreported)
+        self._reported.update(r for r in ranks if r not in unreported)
         kept = tuple(p.pid for r, p in self.procs.items() if r not in ended and not p.gone)
         return Teardown(
             pids=[p.pid for p in self.procs.values()],
@@ -194,6 +198,12 @@ class WarmGang(Gang):
             codes=[self._code(p) for p in self.procs.values()],
             ended_before=tuple(ranks.index(r) for r in before),
             kept=kept,
+        )
+
+    def _await_exit_codes(self, ranks: list[int]) -> None:
+        """Wait, bounded, for the node hosts to report how these dead processes ended."""
+        self.pool.wait(
+            lambda: all(self.procs[r].exit_code is not None for r in ranks), _GONE_CODE_WAIT_S
         )
 
     def _broken(self) -> bool:

@@ -5,7 +5,8 @@ Each step all-reduces (1, leave requested) over the gang, the way the reference 
 its per-step flags, so every rank leaves after the same step. `--crash R:S`: rank R's process
 dies (exit 3) at step S of generation 0; `--hang R:S`: rank R sleeps forever before step S's
 collective; `--fail R:S`: rank R raises (a bug: the process lives on). Each rank appends
-`generation rank pid step` lines to OUT/steps.txt."""
+`generation rank pid step` lines to OUT/steps.txt. `--crash-on-leave R`: rank R's process dies
+(exit 3) when the supervisor asks the gang to leave, a crash that coincides with a stop."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--crash")
     p.add_argument("--hang")
     p.add_argument("--fail")
+    p.add_argument("--crash-on-leave", type=int)
     p.add_argument("--out", type=Path)
     ns = p.parse_args(argv)
     generation = int(os.environ["SENTINEL_GENERATION"])
@@ -49,6 +51,8 @@ def main(argv: list[str]) -> int:
                     time.sleep(3600)
             if first and _at(ns.fail) == (rank, step):
                 raise RuntimeError("a bug in the training loop")
+            if first and ns.crash_on_leave == rank and leave_requested():
+                os._exit(3)
             flags = torch.tensor([1.0, float(leave_requested())])
             dist.all_reduce(flags)
             if ns.out is not None:
