@@ -82,44 +82,6 @@ def assert_stages_recorded(inc: dict[str, Any], fault: dict[str, Any], drained: 
     assert sum(segments.values()) == pytest.approx(at["first_step"] - at["detected"], abs=0.05)
 
 
-@pytest.mark.slow
-def test_sdc_is_caught_by_the_spot_check_and_rolled_back_before_it(
-    tmp_path: Path, cache: Path
-) -> None:
-    """The SDC drill, run under a pseudo-terminal as a user watching it would: the training
-    steps as a live bar with an ETA, the timeline's incidents printed above it, the same lines
-    saved in the run directory."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    env["SENTINEL_DEMO_CACHE"] = str(cache)
-    result = tmp_path / "result.json"
-    argv = [*SENTINEL, "demo", "--scenario", "sdc", "--quick", "--out", str(tmp_path / "out"),
-            "--json", str(result)]  # fmt: skip
-    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
-    text = ANSI.sub("", drawn)
-    assert code == 0, text[-3000:]
-    res = json.loads(result.read_text())
-    assert_repaired(res, "sdc", "sdc", ["node-1"])
-    (fault,) = res["faults"]
-    assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
-    # The fault strikes at loop index 12 (step 13); the drill's spot check runs every 25 steps.
-    assert fault["injected_step"] == 13 and fault["detected_step"] == 26
-    assert fault["actions"][0] == "sdc_recompute" and res["incidents"][0]["target"] == "node-1"
-    log = (tmp_path / "out" / "supervisor.log").read_text()
-    assert "launching generation 1 on ['node-0', 'spare-0']" in log
-    # No check had passed since the corruption could have begun (the first ran at step 25,
-    # after it): no checkpoint can be trusted, so the run starts over from its first step.
-    assert '"resume_before_step": 0' in log
-    assert "step    1  loss 4.8457 (replayed after rollback)" in text
-    # --quick keeps all 40 steps: the repair is proven only after the spot check at 25 and the
-    # recompute at the exchange after it
-    assert res["completed_steps"] == 40
-    assert ANSI.search(drawn) and "demo training" in text and "40/40" in text
-    assert "eta" in text and "?? incident #1" in text and "replaying after a rollback" in text
-    assert "verdict: PASS" in text
-    timeline = (tmp_path / "out" / "timeline.jsonl").read_text()
-    assert "incident #1" in timeline
-
-
 def test_bad_scenario_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("fleet: {nodes: 2, gpus_per_node: 2}\ntrainer: {tp: 2, pp: 2, dp: 2}\n")
@@ -256,20 +218,50 @@ def test_an_eviction_with_no_spare_fails_and_says_why(tmp_path: Path, cache: Pat
 
 
 @pytest.mark.slow
-def test_validation_keeps_a_damaged_node_out_and_returns_it_once_repaired(
+def test_sdc_is_rolled_back_before_it_and_its_node_returns_only_once_repaired(
     tmp_path: Path, cache: Path
 ) -> None:
-    """The validation drill as a demo scenario: the SDC's repair evicts node-1, whose GPU stays
-    damaged; the operator's first return (POST /v1/actions, operator token) is refused by the
-    validation burn-in with the reason, the second, after the repair, returns it."""
-    code, res, stdout = demo("validation", tmp_path, cache)
-    assert code == 0 and res["verdict"] == "pass", why(res)
+    """The validation drill, run under a pseudo-terminal as a user watching it would: the
+    training steps as a live bar with an ETA, the timeline's incidents printed above it, the
+    same lines saved in the run directory. Its fault is the SDC drill's (`scenarios/sdc.yaml` is
+    this scenario without the returns): the spot check finds the corruption and the run rolls
+    back to before it. The repair evicts node-1, whose GPU stays damaged; the operator's first
+    return (POST /v1/actions, operator token) is refused by the validation burn-in with the
+    reason, the second, after the repair, returns it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    env["SENTINEL_DEMO_CACHE"] = str(cache)
+    result = tmp_path / "result.json"
+    argv = [*SENTINEL, "demo", "--scenario", "validation", "--quick", "--out",
+            str(tmp_path / "out"), "--json", str(result)]  # fmt: skip
+    code, drawn = run_in_pty(argv, timeout_s=420, env=env)
+    text = ANSI.sub("", drawn)
+    assert code == 0, text[-3000:]
+    res = json.loads(result.read_text())
+    assert res["verdict"] == "pass", why(res)
     assert_repaired(res, "sdc", "sdc", ["node-1"])
+    (fault,) = res["faults"]
+    assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
+    # The fault strikes at loop index 12 (step 13); the drill's spot check runs every 25 steps.
+    assert fault["injected_step"] == 13 and fault["detected_step"] == 26
+    assert fault["actions"][0] == "sdc_recompute" and res["incidents"][0]["target"] == "node-1"
+    log = (tmp_path / "out" / "supervisor.log").read_text()
+    assert "launching generation 1 on ['node-0', 'spare-0']" in log
+    # No check had passed since the corruption could have begun (the first ran at step 25,
+    # after it): no checkpoint can be trusted, so the run starts over from its first step.
+    assert '"resume_before_step": 0' in log
+    assert "step    1  loss 4.8457 (replayed after rollback)" in text
+    # --quick keeps all 40 steps: the repair is proven only after the spot check at 25 and the
+    # recompute at the exchange after it
+    assert res["completed_steps"] == 40
+    assert ANSI.search(drawn) and "demo training" in text and "40/40" in text
+    assert "eta" in text and "?? incident #1" in text and "replaying after a rollback" in text
+    assert "incident #1" in (tmp_path / "out" / "timeline.jsonl").read_text()
     r = res["returns"]
     first, second = r["attempts"]
     assert first["still_damaged"] and first["outcome"] == "refused"
-    assert "failed validation: sdc: GPU 0" in first["reason"] and first["reason"] in stdout
+    assert "failed validation: sdc: GPU 0" in first["reason"] and first["reason"] in text
     assert not second["still_damaged"] and second["outcome"] == "returned"
     assert r["refused_while_damaged"] and r["returned_after_repair"] and not r["false_return"]
+    assert "verdict: PASS" in text
     report = (tmp_path / "out" / "report.html").read_text()
     assert "Validation before return of node-1" in report and "no false return" in report
