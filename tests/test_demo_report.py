@@ -20,7 +20,7 @@ from demo_report_data import make_data
 from sentinel.lab.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.lab.demo.drill import rank_samples
 from sentinel.lab.demo.figures import loss_chart, loss_top
-from sentinel.lab.demo.lanes import place_labels, repair_spans
+from sentinel.lab.demo.lanes import Span, labelled_bars, place_labels, repair_spans
 from sentinel.lab.demo.rankmap import (
     blocks,
     colour_norm,
@@ -394,6 +394,18 @@ def test_timeline_labels_never_overlap() -> None:
     xs = [0.0, 0.5, 1.0, 1.5, 50.0]
     levels = place_labels(xs, ["a long label of twenty"] * 5, span_s=100.0)
     assert levels == [0, 1, 2, None, 0]  # the fourth has no room: the table lists it
+
+
+def test_bar_labels_never_overlap() -> None:
+    """The default drill's faults follow each other within seconds: a bar whose label would run
+    into the one before it on its lane is drawn without it (the caption names them all)."""
+    starts = [48.8, 61.2, 62.0, 63.9, 65.1, 70.0, 90.0]
+    spans = [Span("Detection", t, t + 0.3, "0.3 s to detect", "#c8b6f2") for t in starts]
+    spans.append(Span("Resume", 49.1, 51.0, "1.9 s to resume", "#9fd8c0"))
+    drawn = labelled_bars(spans, span_s=130.0)
+    # a label is ~18 s wide on a 130 s chart: the next one fits only past its end
+    assert [s.start for s in drawn if s.lane == "Detection"] == [48.8, 70.0, 90.0]
+    assert [s.lane for s in drawn].count("Resume") == 1  # another lane is its own row
 
 
 def test_rank_samples_keep_every_generation(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The incident timeline chart: one lane per kind of entry, by time since the demo started,
 with bars for each fault's measured time to detect and time to resume. Labels that would
-overlap are left out of the chart; the table under it lists every entry."""
+overlap are left out of the chart, the entries' and the bars' alike; the table under it lists
+every entry and the caption every bar."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ LANES = (
     ("Info", ("info",), MUTED),
 )
 LABEL_LEVELS = 3  # label rows per lane before a label is left to the table
+BAR_LABEL_LEVELS = 1  # a bar's label sits on its bar, in one row
 LABEL_CHARS = 28
 CHAR_IN = 0.065  # the width of one 8-point character, in inches, near enough to avoid overlaps
 WIDTH_IN = 10.0
@@ -74,19 +76,35 @@ def short(text: str) -> str:
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
 
-def place_labels(xs: Sequence[float], texts: Sequence[str], span_s: float) -> list[int | None]:
-    """A label row for each event (None: no room left), so that no two labels overlap."""
+def place_labels(
+    xs: Sequence[float], texts: Sequence[str], span_s: float, levels: int = LABEL_LEVELS
+) -> list[int | None]:
+    """A label row for each event, of at most `levels` (None: no room left), so that no two
+    labels overlap."""
     per_s = span_s / (WIDTH_IN * 0.8)  # seconds per inch of plot
     ends: list[float] = []  # right end of the last label on each row
     out: list[int | None] = []
     for x, text in zip(xs, texts, strict=True):
         level = next((i for i, end in enumerate(ends) if x > end), None)
-        if level is None and len(ends) < LABEL_LEVELS:
+        if level is None and len(ends) < levels:
             level = len(ends)
             ends.append(0.0)
         if level is not None:
             ends[level] = x + len(text) * CHAR_IN * per_s + 0.1 * per_s
         out.append(level)
+    return out
+
+
+def labelled_bars(spans: Sequence[Span], span_s: float) -> list[Span]:
+    """The bars whose labels fit on each lane without overlapping another's (the caption
+    names every bar's measurement)."""
+    out = []
+    for lane in dict.fromkeys(s.lane for s in spans):
+        mine = sorted((s for s in spans if s.lane == lane), key=lambda s: s.start)
+        rows = place_labels(
+            [s.start for s in mine], [f" {s.label}" for s in mine], span_s, BAR_LABEL_LEVELS
+        )
+        out += [s for s, row in zip(mine, rows, strict=True) if row is not None]
     return out
 
 
@@ -105,6 +123,8 @@ def timeline_chart(entries: Sequence[TimelineEntry], result: dict[str, Any]) -> 
     for s in spans:
         y = names.index(s.lane)
         ax.barh(y + 0.22, s.end - s.start, left=s.start, height=0.22, color=s.colour)
+    for s in labelled_bars(spans, ax.get_xlim()[1]):
+        y = names.index(s.lane)
         ax.text(s.start, y + 0.22, f" {s.label}", va="center", fontsize=7, color="#1f2328")
     for y, (_name, kinds, colour) in enumerate(lanes):
         mine = sorted((e for e in entries if e.kind in kinds), key=lambda e: e.t)

@@ -543,7 +543,8 @@ def _timeline(data: DemoData) -> str:
     lead = (
         "Everything that happened, by time since the demo started, one lane per kind. Light bars "
         "show each fault's measured time to detect and time to resume. Labels that would overlap "
-        "are left out of the chart; the table below has every entry in full."
+        "are left out of the chart: the table below has every entry in full, the caption every "
+        "bar's time."
     )
     rows = [
         [f"{e.t:.1f} s", _val(e.step), esc(e.kind), _val(e.target), esc(e.text)]
