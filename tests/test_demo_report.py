@@ -20,7 +20,8 @@ from demo_report_data import make_data
 from sentinel.lab.demo.data import DemoData, RankSample, StepPoint, TimelineEntry
 from sentinel.lab.demo.drill import rank_samples
 from sentinel.lab.demo.figures import loss_chart, loss_top
-from sentinel.lab.demo.lanes import Span, labelled_bars, place_labels, repair_spans
+from sentinel.lab.demo.lanes import Span, labelled_bars, repair_spans
+from sentinel.lab.demo.plot import place_labels
 from sentinel.lab.demo.rankmap import (
     blocks,
     colour_norm,
@@ -372,8 +373,14 @@ def test_ranks_reporting_every_few_steps_stop_where_the_metrics_do() -> None:
     assert first.unfinished == {0: 15, 1: 15} and first.lost_from == 11
     assert report_stride(samples) == 2 and report_stride(samples[:1]) == 1
     row = np.array([np.nan, 1.0, np.nan, np.nan, 4.0, np.nan])
-    hold_until_next_report(row)  # inside the reported range only: no sample stays no sample
+    # inside the reported range only: no sample stays no sample
+    hold_until_next_report(row, [1, 2, 3, 4, 5, 6], stride=3)
     assert np.array_equal(row, [np.nan, 1.0, 4.0, 4.0, 4.0, np.nan], equal_nan=True)
+    # a replica healed from a live peer: its first step (2), then its peers' (40); a report
+    # covers the stride up to it, and the steps it never ran stay empty
+    row = np.array([1.0, np.nan, np.nan, np.nan, 4.0])
+    hold_until_next_report(row, [2, 3, 20, 39, 40], stride=2)
+    assert np.array_equal(row, [1.0, np.nan, np.nan, 4.0, 4.0], equal_nan=True)
     chart = rank_heatmap(samples, gens, 1, [], "step_s", True, metrics)
     assert "step 15 never finished" in chart.caption
     assert "Ranks report every 2 steps" in chart.caption
@@ -392,7 +399,7 @@ def test_colour_scales_are_not_flattened_by_a_stall() -> None:
 
 def test_timeline_labels_never_overlap() -> None:
     xs = [0.0, 0.5, 1.0, 1.5, 50.0]
-    levels = place_labels(xs, ["a long label of twenty"] * 5, span_s=100.0)
+    levels = place_labels(xs, ["a long label of twenty"] * 5, span=100.0, width_in=10.0, levels=3)
     assert levels == [0, 1, 2, None, 0]  # the fourth has no room: the table lists it
 
 

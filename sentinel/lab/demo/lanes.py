@@ -19,6 +19,7 @@ from sentinel.lab.demo.plot import (
     Chart,
     chart,
     new_figure,
+    place_labels,
     styled,
 )
 
@@ -33,7 +34,6 @@ LANES = (
 LABEL_LEVELS = 3  # label rows per lane before a label is left to the table
 BAR_LABEL_LEVELS = 1  # a bar's label sits on its bar, in one row
 LABEL_CHARS = 28
-CHAR_IN = 0.065  # the width of one 8-point character, in inches, near enough to avoid overlaps
 WIDTH_IN = 10.0
 
 
@@ -76,34 +76,14 @@ def short(text: str) -> str:
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
 
-def place_labels(
-    xs: Sequence[float], texts: Sequence[str], span_s: float, levels: int = LABEL_LEVELS
-) -> list[int | None]:
-    """A label row for each event, of at most `levels` (None: no room left), so that no two
-    labels overlap."""
-    per_s = span_s / (WIDTH_IN * 0.8)  # seconds per inch of plot
-    ends: list[float] = []  # right end of the last label on each row
-    out: list[int | None] = []
-    for x, text in zip(xs, texts, strict=True):
-        level = next((i for i, end in enumerate(ends) if x > end), None)
-        if level is None and len(ends) < levels:
-            level = len(ends)
-            ends.append(0.0)
-        if level is not None:
-            ends[level] = x + len(text) * CHAR_IN * per_s + 0.1 * per_s
-        out.append(level)
-    return out
-
-
 def labelled_bars(spans: Sequence[Span], span_s: float) -> list[Span]:
     """The bars whose labels fit on each lane without overlapping another's (the caption
     names every bar's measurement)."""
     out = []
     for lane in dict.fromkeys(s.lane for s in spans):
         mine = sorted((s for s in spans if s.lane == lane), key=lambda s: s.start)
-        rows = place_labels(
-            [s.start for s in mine], [f" {s.label}" for s in mine], span_s, BAR_LABEL_LEVELS
-        )
+        texts = [f" {s.label}" for s in mine]
+        rows = place_labels([s.start for s in mine], texts, span_s, WIDTH_IN, BAR_LABEL_LEVELS)
         out += [s for s, row in zip(mine, rows, strict=True) if row is not None]
     return out
 
@@ -139,7 +119,10 @@ def _lane(ax: Axes, y: int, mine: Sequence[TimelineEntry], colour: str, span_s: 
     ax.scatter([e.t for e in mine], [y] * len(mine), marker="D", s=28, color=colour, zorder=3)
     texts = [short(e.text) for e in mine]
     for e, text, level in zip(
-        mine, texts, place_labels([e.t for e in mine], texts, span_s), strict=True
+        mine,
+        texts,
+        place_labels([e.t for e in mine], texts, span_s, WIDTH_IN, LABEL_LEVELS),
+        strict=True,
     ):
         if level is not None:
             ax.annotate(

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any, ParamSpec
@@ -74,6 +75,29 @@ def styled(draw: Callable[P, Chart]) -> Callable[P, Chart]:
             return draw(*args, **kwargs)
 
     return wrapper
+
+
+CHAR_IN = 0.065  # the width of one 7-8 point character, in inches, near enough to avoid overlaps
+
+
+def place_labels(
+    xs: Sequence[float], texts: Sequence[str], span: float, width_in: float, levels: int
+) -> list[int | None]:
+    """A label row for each of the labels at `xs` (ascending), of at most `levels` (None: no
+    room left), so that no two labels overlap on axes `span` wide in data units, drawn in a
+    figure `width_in` inches wide (the axes take about 80% of it)."""
+    per_unit = span / (width_in * 0.8)  # data units per inch of plot
+    ends: list[float] = []  # right end of the last label on each row
+    out: list[int | None] = []
+    for x, text in zip(xs, texts, strict=True):
+        level = next((i for i, end in enumerate(ends) if x > end), None)
+        if level is None and len(ends) < levels:
+            level = len(ends)
+            ends.append(-math.inf)
+        if level is not None:
+            ends[level] = x + len(text) * CHAR_IN * per_unit + 0.1 * per_unit
+        out.append(level)
+    return out
 
 
 def new_figure(width_in: float, height_in: float) -> Figure:

@@ -23,12 +23,22 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from sentinel.lab.demo.data import RankSample, StepPoint
-from sentinel.lab.demo.plot import FAULT_COLOUR, MISSING, MUTED, Chart, chart, new_figure, styled
+from sentinel.lab.demo.plot import (
+    FAULT_COLOUR,
+    MISSING,
+    MUTED,
+    Chart,
+    chart,
+    new_figure,
+    place_labels,
+    styled,
+)
 from sentinel.lab.demo.readings import rolled_back_from
 from sentinel.lab.demo.result import Generation
 
 HATCH = "////"
 SATURATE_AT = 3.0  # times the median: beyond it cells take the scale's end colour
+FIGURE_WIDTH_IN = 10.0
 
 
 @dataclass
@@ -103,13 +113,17 @@ def blocks(
     return out
 
 
-def hold_until_next_report(row: np.ndarray) -> None:
+def hold_until_next_report(row: np.ndarray, cols: Sequence[int], stride: int) -> None:
     """Columns between two of a rank's reports (another generation's steps, an unfinished
-    step) take the next report's colour, so a rank reporting every few steps reads as a
-    continuous row, not as one with holes where nothing went wrong."""
-    finite = np.flatnonzero(np.isfinite(row))
+    step) take the next report's colour, so a rank reporting every `stride` steps reads as a
+    continuous row, not as one with holes where nothing went wrong. A report covers the
+    `stride` steps up to its own (`cols`: each column's step), no more: a replica that heals
+    from a live peer jumps from its first step to its peers', and the steps it skipped stay
+    empty."""
+    finite = [int(i) for i in np.flatnonzero(np.isfinite(row))]
     for a, b in itertools.pairwise(finite):
-        row[a + 1 : b] = row[b]
+        covered = [j for j in range(a + 1, b) if cols[j] > cols[b] - stride]
+        row[covered] = row[b]
 
 
 def report_stride(samples: Sequence[RankSample]) -> int:
@@ -195,7 +209,7 @@ def rank_heatmap(
         if g.number not in shown:  # launched, but stopped before any rank reported a step
             caption += f" Generation {g.number} on {', '.join(g.nodes)} reported no step."
     return draw_heatmap(
-        bs, gpus_per_node, checkpoints, field_name, scale, unit, title, ident, caption
+        bs, gpus_per_node, checkpoints, field_name, scale, unit, title, ident, caption, stride
     )
 
 
@@ -210,6 +224,7 @@ def draw_heatmap(
     title: str,
     ident: str,
     caption: str,
+    stride: int = 1,
 ) -> Chart:
     rows = [(b, r) for b in bs for r in b.ranks]
     cols = sorted({s for b in bs for s in b.steps} | {s for b in bs for s in b.unfinished.values()})
@@ -222,10 +237,10 @@ def draw_heatmap(
         for (rank, step), v in b.values.items():
             if rank == r:
                 z[i, col_of[step]] = v * scale
-        hold_until_next_report(z[i])
+        hold_until_next_report(z[i], cols, stride)
     values = [float(v) for v in z[np.isfinite(z)]]
     norm, extend = colour_norm(values or [0.0, 1.0], field_name)
-    fig = new_figure(10.0, max(2.8, 1.9 + 0.2 * len(rows)))
+    fig = new_figure(FIGURE_WIDTH_IN, max(2.8, 1.9 + 0.2 * len(rows)))
     ax = fig.add_subplot()
     ax.set_facecolor(MISSING)
     cmap = "viridis" if field_name == "step_s" else "viridis_r"
@@ -308,22 +323,29 @@ def _mark_blocks(ax: Axes, bs: Sequence[Block], edges: np.ndarray, col_of: dict[
 
 
 def _mark_checkpoints(ax: Axes, checkpoints: Sequence[int], edges: np.ndarray) -> None:
-    """A dotted line after each step a checkpoint saved, labelled above the map."""
-    for c in checkpoints:
+    """A dotted line after each step a checkpoint saved, labelled above the map where the label
+    fits beside the one before it (a save asked for a step after a periodic one shares its
+    label; the caption lists every save)."""
+    shown = [c for c in checkpoints if edges[0] < c + 0.5 < edges[-1]]
+    texts = [f"ckpt {c}" for c in shown]
+    span = float(edges[-1] - edges[0])
+    rows = place_labels([c + 0.5 for c in shown], texts, span, FIGURE_WIDTH_IN, levels=1)
+    for c, text, row in zip(shown, texts, rows, strict=True):
         x = c + 0.5
-        if edges[0] < x < edges[-1]:
-            ax.axvline(x, color="#24292f", lw=1.0, ls=(0, (1, 2)))
-            ax.annotate(
-                f"ckpt {c}",
-                (x, 1.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                color="#24292f",
-            )
+        ax.axvline(x, color="#24292f", lw=1.0, ls=(0, (1, 2)))
+        if row is None:
+            continue
+        ax.annotate(
+            text,
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color="#24292f",
+        )
 
 
 def _legend() -> list[Patch | Line2D]:
