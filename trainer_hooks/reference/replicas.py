@@ -155,8 +155,9 @@ class ReplicaLink:
         self.device = device
         self._state: Callable[[], dict[str, Any]] | None = state
         self._load: Callable[[dict[str, Any]], None] | None = load
-        timeout = timedelta(seconds=settings.timeout_s)
-        self.pg = ProcessGroupNCCL(timeout) if device.type == "cuda" else ProcessGroupGloo(timeout)
+        self.timeout = timedelta(seconds=settings.timeout_s)  # the process group's and manager's
+        pg = ProcessGroupNCCL if device.type == "cuda" else ProcessGroupGloo
+        self.pg = pg(self.timeout)
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         self._manager: Manager | None = None  # made at the first quorum (`_join`)
         self.plan: StepPlan | None = None
@@ -190,14 +191,13 @@ class ReplicaLink:
         build on would hold its running peers' next quorum for as long as it takes to get to
         its first step (5.5 s in a loaded drill, against their 5 s target)."""
         settings = self.settings
-        timeout = timedelta(seconds=settings.timeout_s)
         self._manager = Manager(
             pg=self.pg,
             load_state_dict=self._heal,
             state_dict=self._send,
             min_replica_size=1,
             use_async_quorum=False,  # heal before the step, then train in it at full width
-            timeout=timeout,
+            timeout=self.timeout,
             quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timedelta(seconds=settings.connect_timeout_s),
             rank=self._rank,
