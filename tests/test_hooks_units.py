@@ -279,6 +279,21 @@ def test_hooks_in_a_loop_with_no_agent_keep_working(tmp_path: Path) -> None:
     assert hooks.errors == 1
 
 
+def test_a_step_renumbered_inside_it_is_reported_as_the_step_it_trained(tmp_path: Path) -> None:
+    """A replica that heals from a live peer begins its first step at its own count and trains
+    it as its peers' step: the reports name the step it trained, and go on from there."""
+    cfg = HooksConfig(agent_socket=str(tmp_path / "none.sock"), report_every=1)
+    hooks = SentinelHooks(cfg)
+    with hooks.step(0):
+        hooks.observe(loss=torch.tensor(1.0), step=55)
+    for step in (56, 57):
+        with hooks.step(step):
+            hooks.observe(loss=torch.tensor(1.0), step=step)  # unchanged: nothing moves
+    hooks.close()
+    reported = [e.payload.step for e in hooks.transport.pending_events() if e.kind == "rank.step"]
+    assert reported == [55, 56, 57] and hooks.errors == 0
+
+
 def test_a_launch_is_reported_once_with_its_first_step_s_end(tmp_path: Path) -> None:
     """`launched` is sent as `rank.launch` when the next step ends, stamped with that end, and
     only once; a report the payload model refuses (ready before main) is counted, not raised."""

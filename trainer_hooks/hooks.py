@@ -203,11 +203,21 @@ class SentinelHooks:
 
     @_guarded
     def observe(
-        self, *, loss: Any = None, grad_norm: Any = None, tokens: int | None = None
+        self,
+        *,
+        loss: Any = None,
+        grad_norm: Any = None,
+        tokens: int | None = None,
+        step: int | None = None,
     ) -> None:
-        """Hand over this step's loss / grad norm (tensors stay on the device) and tokens."""
+        """Hand over this step's loss / grad norm (tensors stay on the device) and tokens;
+        `step`: the step's number where it changed inside the step (a replica that healed from
+        a live peer in it took its peers' step), so that its reports name the step it trained."""
         if not self.config.enabled:
             return
+        if step is not None and self._step is not None and step != self._step:
+            self._step = step
+            self.timer.renumber(step)
         if loss is not None:
             self.scalars.observe("loss", loss)
         if grad_norm is not None:

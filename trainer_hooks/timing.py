@@ -104,6 +104,11 @@ class StepTimer:
         cpu = self._cpu_clock() if self._cpu_clock else None
         self._current = _Pending(step=step, start=self._mark(), cpu_start=cpu)
 
+    def renumber(self, step: int) -> None:
+        """The step under way is `step` (its number changed inside it)."""
+        if self._current is not None:
+            self._current.step = step
+
     def end(self) -> None:
         cur = self._current
         if cur is None:

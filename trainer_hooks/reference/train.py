@@ -126,7 +126,9 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     result = done.result
     if hooks:
         loss = result.loss if job.step_fn.last else None
-        hooks.observe(loss=loss, grad_norm=result.grad_norm, tokens=done.tokens)
+        # the step it trained: a replica that healed in it jumped to its peers' (job.step moved
+        # on past it at the commit)
+        hooks.observe(loss=loss, grad_norm=result.grad_norm, tokens=done.tokens, step=job.step - 1)
     # The global loss: a gang's dp ranks each hold their share's mean; a replica holds the
     # whole batch's (its peers' summed in).
     share = 1.0 if job.link else 1 / cfg.dp
