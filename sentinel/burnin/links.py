@@ -49,51 +49,66 @@ def bisection_round_bound(n: int) -> int:
 # --- measurement (inside ranks) -------------------------------------------------------------
 
 
-class _RingStep:
-    """This rank's part of a ring exchange: send to the next member, receive from the previous."""
+class _Exchange:
+    """This rank's part of ring exchanges: send to the next member, receive from the previous.
 
-    def __init__(self, comm: Comm, ring: Sequence[int], nbytes: int) -> None:
-        i = ring.index(comm.rank)
-        self.comm, self.dst, self.src = comm, ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
+    One pair of buffers serves every ring this rank is in."""
+
+    def __init__(self, comm: Comm, nbytes: int) -> None:
         count = max(1, nbytes // 4)
+        self.comm = comm
         self.send = torch.ones(count, device=comm.device)
         self.recv = torch.empty(count, device=comm.device)
 
-    def seconds(self) -> float:
+    def seconds(self, ring: Sequence[int]) -> float:
+        i = ring.index(self.comm.rank)
+        dst, src = ring[(i + 1) % len(ring)], ring[(i - 1) % len(ring)]
         self.comm.sync()
         t0 = time.perf_counter()
-        self.comm.sendrecv(self.send, self.dst, self.recv, self.src)
+        self.comm.sendrecv(self.send, dst, self.recv, src)
         self.comm.sync()
         return time.perf_counter() - t0
 
 
-def measure_rings(
+def measure_rounds(
     comm: Comm,
-    rings: Sequence[Sequence[int]],
+    rounds: Sequence[Sequence[Sequence[int]]],
     nbytes: int,
     trials: int,
     take_turns: bool = False,
-) -> list[float]:
-    """One round: every ring exchanges at once; GB/s per ring (its slowest member sets it).
+    on_trial: Callable[[int], None] | None = None,
+) -> list[list[float]]:
+    """Rounds of rings; a round's rings exchange at once. GB/s per ring, its slowest member's.
 
-    Each rank keeps its best trial; trials are spread over the round rather than run back to
-    back, so a burst of unrelated load spoils some trials of every ring instead of all of one.
-    `take_turns` runs the rings one after the other: when every "node" shares one host's CPUs
-    (a simulated fleet, namespaces), concurrent rings would measure CPU contention, not links.
+    Each rank keeps its best trial of each ring. A trial passes over every round, so one ring's
+    trials are spread over the whole measurement: a burst of unrelated load spoils some trials
+    of every ring, not all trials of the rings that happened to run during it (a round's worth
+    of trials lasts a few tens of milliseconds on a simulated fleet: one descheduled rank
+    spoiled them all and put a healthy node 40% under its peers).
+    `take_turns` runs a round's rings one after the other: when every "node" shares one host's
+    CPUs (a simulated fleet, namespaces), concurrent rings would measure CPU contention, not
+    links.
     """
-    mine = next((r for r in rings if comm.rank in r), None)
-    step = _RingStep(comm, mine, nbytes) if mine else None
-    if step:
-        step.seconds()  # warm the path
-    best = math.inf if step else 0.0
-    for _ in range(trials):
-        for turn, ring in enumerate(rings):
-            if take_turns or turn == 0:
-                comm.barrier()
-            if step and ring is mine:
-                best = min(best, step.seconds())
+    exchange = _Exchange(comm, nbytes)
+    mine = [next((i for i, r in enumerate(rnd) if comm.rank in r), None) for rnd in rounds]
+    for rnd, i in zip(rounds, mine, strict=True):
+        if i is not None:
+            exchange.seconds(rnd[i])  # warm each path
+    best = [math.inf if i is not None else 0.0 for i in mine]
+    for trial in range(trials):
+        for k, rnd in enumerate(rounds):
+            for turn, ring in enumerate(rnd):
+                if take_turns or turn == 0:
+                    comm.barrier()
+                if turn == mine[k]:
+                    best[k] = min(best[k], exchange.seconds(ring))
+        if on_trial is not None:
+            on_trial(trial)
     everyone = comm.gather_objects(best)
-    return [nbytes / max(everyone[r] for r in ring) / 1e9 for ring in rings]
+    return [
+        [nbytes / max(everyone[r][k] for r in ring) / 1e9 for ring in rnd]
+        for k, rnd in enumerate(rounds)
+    ]
 
 
 def leaders(node_of: Sequence[str]) -> dict[str, int]:
