@@ -31,8 +31,10 @@ NODE = "node-1"
 
 @pytest.fixture
 def baseline(tmp_path: Path) -> Path:
-    """A healthy node's figures, recorded by the real command; tolerances widened for a shared
-    2-core machine (the faulty GPU misses them by far: 4x slower, and SDC is exact)."""
+    """A healthy node's figures, recorded by the real command, at the shipped GEMM tolerance
+    (20%: the faulty GPU is 1.25x slow). The loopback's is widened: on a shared 2-core machine a
+    healthy node's loopback measured 0.44-0.59 of its baseline beside two busy processes, under
+    the shipped 50%; this drill's network is healthy and must pass."""
     path = tmp_path / "baseline.json"
     subprocess.run(
         [
@@ -51,7 +53,8 @@ def baseline(tmp_path: Path) -> Path:
         timeout=120,
     )
     doc = json.loads(path.read_text())
-    doc["validation"] |= {"gemm_tolerance": 1.0, "loopback_tolerance": 0.9}
+    assert doc["validation"]["gemm_tolerance"] == 0.2  # shipped
+    doc["validation"] |= {"loopback_tolerance": 0.9}
     path.write_text(json.dumps(doc))
     return path
 
@@ -74,7 +77,7 @@ def fleet(
     token.write_text(coord.token("--role", "node", "--node", NODE))
     faults = tmp_path / "faults.jsonl"
     inject(faults, {"kind": "sdc", "gpu": 0})
-    inject(faults, {"kind": "slow", "gpu": 0, "slowdown": 4.0})
+    inject(faults, {"kind": "slow", "gpu": 0, "slowdown": 1.25})
     env = {
         "SENTINEL_AGENT__TOKEN_FILE": str(token),
         "SENTINEL_AGENT__HEARTBEAT_S": "0.5",

@@ -58,7 +58,11 @@ def test_judge_names_each_failed_check_with_its_figures() -> None:
     assert all(c.passed for c in judge(good, BASE))
     slow = Measured("cpu", [0.0021, 0.0031], [("abc", "abc")] * 2, 0.9)
     gemm = judge(slow, BASE)[0]
-    assert not gemm.passed and gemm.value == 0.0031 and gemm.detail.startswith("GPU 1: 3.10 ms")
+    assert (
+        not gemm.passed
+        and gemm.value == 0.0031
+        and gemm.detail.startswith("GPU 1: 384^3 GEMM in 3.10 ms")
+    )
     flipped = Measured("cpu", [0.002], [("abc", "abd")], 0.9)
     assert "recompute differs from itself" in judge(flipped, BASE)[1].detail
     other = Measured("cpu", [0.002], [("abd", "abd")], 0.9)  # agrees with itself, not the fleet
@@ -67,6 +71,21 @@ def test_judge_names_each_failed_check_with_its_figures() -> None:
     assert not judge(Measured("cpu", [0.002], [("abc", "abc")], 0.4), BASE)[2].passed
     broken = Measured("cpu", errors=["GPU 0: CUDA error: device reported Xid 79"])
     assert [c.passed for c in judge(broken, BASE)] == [False, False, False]
+
+
+def test_a_cpu_devices_gemm_is_judged_by_its_ratio_to_the_host() -> None:
+    """A CPU device's time moves with the host's load; its ratio to the host's time in the same
+    rounds does not. A baseline with that ratio judges the ratio, whatever the absolute time."""
+    paired = BASE.model_copy(update={"gemm_vs_host": 1.0})
+    digests = [("abc", "abc")] * 2
+    loaded = Measured("cpu", [0.006, 0.006], digests, 0.9, gemm_vs_host=[1.01, 1.02])
+    assert judge(loaded, paired)[0].passed  # 3x the baseline's time, as the host is
+    slow = Measured("cpu", [0.0025, 0.002], digests, 0.9, gemm_vs_host=[1.25, 1.0])
+    gemm = judge(slow, paired)[0]
+    assert not gemm.passed and (gemm.value, gemm.baseline, gemm.limit) == (1.25, 1.0, 1.2)
+    assert gemm.detail.startswith("GPU 0: 384^3 GEMM in 1.250x the host's time")
+    on_gpu = Measured("H100", [0.0025, 0.002], digests, 0.9)  # no ratio: its own time is judged
+    assert judge(on_gpu, paired)[0].value == 0.0025
 
 
 def test_playbooks_check_refuses_a_return_with_no_baseline_at_its_line(tmp_path: Path) -> None:
