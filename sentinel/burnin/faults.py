@@ -72,22 +72,31 @@ def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankF
     return RankFaults(link_factor=link, slowdown=slow, sdc=sdc, device_error=err)
 
 
-def faults_for_sim_gpu(faults_file: Path, gpu: int) -> RankFaults:
-    """The faults striking `gpu` of a simulated node now: its agent's faults file replayed
-    (`sentinel.agent.nvml.sim`; a `clear` repairs the GPU). For the validation burn-in."""
-    from sentinel.agent.nvml.sim import Clear, EccDbe, Sdc, Slow, Thermal, Xid, parse_fault
+def _sim_faults(faults_file: Path) -> list[Any]:
+    """A simulated node's faults so far: its agent's faults file (`sentinel.agent.nvml.sim`)."""
+    from sentinel.agent.nvml.sim import parse_fault
 
-    slow, sdc, err = 1.0, False, None
     try:
         lines = faults_file.read_text().splitlines()
     except FileNotFoundError:
-        lines = []  # nothing injected yet
+        return []  # nothing injected yet
+    out = []
     for raw in lines:
         try:
-            fault = parse_fault(json.loads(raw))
+            out.append(parse_fault(json.loads(raw)))
         except (ValueError, InputError):
             continue  # the agent logs a bad line; it strikes nothing
-        if fault.gpu != gpu:
+    return out
+
+
+def faults_for_sim_gpu(faults_file: Path, gpu: int) -> RankFaults:
+    """The faults striking `gpu` of a simulated node now (a `clear` repairs the GPU). For the
+    validation burn-in."""
+    from sentinel.agent.nvml.sim import Clear, EccDbe, Loopback, Sdc, Slow, Thermal, Xid
+
+    slow, sdc, err = 1.0, False, None
+    for fault in _sim_faults(faults_file):
+        if isinstance(fault, Loopback) or fault.gpu != gpu:
             continue
         match fault:
             case Clear():
@@ -105,19 +114,34 @@ def faults_for_sim_gpu(faults_file: Path, gpu: int) -> RankFaults:
     return RankFaults(slowdown=slow, sdc=sdc, device_error=err)
 
 
+def sim_loopback_factor(faults_file: Path) -> float:
+    """The share of its bandwidth a simulated node's own network stack carries now."""
+    from sentinel.agent.nvml.sim import Loopback
+
+    factors = [f.factor for f in _sim_faults(faults_file) if isinstance(f, Loopback)]
+    return factors[-1] if factors else 1.0
+
+
+def stretch(t0: float, factor: float) -> None:
+    """A transfer begun at `t0` over a link that carries only `factor` of its bandwidth: wait
+    for the rest of the time it would take."""
+    if factor < 1.0:
+        time.sleep((time.perf_counter() - t0) * (1.0 / factor - 1.0))
+
+
 class ThrottledComm(Comm):
     """A node whose network link carries only `factor` of its bandwidth."""
 
     def __init__(self, base: Comm, factor: float) -> None:
         super().__init__(base.rank, base.world, base.node_of, base.device)
-        self._stretch = 1.0 / factor - 1.0
+        self._factor = factor
         self._multi_node = len(set(base.node_of)) > 1
 
     def _stretched(self, crosses: bool, fn: Any, *args: Any) -> None:
         t0 = time.perf_counter()
         fn(*args)
         if crosses:
-            time.sleep((time.perf_counter() - t0) * self._stretch)
+            stretch(t0, self._factor)
 
     def all_reduce(self, t: torch.Tensor) -> None:
         self._stretched(self._multi_node, super().all_reduce, t)

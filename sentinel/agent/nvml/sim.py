@@ -17,9 +17,14 @@ way a real one would. Each fault changes exactly the readings the real fault cha
                                              (what the validation burn-in's GEMM finds)
     {"kind": "clear", "gpu": 1}              the GPU is repaired: its thermal, SDC and slow
                                              faults are over
+    {"kind": "loopback", "factor": 0.4}      the node's own network stack carries only that
+                                             share of its bandwidth: no GPU reading changes
+                                             (what the validation's loopback finds); the
+                                             latest such line holds, 1.0 is repaired
 
 The validation burn-in of a simulated node (`sentinel burnin --validate --sim-faults FILE`)
-reads the same file to make its arithmetic really slow or corrupt (`sentinel.burnin.faults`).
+reads the same file to make its arithmetic really slow or corrupt, and its loopback really slow
+(`sentinel.burnin.faults`).
 
 A malformed line is logged and skipped; it never stops the simulator.
 """
@@ -113,7 +118,17 @@ class Clear(_Fault):
     kind: Literal["clear"]
 
 
-SimFault = Annotated[EccDbe | Xid | Thermal | Sdc | Slow | Clear, Field(discriminator="kind")]
+class Loopback(BaseModel):
+    """The node's, not a GPU's."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    kind: Literal["loopback"]
+    factor: float = Field(gt=0, le=1)
+
+
+SimFault = Annotated[
+    EccDbe | Xid | Thermal | Sdc | Slow | Clear | Loopback, Field(discriminator="kind")
+]
 _FAULT: TypeAdapter[SimFault] = TypeAdapter(SimFault)
 
 
@@ -340,13 +355,15 @@ class SimulatedGpus(GpuBackend):
         except InputError as e:
             log.warning("%s: skipped, %s", where, e)
             return
+        if isinstance(fault, Loopback):
+            return  # the host's network: no GPU reading changes
         if fault.gpu >= len(self._gpus):
             log.warning("%s: skipped, no GPU %d on this node", where, fault.gpu)
             return
         log.info("%s: injecting %s", where, fault.model_dump(mode="json"))
         self._apply(fault)
 
-    def _apply(self, fault: SimFault) -> None:
+    def _apply(self, fault: EccDbe | Xid | Thermal | Sdc | Slow | Clear) -> None:
         g = self._gpus[fault.gpu]
         match fault:
             case EccDbe():
