@@ -93,8 +93,9 @@ def judge(m: Measured, b: ValidationBaseline) -> list[ValidationCheck]:
 
 
 def _gemm(m: Measured, b: ValidationBaseline) -> ValidationCheck:
+    # A CPU device measured against the host is judged by that ratio when the baseline has one.
     paired = b.gemm_vs_host is not None and len(m.gemm_vs_host) == len(m.gemm_s)
-    base = b.gemm_vs_host if paired and b.gemm_vs_host is not None else b.gemm_s
+    base = b.gemm_vs_host if paired and b.gemm_vs_host else b.gemm_s
     limit = base * (1 + b.gemm_tolerance)
     if m.errors or not m.gemm_s:
         why = "; ".join(m.errors) or "no GEMM was timed"

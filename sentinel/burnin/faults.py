@@ -20,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +35,9 @@ from sentinel.scenario import (
     XidFault,
     load_scenario,
 )
+
+if TYPE_CHECKING:
+    from sentinel.agent.nvml.sim import SimFault
 
 THROTTLE_START_C = 85.0
 SDC_RATE = 0.5  # share of products that come back corrupted: SDC is intermittent
@@ -72,7 +75,7 @@ def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankF
     return RankFaults(link_factor=link, slowdown=slow, sdc=sdc, device_error=err)
 
 
-def _sim_faults(faults_file: Path) -> list[Any]:
+def _sim_faults(faults_file: Path) -> list[SimFault]:
     """A simulated node's faults so far: its agent's faults file (`sentinel.agent.nvml.sim`)."""
     from sentinel.agent.nvml.sim import parse_fault
 

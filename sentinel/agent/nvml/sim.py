@@ -355,13 +355,12 @@ class SimulatedGpus(GpuBackend):
         except InputError as e:
             log.warning("%s: skipped, %s", where, e)
             return
-        if isinstance(fault, Loopback):
-            return  # the host's network: no GPU reading changes
-        if fault.gpu >= len(self._gpus):
+        if not isinstance(fault, Loopback) and fault.gpu >= len(self._gpus):
             log.warning("%s: skipped, no GPU %d on this node", where, fault.gpu)
             return
         log.info("%s: injecting %s", where, fault.model_dump(mode="json"))
-        self._apply(fault)
+        if not isinstance(fault, Loopback):  # the host's network: no GPU reading changes
+            self._apply(fault)
 
     def _apply(self, fault: EccDbe | Xid | Thermal | Sdc | Slow | Clear) -> None:
         g = self._gpus[fault.gpu]
