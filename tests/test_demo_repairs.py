@@ -147,3 +147,27 @@ def test_a_live_join_is_judged_before_the_next_repair(tmp_path: Path) -> None:
     widths = [(9.9, 2), (11.8, 2), (12.0, 2), (31.5, 1), (32.2, 2)]
     live, hang = repair_costs(restarts(log, t0=0.0), steps, [], 2, widths)
     assert live["join_s"] == 1.8 and hang["path"] == "warm_restart"
+
+
+def test_a_joiner_ended_before_it_reported_read_no_checkpoint(tmp_path: Path) -> None:
+    """A live repair's joiner is ended by the next repair (a warm restart from a checkpoint)
+    before its launch report: the live repair read nothing; the reads are the warm restart's."""
+    log = _log(
+        tmp_path / "s.log",
+        [
+            _gen(0.0, 0, NODES),
+            *_restart(10.0, 1, "gpu_hardware", "live"),
+            _gen(10.2, 1, ["node-0", "spare-0"]),
+            *_restart(10.3, 2, "gpu_hardware", "warm_restart"),
+            _gen(11.0, 2, ["spare-1", "spare-0"]),
+        ],
+    )
+    launches = [
+        Launch(main_t=0.2, rendezvous_s=0.1, load_s=0.0, ready_t=1.0, resume_step=0, generation=0),
+        Launch(
+            main_t=11.1, rendezvous_s=0.1, load_s=0.5, ready_t=12.0, resume_step=20, generation=2
+        ),
+    ]
+    steps = [(9.9, 25, 0), (12.5, 21, 2)]
+    live, warm = repair_costs(restarts(log, t0=0.0), steps, launches, gpus_per_node=2)
+    assert (live["checkpoint_reads"], warm["checkpoint_reads"]) == (0, 4)

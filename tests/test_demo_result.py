@@ -470,3 +470,23 @@ def test_the_struck_node_may_train_until_its_repair_drains_it() -> None:
     assert res["faults"][0]["repair_problem"] == (
         "node-1 still trained after the repair (generation 3)"
     )
+
+
+def test_a_live_rejoin_of_another_replica_does_not_run_the_struck_node_again() -> None:
+    """A live repair's generation starts only its rejoining replica's nodes: the struck node is
+    in the job's node list (its replica ran on until its own repair) but was not launched."""
+    sc = scenario({"kind": "thermal", "node": "node-1", "gpu": 0, "at_step": 15, "temp_c": 92})
+    inc = incident(1, "thermal", 15.5, [("node-1", None)], [action("resume")], target="node-1")
+    strikes = {0: Strike(t=15.0, step=16, node="node-1")}
+    gens = [
+        Generation(0.0, 0, ("node-0", "node-1")),
+        Generation(16.0, 1, ("spare-0", "node-1"), launched=("spare-0",)),  # replica 0 rejoins
+        Generation(20.0, 2, ("spare-0", "spare-1")),
+    ]
+    res = build_result(evidence(sc, [inc], strikes, generations=gens))
+    assert res["faults"][0]["repair_problem"] is None
+    gens[1] = Generation(16.0, 1, ("spare-0", "node-1"), launched=("spare-0", "node-1"))
+    res = build_result(evidence(sc, [inc], strikes, generations=gens))
+    assert res["faults"][0]["repair_problem"] == (
+        "node-1 still trained after the repair (generation 1)"
+    )

@@ -195,6 +195,24 @@ def test_the_live_drill_never_stops_the_surviving_replicas(tmp_path: Path, cache
 
 
 @pytest.mark.slow
+def test_a_fault_in_the_last_replica_holding_the_model_restarts_every_replica(
+    tmp_path: Path, cache: Path
+) -> None:
+    """Replica 1 is repaired live; replica 0, the only one holding the model, is struck before
+    the spare has healed from it: the second repair is a warm restart from a checkpoint, not a
+    rejoin of both replicas with nothing to heal from (which trained on from a reset model
+    under an exact ledger)."""
+    code, res, _ = demo("live_overlap", tmp_path, cache)
+    assert code == 0 and res["verdict"] == "pass", why(res)
+    assert [r["path"] for r in res["repairs"]] == ["live", "warm_restart"]
+    live, warm = res["repairs"]
+    assert live["checkpoint_reads"] == live["survivors_restarted"] == 0
+    assert warm["checkpoint_reads"] > 0
+    assert res["ledger_exact"]
+    assert_same_model(res)
+
+
+@pytest.mark.slow
 def test_an_eviction_with_no_spare_fails_and_says_why(tmp_path: Path, cache: Path) -> None:
     """The double-bit ECC drill with no spare node: the eviction is refused and escalated, and
     training goes on on the faulty node. Detected but not repaired: a FAIL, exit 1, warned

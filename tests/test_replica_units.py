@@ -162,6 +162,9 @@ def test_replica_mode_config(tmp_path: Path) -> None:
         [*argv, "--ft-timeout", "5"], 2, ENV | {"TORCHFT_QUORUM_TIMEOUT_SEC": "9"}
     )
     assert flagged.ft is not None and (flagged.ft.timeout_s, flagged.ft.quorum_timeout_s) == (5, 9)
+    assert not cfg.ft.heal
+    healing = parse_config([*argv, "--ft-heal"], 2, ENV)
+    assert healing.ft is not None and healing.ft.heal
 
 
 @pytest.mark.parametrize(
@@ -174,6 +177,13 @@ def test_replica_mode_config(tmp_path: Path) -> None:
         (["--replicas", "ft", "--dp", "2", "--dp-mode", "fsdp"], 1, ENV, "must be allreduce"),
         (["--replicas", "ft", "--dp", "2", "--ft-timeout", "0"], 1, ENV, "want seconds > 0"),
         (["--replicas", "ft", "--dp", "2"], 1, {**ENV, "TORCHFT_TIMEOUT_SEC": "x"}, "want seconds"),
+        (["--ft-heal"], 1, ENV, "only a replica heals"),
+        (
+            ["--replicas", "ft", "--dp", "2", "--ft-heal", "--resume-from", "latest"],
+            1,
+            ENV,
+            "not with --resume-from",
+        ),
     ],
 )
 def test_replica_mode_refuses_bad_flags(

@@ -164,7 +164,7 @@ def test_killed_replica_leaves_survivors_stepping_and_a_spare_heals_from_a_peer(
     # The survivors go on without it, two replicas taking the whole batch.
     wait_for_step(out, 0, commits(out, 0)[-1]["step"] + 3, [gangs[0], gangs[2]], timeout=60)
     spare_at = time.time()
-    gangs[1] = start(1, args, lighthouse, out / "logs-spare")
+    gangs[1] = start(1, [*args, "--ft-heal"], lighthouse, out / "logs-spare")  # as `sentinel run`
     codes = finish(gangs)
     assert codes == [[0, 0]] * REPLICAS
     assert [p.pid for r in (0, 2) for p in gangs[r].procs] == survivors  # never restarted
@@ -209,6 +209,19 @@ def test_the_loss_tolerance_tells_other_samples_apart(
     clean = commits(uninterrupted, 0)[-1]["loss"]
     assert commits(out, 0)[-1]["loss"] != pytest.approx(clean, rel=FINAL_LOSS_RTOL * 10)
     assert check(out, STEPS).exact  # the skip list is the run's own: nothing is missing
+
+
+def test_replicas_launched_to_heal_with_nobody_holding_the_model_train_nothing(
+    data_dir: Path, lighthouse: Lighthouse, tmp_path: Path
+) -> None:
+    """Two replicas rejoin while the one that held the model is gone too: they must not train
+    on from the seed's model as if it were the job's (the ledger would still be exact)."""
+    out = tmp_path / "nothing-to-heal"
+    args = ft_args(out, data_dir, "--ft-heal")
+    gangs = [start(r, args, lighthouse, out / "logs") for r in (0, 1)]
+    assert finish(gangs, timeout=120) == [[1, 1], [1, 1]]
+    assert commits(out, 0) == commits(out, 1) == []
+    assert "no replica in its quorum holds the model" in gangs[0].tail(0)
 
 
 # --- a peer that dies while it sends its state ----------------------------------------------

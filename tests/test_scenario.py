@@ -119,6 +119,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
         "validation": 40,
         "xid": 35,
         "live": 105,
+        "live_overlap": 37,
     }
     # A fault already at its earliest stays; the corrupt batch moves to its earliest, 30.
     assert timed(quick(load_scenario("crash"))) == [15]

@@ -81,9 +81,9 @@ class JobRecord:
 
     def trainer_flags(self, resume: bool = True) -> list[str]:
         """The plan's flags for the trainer; `resume=False`: a replica that rejoins heals from a
-        live peer, so it is told neither to read a checkpoint nor to start a learning-rate
-        window (the peer's schedule, window and all, comes with its state)."""
-        flags = []
+        live peer (`--ft-heal`), so it is told neither to read a checkpoint nor to start a
+        learning-rate window (the peer's schedule, window and all, comes with its state)."""
+        flags = [] if resume else ["--ft-heal"]
         if self.resume_from and resume:
             flags += ["--resume-from", self.resume_from]
         if self.skip:

@@ -89,6 +89,9 @@ class Supervisor:
             ReplicaLayout(cfg.replicas, cfg.nodes // cfg.replicas) if cfg.replicas > 1 else None
         )
         self.lighthouse: Lighthouse | None = None
+        # Replicas rejoined by a live repair that may not hold the model yet (they heal from a
+        # peer at their first quorum), with the lighthouse's quorum id before they rejoined.
+        self.joining: dict[int, int | None] = {}
         self.flight = FlightAnalysis(cfg, self._call, self._post)
         # One change of the gang at a time: the watch loop's stop of a crashed gang and a
         # command's stop or restart never interleave (a warm rank's slot takes one process).
@@ -234,6 +237,8 @@ class Supervisor:
 
     async def _restart(self, plan: RepairPlan) -> None:
         path = self.repair_path(plan)
+        if self.joining:
+            await asyncio.to_thread(self._count_healed)
         struck = self._struck_replicas(plan) if path == Recovery.LIVE else set()
         if path == Recovery.LIVE and not struck:  # every rank stops: the next path down
             path = self._path_from(Recovery.WARM_RESTART)
@@ -242,8 +247,10 @@ class Supervisor:
             await self._live_repair(plan, struck)
             return
         # The nodes that stay in the gang keep their rank processes warm on a warm restart,
-        # unless the plan says their processes cannot be trusted again.
-        out = {*plan.exclude, *plan.spare_map, *plan.replace}
+        # unless the plan says their processes cannot be trusted again. A replica still
+        # healing is ended at once: it holds nothing a leave would keep, and it waits in its
+        # first quorum, where no step boundary comes to leave at (its node hosts fork anew).
+        out = {*plan.exclude, *plan.spare_map, *plan.replace, *self._healing_nodes()}
         keep = frozenset(self.job.nodes) - out if path != Recovery.RESTART else frozenset()
         await self._stop_and_report(keep=keep)
         try:
@@ -260,14 +267,39 @@ class Supervisor:
     def _struck_replicas(self, plan: RepairPlan) -> set[int]:
         """The replicas a live repair would stop: those holding the plan's nodes, while the
         others still train. Empty when the live path cannot serve the plan: no replica is
-        struck, every one is, or the gang is not running (a rank's death stopped it as the
-        command arrived): then every rank stops."""
+        struck, no replica holding the model would be left (each is struck, or rejoined and
+        not yet healed: the others would heal from nothing), or the gang is not running (a
+        rank's death stopped it as the command arrived): then every rank stops."""
         gang, layout = self.gang, self.layout
         if not isinstance(gang, ReplicaGang) or layout is None:
             return set()
         out = {*plan.exclude, *plan.spare_map, *plan.replace}
         struck = layout.struck(self.job.nodes, out)
-        return struck if len(struck) < layout.replicas else set()
+        holding = set(gang.gangs) - struck - set(self.joining)
+        if struck and not holding:
+            log.warning(
+                "replica(s) %s struck; no other replica holds the model (still healing: %s)",
+                sorted(struck),
+                sorted(self.joining),
+            )
+        return struck if holding else set()
+
+    def _healing_nodes(self) -> list[str]:
+        layout = self.layout
+        if layout is None:
+            return []
+        return [n for r in sorted(self.joining) for n in layout.nodes(self.job.nodes, r)]
+
+    def _count_healed(self) -> None:
+        """Let go of the rejoined replicas the lighthouse has seen train at their peers' step
+        in a quorum formed after they rejoined. One whose quorum id before it rejoined is not
+        known, or that the lighthouse does not show, still counts as healing."""
+        view = self.lighthouse.last_quorum() if self.lighthouse else None
+        if view is None:
+            return
+        for replica, before in list(self.joining.items()):
+            if before is not None and view.quorum_id > before and view.at_peers_step(replica):
+                del self.joining[replica]
 
     async def _live_repair(self, plan: RepairPlan, struck: set[int]) -> None:
         """The live path: only the `struck` replicas stop; they rejoin on their new nodes and
@@ -292,7 +324,9 @@ class Supervisor:
             return
         self.job.generation += 1
         self._release(left)
+        view = await asyncio.to_thread(self.lighthouse.last_quorum) if self.lighthouse else None
         await self._launch(only=struck)
+        self.joining |= dict.fromkeys(struck, None if view is None else view.quorum_id)
 
     def _release(self, nodes: list[str]) -> None:
         for node in nodes:
@@ -329,6 +363,8 @@ class Supervisor:
                 "argv": next(iter(plans.values())).argv,
                 "generation": self.job.generation,
                 "nodes": list(self.job.nodes),
+                # a live repair's rejoining replicas start; their peers run on
+                "launched": [n for p in plans.values() for n in p.nodes],
                 "replicas": sorted(r for r in plans if r is not None),
             },
         )
@@ -353,9 +389,10 @@ class Supervisor:
             for r, g in gangs.items():
                 assert r is not None
                 self.gang.rejoin(r, g)
-        else:
+        else:  # every replica starts from the same checkpoint (or the seed)
             per_replica = self.layout.nodes_per_replica * self.job.gpus_per_node
             self.gang = ReplicaGang({r: g for r, g in gangs.items() if r is not None}, per_replica)
+            self.joining.clear()
         self.job.state = JobState.RUNNING
 
     def _plans(self, only: set[int] | None) -> dict[int | None, GangPlan]:

@@ -15,6 +15,13 @@ class ConfigError(ValueError):
     """Bad flags: the message says which and why; the entry point exits 2."""
 
 
+class NothingToHeal(RuntimeError):
+    """A replica launched to heal found no replica in its quorum that holds the model: every
+    one was lost or is itself still joining. Training from its own state would retrain steps
+    from a reset model under an exact-looking ledger; the job needs a restart from a
+    checkpoint instead. Raised on every rank of the replica together (they share a quorum)."""
+
+
 # The replica mode's torchft timeouts (seconds), each overridden by torchft's own variable.
 # `timeout`: a cross-replica collective, the commit vote and a state transfer; a replica whose
 # device stopped answering (alive, still heartbeating) is seen only when it runs out.
@@ -41,6 +48,9 @@ class ReplicaSettings:
     timeout_s: float = FT_TIMEOUT_S
     quorum_timeout_s: float = FT_QUORUM_TIMEOUT_S
     connect_timeout_s: float = FT_CONNECT_TIMEOUT_S
+    # This launch replaces a lost replica while its peers train on: it holds nothing of the
+    # job's state until it heals from one of them, and must never train from its own.
+    heal: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,6 +228,12 @@ def _add_replica_options(a: Callable[..., object]) -> None:
         help=f"seconds to reach the lighthouse and managers (default {FT_CONNECT_TIMEOUT_S:g}, "
         f"or {FT_TIMEOUT_ENV['connect_timeout']})",
     )
+    a(
+        "--ft-heal",
+        action="store_true",
+        help="this replica replaces a lost one while its peers train on: it heals from a live "
+        "peer at its first quorum, and exits (code 1) if no replica there holds the model",
+    )
 
 
 def _lr_scale(text: str | None) -> tuple[tuple[float, int] | None, int | None]:
@@ -262,6 +278,8 @@ def _replica_settings(ns: argparse.Namespace, dp: int, env: Mapping[str, str]) -
         )
     if ns.hooks_interleave:
         raise ConfigError("--hooks-interleave measures one gang; not with --replicas ft")
+    if ns.ft_heal and ns.resume_from:
+        raise ConfigError("--ft-heal takes its state from a live peer; not with --resume-from")
     return ReplicaSettings(
         replica=int(text),
         lighthouse=lighthouse,
@@ -270,6 +288,7 @@ def _replica_settings(ns: argparse.Namespace, dp: int, env: Mapping[str, str]) -
         connect_timeout_s=_timeout(
             ns.ft_connect_timeout, "connect_timeout", FT_CONNECT_TIMEOUT_S, env
         ),
+        heal=ns.ft_heal,
     )
 
 
@@ -290,6 +309,8 @@ def parse_config(
     ft = ns.replicas == "ft"
     if ft and ns.dp is None:
         raise ConfigError("--replicas ft: give --dp, the number of replicas")
+    if ns.ft_heal and not ft:
+        raise ConfigError("--ft-heal: only a replica heals from a peer (--replicas ft)")
     gang = ns.tp * ns.pp if ft else None  # one replica's world
     dp = ns.dp if ns.dp is not None else world // max(1, ns.tp * ns.pp)
     if gang is not None and (min(ns.tp, ns.pp, dp) < 1 or gang != world):

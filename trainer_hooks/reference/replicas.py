@@ -35,12 +35,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
-from trainer_hooks.reference.config import TrainConfig
+from trainer_hooks.reference.config import NothingToHeal, TrainConfig
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT = timedelta(milliseconds=100)  # how often a replica tells the lighthouse it lives
 QUORUM_RETRY_S = 0.5  # pause before asking again after a quorum request failed
+# The torchft step of a replica that holds nothing yet (`--ft-heal`): below every step a
+# replica holding the model can be at, the seed's step 0 included, so any such peer is ahead.
+HOLDS_NOTHING = -1
 
 
 def shares(microbatches: int, participants: int, replicas: int) -> list[tuple[int, ...]]:
@@ -207,13 +210,16 @@ class ReplicaLink:
             heartbeat_interval=HEARTBEAT,
             init_sync=False,  # every replica builds the same initial model from the seed
         )
-        self._manager.load_state_dict({"step": self._before, "batches_committed": 0})
+        step = HOLDS_NOTHING if settings.heal else self._before
+        self._manager.load_state_dict({"step": step, "batches_committed": 0})
 
     def start(self, leave: Callable[[], bool]) -> bool:
         """The step's quorum; a replica behind the others heals in it (`healed` then says from
         which step, how long the quorum with the transfer took and the load). A failed quorum
         request (the lighthouse unreachable, this replica left out) is asked again, until
-        `leave()` says this replica is to leave its generation: then False."""
+        `leave()` says this replica is to leave its generation: then False. A replica launched
+        to heal (`--ft-heal`) whose quorum holds no replica with the model raises
+        `NothingToHeal`."""
         self.healed, self.plan, self.assignment = None, None, {}
         if self._manager is None:
             self._join()
@@ -232,6 +238,14 @@ class ReplicaLink:
                 time.sleep(QUORUM_RETRY_S)
         if self.healed is not None:
             self.healed["quorum_s"] = time.perf_counter() - t0
+        elif self.step == HOLDS_NOTHING and self.manager.errored() is None:
+            # (a heal that failed leaves the step behind too, with an error: that step is
+            # not committed and the next quorum heals again)
+            raise NothingToHeal(
+                f"replica {self.settings.replica} joined to heal from a live peer, but no "
+                "replica in its quorum holds the model (each was lost or is still joining); "
+                "the job must restart from a checkpoint"
+            )
         return True
 
     def assign(self, batch: int) -> StepPlan:

@@ -23,7 +23,7 @@ from sentinel.exitcodes import InputError
 from sentinel.ranks.current import leave_requested
 from trainer_hooks import SentinelHooks, enable_flight_recorder, interleave
 from trainer_hooks.reference.checkpoint import TierError, expand_node, resolve_resume, this_node
-from trainer_hooks.reference.config import ConfigError, TrainConfig, parse_config
+from trainer_hooks.reference.config import ConfigError, NothingToHeal, TrainConfig, parse_config
 from trainer_hooks.reference.digest import param_digest
 from trainer_hooks.reference.engine import StepResult
 from trainer_hooks.reference.faults import load_faults
@@ -327,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     except (interleave.ScheduleMismatchError, TierError) as e:  # raised on every rank together
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NothingToHeal as e:  # on every rank of the replica together
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         dist.destroy_process_group()
         if cfg.ft is not None:

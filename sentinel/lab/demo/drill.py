@@ -81,6 +81,7 @@ def generations(supervisor_log: Path, t0: float) -> list[Generation]:
             number=int(rec["generation"]),
             nodes=tuple(rec["nodes"]),
             stopped_t=stopped.get(int(rec["generation"])),
+            launched=tuple(rec["launched"]) if isinstance(rec.get("launched"), list) else None,
         )
         for rec in records
         if "generation" in rec and isinstance(rec.get("nodes"), list)

@@ -129,10 +129,11 @@ def _full_again(
 
 def _reads(r: Restart, launches: list[Launch], world: int) -> int:
     """The ranks of the restart's generation that loaded a checkpoint: each launch report of
-    that generation (a gang's, or each replica's that relaunched) that resumed from one. A
-    trainer whose reports carry no generation: the first report after the restart."""
-    mine = [la for la in launches if la.generation is not None and la.generation == r.generation]
-    if mine:
+    that generation (a gang's, or each replica's that relaunched) that resumed from one; none
+    when it made no report (a joiner ended by the next repair before it came up). A trainer
+    whose reports carry no generation: the first report after the restart."""
+    if any(la.generation is not None for la in launches):
+        mine = [la for la in launches if la.generation == r.generation]
         return sum((la.ranks or world) for la in mine if la.resume_step)
     first = next((la for la in launches if la.main_t >= r.t - 1.0), None)
     return world if first is not None and first.resume_step else 0

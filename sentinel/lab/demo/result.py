@@ -70,12 +70,18 @@ class Strike:
 class Generation:
     """One launch of the gang: demo time of the launch, its number and the nodes it ran on;
     `stopped_t`, the demo time its gang was gone (the supervisor's teardown), None for one it
-    did not stop."""
+    did not stop. `launched`: the nodes whose ranks it started, where fewer than `nodes` (a
+    live repair's rejoining replicas; their peers ran on)."""
 
     t: float
     number: int
     nodes: tuple[str, ...]
     stopped_t: float | None = None
+    launched: tuple[str, ...] | None = None
+
+    @property
+    def started_on(self) -> tuple[str, ...]:
+        return self.nodes if self.launched is None else self.launched
 
 
 @dataclass(frozen=True)
@@ -297,7 +303,7 @@ def repair_problem(
         # repair makes meanwhile rightly takes it along.
         drained = recorded_stages(inc).get("drained")
         since = detect_t if drained is None else max(detect_t, drained - ev.t0)
-        still = [g.number for g in ev.generations if g.t > since and node in g.nodes]
+        still = [g.number for g in ev.generations if g.t > since and node in g.started_on]
         if still:
             gens = ", ".join(map(str, still))
             return f"{node} still trained after the repair (generation {gens})"
