@@ -3,6 +3,7 @@ reports when its SDC spot-check digest disagrees, and when the exchange's result
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -103,3 +104,37 @@ def test_the_exchange_is_acted_on_a_step_later_and_close_starts_no_collective(
     assert gang.digest_posts == 1
     sdc = [e.payload for e in hooks.transport.pending_events() if e.kind == "rank.sdc"]
     assert [p.step for p in sdc] == [5]
+
+
+def test_a_save_begun_answers_every_checkpoint_request_issued_before_it(tmp_path: Path) -> None:
+    """A trainer with a per-step collective saves a step after a `checkpoint.now`: the save
+    answers that command on this rank, a copy of it reaching this rank later, and the exchange
+    that already carried it; a command issued after the save asks again."""
+    cfg = HooksConfig(agent_socket=str(tmp_path / "none.sock"), exchange_every=2, sdc_every=0)
+    hooks = SentinelHooks(cfg)
+    hooks.exchange = Gang()  # type: ignore[assignment]
+    before = time.time()
+    command = Command(kind=CommandKind.CHECKPOINT_NOW, target=Source(job="j"), ts=before)
+    hooks._on_command(command)
+    due = []
+    try:
+        with hooks.step(0):
+            pass
+        with hooks.step(1):  # the exchange after it carries the request
+            pass
+        assert not hooks.checkpoint_asked()  # taken by the exchange, posted on every rank
+        hooks._requests["checkpoint"].set()  # another rank's copy, as the per-step flag sees it
+        assert hooks.checkpoint_asked()
+        hooks.saving()  # every rank, the step after the first one heard of it
+        hooks._on_command(command)  # this rank's copy of the same command, late
+        assert not hooks.checkpoint_asked()
+        for step in range(2, 6):
+            with hooks.step(step):
+                pass
+            due.append(hooks.should_checkpoint())
+        assert due == [False] * 4  # the exchange's request was answered by the save
+        later = Command(kind=CommandKind.CHECKPOINT_NOW, target=Source(job="j"), ts=time.time())
+        hooks._on_command(later)
+        assert hooks.checkpoint_asked()
+    finally:
+        hooks.close()

@@ -156,6 +156,7 @@ class SentinelHooks:
         self.sdc_check = SdcCheck(cfg, self.device, model, self._send, rank_offset, replica_groups)
         self._requests = {"sdc": threading.Event(), "checkpoint": threading.Event()}
         self._checkpoint_due = False
+        self._save_began = 0.0  # wall clock: every `checkpoint.now` issued before is answered
         self._launch: RankLaunchPayload | None = None  # reported after the next step ends
         self._steps_done = 0
         self._step: int | None = None
@@ -255,6 +256,20 @@ class SentinelHooks:
         """True once, on every rank at the same step, after a `checkpoint.now` command."""
         due, self._checkpoint_due = self._checkpoint_due, False
         return due
+
+    def checkpoint_asked(self) -> bool:
+        """A `checkpoint.now` reached this rank and no save has begun since. A trainer with a
+        collective of its own every step agrees on it there, a step after the command, rather
+        than at the hooks' next exchange (`should_checkpoint`: up to `exchange_every` steps,
+        20 shipped); it then calls `saving()`."""
+        return self._requests["checkpoint"].is_set()
+
+    def saving(self) -> None:
+        """The trainer begins a save (call it on every rank at the same step): it answers every
+        `checkpoint.now` issued before now, whether this rank has seen it yet or not."""
+        self._save_began = time.time()
+        self._requests["checkpoint"].clear()
+        self._checkpoint_due = False
 
     @_guarded
     def checkpoint_saved(
@@ -448,13 +463,19 @@ class SentinelHooks:
         periodic = bool(sdc_every) and self._steps_done % sdc_every == 0
         row = ExchangeRow(self.steplog.take(), sdc=sdc_req, checkpoint=ckpt_req)
         gathered = self.exchange.gather(row.values())
+        posted = time.time()
         self._inflight.append(
-            (gathered, lambda rows, now: self._exchanged(step, periodic, rows, now))
+            (gathered, lambda rows, now: self._exchanged(step, periodic, rows, now, posted))
         )
         self.periodic_work = self.periodic_work or "exchange"
 
     def _exchanged(
-        self, step: int, periodic_sdc: bool, values: list[list[float]], now: int | None
+        self,
+        step: int,
+        periodic_sdc: bool,
+        values: list[list[float]],
+        now: int | None,
+        posted: float,
     ) -> None:
         cfg = self.config
         rows = [ExchangeRow.parse(v) for v in values]
@@ -469,7 +490,8 @@ class SentinelHooks:
                     median_compute_s=found.median_compute_s,
                 )
                 self._send(EventKind.RANK_STRAGGLER, payload)
-        if any(r.checkpoint for r in rows):
+        # a save begun since this exchange was posted answered the requests it carried
+        if any(r.checkpoint for r in rows) and posted > self._save_began:
             self._checkpoint_due = True
         if periodic_sdc or any(r.sdc for r in rows):
             if now is None:
@@ -491,7 +513,8 @@ class SentinelHooks:
         )
 
     def _on_command(self, cmd: Command) -> None:
-        """Runs on the transport thread: a dump happens now, the rest at the next exchange."""
+        """Runs on the transport thread: a dump happens now, the rest at the next exchange (a
+        checkpoint sooner, where the trainer asks `checkpoint_asked` every step)."""
         if cmd.target.rank is not None and cmd.target.rank != self.rank:
             return
         if cmd.kind == CommandKind.FR_DUMP:
@@ -501,7 +524,8 @@ class SentinelHooks:
             self.sdc_check.requested_id = str(check_id) if check_id else None  # quoted back
             self._requests["sdc"].set()
         elif cmd.kind == CommandKind.CHECKPOINT_NOW:
-            self._requests["checkpoint"].set()
+            if cmd.ts > self._save_began:  # else a save begun since it was issued answered it
+                self._requests["checkpoint"].set()
         elif cmd.kind == CommandKind.STACKS_DUMP:
             self._answer_stacks(cmd)
 

@@ -133,10 +133,12 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     # whole batch's (its peers' summed in).
     share = 1.0 if job.link else 1 / cfg.dp
     mine = result.loss * share if job.reports_loss and result.loss is not None else 0.0
-    flags = [float(mine), float(_checkpoint_requested), float(leave_requested())]
+    asked = _checkpoint_requested or (hooks is not None and hooks.checkpoint_asked())
+    flags = [float(mine), float(asked), float(leave_requested())]
     stats = torch.tensor(flags, dtype=torch.float64, device=job.device)
-    # The global loss on every rank, "a rank got SIGUSR1", and "a rank was asked to leave":
-    # every rank learns the last two in the same step, so all of them act on it together.
+    # The global loss on every rank, "a rank got SIGUSR1 or a `checkpoint.now`", and "a rank
+    # was asked to leave": every rank learns the last two in the same step, so all of them act
+    # on it together (a coordinator's save a step after the first rank heard of it).
     dist.all_reduce(stats)
     step_s = time.perf_counter() - t0
     job.injector.after_step()
@@ -149,7 +151,8 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
     line |= done.ft | ({} if stall is None else {"ckpt_stall_s": stall})
     _emit(line, out)
     job.ckpt.poll()
-    # a coordinator `checkpoint.now`, the same step everywhere (hook-less steps cannot see it)
+    # a coordinator `checkpoint.now` the hooks' exchange agreed on, the same step everywhere
+    # (hook-less steps cannot see it)
     on_command = hooks.should_checkpoint() if hooks else False
     if (
         (cfg.checkpoint_every and job.step % cfg.checkpoint_every == 0)
@@ -157,6 +160,8 @@ def run_step(job: Job, out: list[TextIO], hooks: SentinelHooks | None, step: int
         or on_command
     ):
         _checkpoint_requested = False
+        if hooks:
+            hooks.saving()
         _emit(job.tag(job.save(job.step)), out)
     return stats[2].item() > 0
 
