@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 
 MIGRATION_LOCK = 7305114  # PostgreSQL advisory lock id: one replica migrates at a time
 
+# Alembic is imported where it is used (a command that opens no store never loads it), and its
+# INFO lines (its plugins as it is first imported, its context) would otherwise greet every start.
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
 
 def _config(store: SqlBase | None = None) -> Config:
-    # Alembic is imported where it is used (a command that opens no store never loads it), and
-    # its INFO lines (its plugins, its context) would otherwise greet every start.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     from alembic.config import Config
 
     cfg = Config()

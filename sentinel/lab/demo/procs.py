@@ -3,13 +3,15 @@ the job supervisor (`sentinel run`). The simulated agents are `sentinel.lab.sim.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sentinel.coordinator.core.auth import Role, TokenStore
+from sentinel.coordinator.store import STORE_FILE, SqliteStore
 from sentinel.lab.demo.observe import CoordinatorClient
 from sentinel.processes import free_port, spawn, stop_process, wait_ready
 
@@ -61,16 +63,19 @@ class CoordinatorProcess:
     def admin_token(self) -> str:
         return (self.state_dir / "admin.token").read_text().strip()
 
-    def token(self, path: Path, *args: str) -> Path:
-        """Create a token (`--role node --node NAME` / `--role job --job ID`) into `path`."""
-        out = subprocess.run(
-            [*SENTINEL, "token", "create", "--state-dir", str(self.state_dir), "--json", *args],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+    def token(
+        self, path: Path, role: str, *, node: str | None = None, job: str | None = None
+    ) -> Path:
+        """Create a token for `role` (a node token for `node`, a job token for `job`) into
+        `path`, in the coordinator's store as `sentinel token create` makes it. In process: a
+        drill makes one per node, and each CLI run costs a second of interpreter start."""
+        store = SqliteStore(self.state_dir / STORE_FILE)
+        try:
+            _id, secret = TokenStore(store).create(Role(role), node, job, now=time.time())
+        finally:
+            store.close()
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(str(json.loads(out.stdout)["token"]) + "\n")
+        path.write_text(secret + "\n")
         path.chmod(0o600)
         return path
 

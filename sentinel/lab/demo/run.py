@@ -403,11 +403,8 @@ class Demo:
         operator: Operator | None = None
         try:
             coord.start()
-            tokens = {
-                n: coord.token(o / "tokens" / f"{n}.token", "--role", "node", "--node", n)
-                for n in names
-            }
-            job_token = coord.token(o / "tokens" / "job.token", "--role", "job", "--job", JOB)
+            tokens = {n: coord.token(o / "tokens" / f"{n}.token", "node", node=n) for n in names}
+            job_token = coord.token(o / "tokens" / "job.token", "job", job=JOB)
             fleet.coordinator_url, fleet.token_files = coord.url, tokens
             self.note("info", None, f"coordinator {coord.url}; agents for {', '.join(names)}")
             fleet.start(timeout_s=180.0)  # ten agents starting at once on two busy cores
@@ -470,7 +467,7 @@ class Demo:
         damaged when its fault strikes (returns.py)."""
         spec = self.scenario.returns
         assert spec is not None
-        token = coord.token(self.out / "tokens" / "operator.token", "--role", "operator")
+        token = coord.token(self.out / "tokens" / "operator.token", "operator")
 
         def damage(node: str) -> None:
             if node == spec.node and self.damage is not None:
