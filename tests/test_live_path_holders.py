@@ -120,7 +120,9 @@ def test_a_rejoined_replica_holds_the_model_once_it_trained_at_its_peers_step(
     assert sup._struck_replicas(_evict("node-0")) == ({0} if healed else set())
 
 
-def test_a_rejoined_replica_whose_quorum_before_is_unknown_still_heals(tmp_path: Path) -> None:
+def test_a_rejoined_replica_whose_quorum_before_is_unknown_stays_healing(tmp_path: Path) -> None:
+    """With no quorum id from before its rejoin, no quorum can be shown to have formed after it,
+    even one where it stands at its peers' step: it is not counted as holding the model."""
     sup = _supervisor(tmp_path)
     sup.joining = {1: None}
     sup.lighthouse = _Lighthouse(QuorumView(9, {0: 31, 1: 31}))  # type: ignore[assignment]
