@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from coord_util import ROOT
 
-from sentinel.processes import free_rendezvous_port
+from sentinel.processes import free_rendezvous_port, proc_stat
 from sentinel.ranks import current, wire
+from sentinel.ranks.host import HostCommand
 from sentinel.ranks.pool import RankPool
 from sentinel.supervisor.launcher import GangPlan, GangStartError
 from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
@@ -83,6 +84,36 @@ def test_a_healthy_gang_leaves_together_and_the_next_generation_reuses_its_proce
     # the spare's slots have warm processes too, waiting for a rank
     assert launcher.pool.process("spare-0", 0) is not None
     assert launcher.pool.process("spare-0", 1) is not None
+
+
+def test_the_simulated_nodes_hosts_are_forked_from_one_template_and_end_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every simulated node is this machine: one template imports the trainer for all of them,
+    and each node's host is forked from it, leading a process group of its own as a started
+    host does. Closing the launcher ends the template, every host and every rank process."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests/helpers"), str(ROOT)]))
+    hosts = LocalHosts(tmp_path / "logs")
+    warm = WarmLauncher(hosts, tmp_path / "logs", leave_grace_s=2.0)
+    try:
+        gang = warm.launch(_plan(tmp_path, 0, "--steps", "3", spares=["spare-0"]))
+        _wait(lambda: gang.running() == 0)
+        [template] = hosts._templates.values()
+        forked = {node: proc.pid for node, proc in hosts.procs.items()}
+        assert sorted(forked) == ["node-0", "node-1", "spare-0"]
+        for pid in forked.values():
+            assert proc_stat(pid) is not None and proc_stat(pid)[0] == template.proc.pid
+            assert os.getpgid(pid) == pid
+        ranks = [p.pid for p in gang.procs.values()]  # type: ignore[attr-defined]
+    finally:
+        warm.close()
+    assert template.gone
+
+    def gone(pid: int) -> bool:  # or a zombie left to this machine's init to reap
+        stat = proc_stat(pid)
+        return stat is None or stat[1] == "Z"
+
+    _wait(lambda: all(gone(p) for p in [*forked.values(), *ranks]), timeout_s=10.0)
 
 
 def test_a_crashed_rank_is_reported_alone_and_only_its_slot_gets_a_new_process(
@@ -242,9 +273,9 @@ class _NoHostOn(LocalHosts):
         super().__init__(log_dir)
         self.broken = broken
 
-    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
+    def start(self, node: str, host: HostCommand, env: dict[str, str]) -> None:
         if node != self.broken:
-            super().start(node, argv, env)
+            super().start(node, host, env)
 
 
 def test_a_node_whose_processes_never_come_fails_the_start_and_starts_nothing(

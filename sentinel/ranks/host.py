@@ -24,6 +24,7 @@ import selectors
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sentinel.processes import fork_child
 from sentinel.ranks import rank, wire
@@ -44,10 +45,33 @@ def trainer_module(argv: Sequence[str]) -> tuple[str | None, str, list[str]]:
     return interpreter, args[1], args[2:]
 
 
-def _die_with_parent() -> None:
+@dataclass(frozen=True)
+class HostCommand:
+    """A node host's command: `python -m sentinel.ranks.host --connect ADDR --node NAME -- TRAINER`."""
+
+    python: str
+    connect: str  # the rank pool's address
+    node: str
+    trainer: list[str]  # `[python] -m MODULE ARGS...`
+
+    def argv(self) -> list[str]:
+        head = [self.python, "-m", "sentinel.ranks.host"]
+        return [*head, "--connect", self.connect, "--node", self.node, "--", *self.trainer]
+
+
+def die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def import_trainer(module: str) -> None:
+    """Import the trainer's module: the cost every fork from here no longer pays."""
+    importlib.import_module(module)
+    # What the imports made lives as long as the process: out of the collector's sight, a
+    # full collection in a rank process (after each generation) scans only what it made, and
+    # the pages a fork shares stay shared (the collector no longer writes to them).
+    gc.freeze()
 
 
 class NodeHost:
@@ -66,7 +90,7 @@ class NodeHost:
         """In the forked child: none of the host's state but its imports, then the rank loop."""
         self.sock.close()
         signal.set_wakeup_fd(-1)
-        _die_with_parent()
+        die_with_parent()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         env = dict(os.environ)
@@ -132,33 +156,40 @@ class NodeHost:
         return 0
 
 
+def trainer_after_dashes(remainder: list[str]) -> tuple[str, list[str]]:
+    """(module, its arguments) from a command line's `-- TRAINER_ARGV...`; ValueError for a
+    trainer that is not `[python] -m MODULE ARGS...`."""
+    _, module, args = trainer_module(remainder[1:] if remainder[:1] == ["--"] else remainder)
+    return module, args
+
+
+def run_host(connect: str, secret: str, node: str, module: str, args: list[str]) -> int:
+    """Be `node`'s host until the pool is gone (the trainer imported already)."""
+    try:
+        host = NodeHost(connect, secret, node, (module, args))
+    except OSError as e:
+        print(f"error: cannot reach the rank pool at {connect}: {e}", file=sys.stderr)
+        return 1
+    return host.serve()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sentinel.ranks.host", description=__doc__)
     p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the rank pool")
     p.add_argument("--node", required=True, help="this node's name in the job")
     p.add_argument("trainer", nargs=argparse.REMAINDER, help="-- TRAINER_ARGV...")
     ns = p.parse_args(argv)
-    trainer = ns.trainer[1:] if ns.trainer[:1] == ["--"] else ns.trainer
     secret = os.environ.pop(wire.SECRET_ENV, "")
     if not secret:
         print(f"error: {wire.SECRET_ENV} is not set", file=sys.stderr)
         return 2
     try:
-        _, module, args = trainer_module(trainer)
+        module, args = trainer_after_dashes(ns.trainer)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    importlib.import_module(module)  # the cost every fork from here no longer pays
-    # What the imports made lives as long as the process: out of the collector's sight, a
-    # full collection in a rank process (after each generation) scans only what it made, and
-    # the pages a fork shares stay shared (the collector no longer writes to them).
-    gc.freeze()
-    try:
-        host = NodeHost(ns.connect, secret, ns.node, (module, args))
-    except OSError as e:
-        print(f"error: cannot reach the rank pool at {ns.connect}: {e}", file=sys.stderr)
-        return 1
-    return host.serve()
+    import_trainer(module)
+    return run_host(ns.connect, secret, ns.node, module, args)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from sentinel.processes import Teardown
+from sentinel.ranks.host import HostCommand
 from sentinel.slurm.allocation import Allocation
 from sentinel.supervisor.launcher import Gang, GangPlan, Launcher, RankExit
 from sentinel.supervisor.warm import HostStarter
@@ -239,7 +240,7 @@ class SlurmHosts(HostStarter):
     def master_addr(self, plan: GangPlan) -> str:
         return self.allocation.addr(plan.nodes[0])
 
-    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
+    def start(self, node: str, host: HostCommand, env: dict[str, str]) -> None:
         srun = [
             "srun",
             f"--jobid={self.allocation.job_id}",
@@ -256,7 +257,7 @@ class SlurmHosts(HostStarter):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             srun.append(f"--output={self.log_dir}/host-{node}.log")
         self.steps[node] = subprocess.Popen(
-            [*srun, *argv],
+            [*srun, *host.argv()],
             env={**os.environ, **env},
             stdin=subprocess.DEVNULL,
             stdout=None if self.log_dir is not None else subprocess.DEVNULL,

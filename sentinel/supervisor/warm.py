@@ -22,19 +22,19 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 
-from sentinel.processes import Teardown, spawn, teardown
+from sentinel.processes import Teardown, teardown
 from sentinel.protocol import Recovery
 from sentinel.ranks import wire
-from sentinel.ranks.host import trainer_module
+from sentinel.ranks.host import HostCommand, trainer_module
 from sentinel.ranks.pool import PoolError, RankPool, RankProcess
 from sentinel.supervisor.launcher import Gang, GangPlan, GangStartError, Launcher, RankExit
+from sentinel.supervisor.templates import TEMPLATE_ANSWER_S, ForkedHost, Template
 
 log = logging.getLogger("sentinel.supervisor.warm")
 _GONE_CODE_WAIT_S = 1.0  # after a process vanished, how long its host's exit code may take
@@ -49,8 +49,8 @@ class HostStarter(ABC):
     pool_advertise: str | None = None
 
     @abstractmethod
-    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
-        """Start `argv` (a node host) on `node` with `env` added to this process's own."""
+    def start(self, node: str, host: HostCommand, env: dict[str, str]) -> None:
+        """Start `host` (a node host) on `node` with `env` added to this process's own."""
 
     @abstractmethod
     def stop(self, node: str) -> None:
@@ -60,21 +60,46 @@ class HostStarter(ABC):
         """The address rank 0's rendezvous store listens on."""
         return plan.master_addr
 
+    def close(self) -> None:  # noqa: B027 - most starters keep nothing beside their hosts
+        """End what the starter keeps beside the hosts (after every host is stopped)."""
+
 
 class LocalHosts(HostStarter):
     """Node hosts as local processes (the simulated fleet: every node on this machine), each
-    leading a process group of its own with the rank processes it forks."""
+    leading a process group of its own with the rank processes it forks. They are forked from
+    one template process per trainer (`sentinel.ranks.template`), which imports it once for
+    every node."""
 
     def __init__(self, log_dir: Path | None = None, stop_grace_s: float = 5.0) -> None:
         self.log_dir, self.stop_grace_s = log_dir, stop_grace_s
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, ForkedHost] = {}
+        self._templates: dict[tuple[str, str], Template] = {}
 
-    def start(self, node: str, argv: list[str], env: dict[str, str]) -> None:
-        log = None
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = self.log_dir / f"host-{node}.log"
-        self.procs[node] = spawn(argv, env={**os.environ, **env}, log=log, new_session=True)
+    def _log(self, name: str) -> Path | None:
+        if self.log_dir is None:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self.log_dir / name
+
+    def start(self, node: str, host: HostCommand, env: dict[str, str]) -> None:
+        key = (host.python, trainer_module(host.trainer)[1])
+        template = self._templates.get(key)
+        if template is None or template.gone:
+            argv = [host.python, "-m", "sentinel.ranks.template", "--", *host.trainer]
+            template = Template(argv, {**os.environ, **env}, self._log("host-template.log"))
+            self._templates[key] = template
+        log_file = self._log(f"host-{node}.log")
+        request = {
+            "node": node,
+            "connect": host.connect,
+            "env": {**os.environ, **env},
+            "log": str(log_file) if log_file else None,
+        }
+        pid = template.fork(request, TEMPLATE_ANSWER_S)
+        if pid is None:  # its ranks do not come: the launch fails and says which
+            log.error("no node host on %s: the host template did not answer", node)
+            return
+        self.procs[node] = ForkedHost.of(pid)
 
     def stop(self, node: str) -> None:
         proc = self.procs.pop(node, None)
@@ -82,6 +107,11 @@ class LocalHosts(HostStarter):
             result = teardown([proc], self.stop_grace_s, group=True)
             if not result.verified:
                 log.error("node host of %s survived SIGKILL: %s", node, result.survivors)
+
+    def close(self) -> None:
+        for template in self._templates.values():
+            template.close(self.stop_grace_s)
+        self._templates.clear()
 
 
 class WarmGang(Gang):
@@ -270,14 +300,14 @@ class WarmLauncher(Launcher):
         """A node host on every node of the plan and every spare."""
         wanted = [*plan.nodes, *plan.spares]
         python = trainer_module(plan.argv)[0] or sys.executable
-        argv = [python, "-m", "sentinel.ranks.host", "--connect", self.pool.address, "--node"]
         for node in wanted:
             if node in self._hosts and self.pool.host_lost(node):  # it died: start it again
                 self.starter.stop(node)
                 self._hosts.discard(node)
             if node not in self._hosts:
                 env = {**plan.env, wire.SECRET_ENV: self._secret}
-                self.starter.start(node, [*argv, node, "--", *plan.argv], env)
+                host = HostCommand(python, self.pool.address, node, list(plan.argv))
+                self.starter.start(node, host, env)
                 self._hosts.add(node)
         # The gang's nodes are waited for (one whose host does not come has its ranks fail to
         # start: launch says which); a spare's host joins when it is ready.
@@ -325,3 +355,4 @@ class WarmLauncher(Launcher):
         for node in sorted(self._hosts):
             self.starter.stop(node)
         self._hosts.clear()
+        self.starter.close()
