@@ -281,21 +281,21 @@ def analyze_world(dumps: DumpDir) -> Report:
     absent = sorted(set(missing) | set(dumps.unreadable))
     mismatches = find_mismatches(groups, summaries)
     stuck = find_stuck(groups, summaries)
+    held = _waiting_on_absent(groups, summaries, absent) if absent else []
     report.mismatches = mismatches
     report.stuck_groups = [_stuck_json(s) for s in stuck]
     if mismatches:
         _blame_mismatch(report, mismatches[0], groups)
-    elif stuck:
-        _blame_hang(report, stuck)
-        held = _waiting_on_absent(groups, summaries, absent)
-        # The ranks the record blames wait themselves, on ranks that left no dump: the root.
-        chains = _chains_to_absent(report.culprit_ranks, stuck, held, groups, world) if held else []
-        if chains:
-            _blame_absence(report, held, summaries, chains)
+    elif stuck or held:
+        walk = WaitWalk(recorded_waits(stuck, held, summaries), groups, summaries, world)
+        culprits = walk.culprits()
+        if set(culprits) & set(absent):
+            _blame_absence(report, culprits, held, stuck, walk, summaries)
             return report
-    elif held := _waiting_on_absent(groups, summaries, absent):
-        _blame_absence(report, held, summaries)
-        return report
+        if culprits:
+            _blame_hang(report, culprits, stuck, walk)
+        else:
+            _blame_cycle(report, stuck)
     elif absent:
         report.culprit_ranks = absent
         report.waiting_ranks = sorted(summaries)
@@ -320,7 +320,9 @@ def _waiting_on_absent(
     groups: dict[str, Group], summaries: dict[int, RankSummary], absent: list[int]
 ) -> list[Held]:
     """Groups holding ranks with no readable dump in whose latest collective present members
-    wait (issued it and did not see it complete)."""
+    wait (issued it and did not see it complete; where the dump records no completions, as
+    gloo's, it is the last collective the rank issued, since a blocked rank issues no more)."""
+    last_issued = {r: _last_issued_ns(s) for r, s in summaries.items()}
     found: list[Held] = []
     for g in groups.values():
         gone = [r for r in g.ranks if r in absent]
@@ -335,89 +337,242 @@ def _waiting_on_absent(
         waiting = [
             r
             for r, q in seqs.items()
-            if q == top and _unfinished(summaries[r].groups.get(g.name), q)
+            if q == top and _blocked_in(summaries[r].groups[g.name], q, last_issued[r])
         ]
         if waiting:
             found.append((g, top, gone, waiting))
     return found
 
 
-def _chains_to_absent(
-    culprits: list[int],
-    stuck: list[Stuck],
-    held: list[Held],
-    groups: dict[str, Group],
-    world: int,
-) -> list[str]:
-    """How each rank the record blames leads on to a rank with no readable dump, one line per
-    rank; empty unless every one of them does.
-
-    A blamed rank is silent: behind in a collective, waiting in none on the record. It leads on
-    when it waits in a collective of a group holding an absent rank (`held`), or, waiting off
-    the record (a pipeline's point-to-point receive, which gloo does not log), when it shares a
-    group smaller than the world with an absent rank or with a rank that waits on one. A rank a
-    mid-step rank waits for (one that waits while it holds up another group) stopped inside its
-    own step: it is the end of its chain, absent neighbours or not."""
-    waits_on_absent = {w: (g, seq, gone) for g, seq, gone, waiting in held for w in waiting}
-    mid_step = ({w for s in stuck for w in s.waiting} | set(waits_on_absent)) & {
-        b for s in stuck for b in s.behind
-    }
-    lines = []
-    for rank in culprits:
-        if rank in waits_on_absent:
-            g, seq, gone = waits_on_absent[rank]
-            lines.append(f"rank {rank} waits in collective seq {seq} of group {_name(g)} on {gone}")
-            continue
-        if any(rank in s.behind and set(s.waiting) & mid_step for s in stuck):
-            return []
-        step = _off_record_step(rank, groups, waits_on_absent, world)
-        if step is None:
-            return []
-        lines.append(step)
-    return lines
+def _last_issued_ns(summary: RankSummary) -> int | None:
+    times = [t for st in summary.groups.values() if st.seq is not None and (t := _issued(st))]
+    return max(times, default=None)
 
 
-def _off_record_step(
-    rank: int,
-    groups: dict[str, Group],
-    waits_on_absent: dict[int, tuple[Group, int, list[int]]],
-    world: int,
-) -> str | None:
-    """The silent `rank`'s way on to an absent rank through a group it shares with one (or with
-    a rank waiting on one), smallest group first; None if there is none."""
-    absent = {a for _, _, gone in waits_on_absent.values() for a in gone}
-    for g in sorted(groups.values(), key=lambda g: (len(g.ranks), _natural(g.name))):
-        if rank not in g.ranks or len(g.ranks) >= world:
-            continue
+def _issued(state: GroupState) -> int | None:
+    return state.created_ns.get(state.seq) if state.seq is not None else None
+
+
+def _blocked_in(state: GroupState, seq: int, last_issued_ns: int | None) -> bool:
+    if not _unfinished(state, seq):
+        return False
+    if state.completed is not None or last_issued_ns is None or _issued(state) is None:
+        return True
+    return _issued(state) == last_issued_ns
+
+
+@dataclass(eq=False)
+class Wait:
+    """How a rank waits on others: in a recorded collective of a group (`seq`), or off the
+    record (`seq` None: a pipeline's point-to-point receive, which gloo does not log) on members
+    of a group it shares with them. One object is shared by every rank waiting the same way."""
+
+    group: Group
+    seq: int | None
+    on: tuple[int, ...]
+    op: str | None = None
+
+    def describe(self, next_rank: int) -> str:
+        more = f" (and {len(self.on) - 1} more)" if len(self.on) > 1 else ""
+        if self.seq is None:
+            return f"waits off the record in group {_name(self.group)} on rank {next_rank}{more}"
+        return (
+            f"waits in collective seq {self.seq} ({self.op}) of group {_name(self.group)} on "
+            f"rank {next_rank}{more}"
+        )
+
+
+def recorded_waits(
+    stuck: list[Stuck], held: list[Held], summaries: dict[int, RankSummary]
+) -> dict[int, list[Wait]]:
+    """What each rank waits on by the record: the members behind it in a stuck collective or,
+    where it is behind no present member, the absent members of a group whose collective it
+    waits in (whether they issued it, nobody can tell: a present member behind is a surer
+    cause)."""
+    waits: dict[int, list[Wait]] = {}
+    for s in stuck:
+        wait = Wait(s.group, s.seq, tuple(s.behind), s.op)
+        for r in s.waiting:
+            waits.setdefault(r, []).append(wait)
+    on_present = set(waits)
+    for g, seq, gone, waiting in held:
+        wait = Wait(g, seq, tuple(gone), _op_at(summaries, waiting, g.name, seq))
+        for r in waiting:
+            if r not in on_present:
+                waits.setdefault(r, []).append(wait)
+    return waits
+
+
+class WaitWalk:
+    """The wait-for graph walked from every waiting rank, through every group, to its ends: ranks
+    that wait on nobody (a rank with no dump says nothing, so it ends its chain too).
+
+    A present rank that waits in no recorded collective may wait off the record: gloo does not
+    log a pipeline's point-to-point receives. It is taken to wait on the members of a group it
+    shares (short of the world, smallest first) that lead on: absent members first, then members
+    that wait on the record, then members that wait off it in turn. A rank that a mid-step rank
+    (one that waits while others wait on it) waits for stopped inside its own step: it goes on
+    only to absent members of its groups (a pipeline stage that died mid-step), else it ends its
+    chain. A wait back into the chain walked so far leads nowhere (cycle protection); when every
+    recorded wait does, the ranks wait on each other: collectives issued in different orders."""
+
+    def __init__(
+        self,
+        waits: dict[int, list[Wait]],
+        groups: dict[str, Group],
+        summaries: dict[int, RankSummary],
+        world: int,
+    ) -> None:
+        self.waits = waits
+        self.present = summaries.keys()
+        self.via: dict[int, list[Wait]] = {}  # the waits each rank's chain goes on through
+        self._ends: dict[int, frozenset[int]] = {}
+        self._wait_ends: dict[int, frozenset[int]] = {}  # by id() of a shared Wait
+        self._walking: set[int] = set()
+        self._small: dict[int, list[Group]] = {}
+        small = [g for g in groups.values() if len(g.ranks) < world]
+        for g in sorted(small, key=lambda g: (len(g.ranks), _natural(g.name))):
+            for r in g.ranks:
+                self._small.setdefault(r, []).append(g)
+        unique = {id(w): w for ws in waits.values() for w in ws}.values()
+        waited_on = {r for w in unique for r in w.on}
+        mid_step = waited_on & waits.keys()
+        self.stalls_mid_step = {r for m in mid_step for w in waits[m] for r in w.on}
+
+    def culprits(self) -> list[int]:
+        """The ends of every chain; of several, the ones that stall a mid-step rank (the others
+        were held up off the record, and are only late for the collective that ends the step).
+        Empty: every chain runs in a circle."""
+        ends = frozenset().union(*(self.ends(r) for r in sorted(self.waits)))
+        return sorted(ends & self.stalls_mid_step or ends)
+
+    def ends(self, rank: int) -> frozenset[int]:
+        if rank in self._ends:
+            return self._ends[rank]
+        if rank not in self.present:
+            return frozenset([rank])
+        if rank in self._walking:
+            return frozenset()  # back into the chain being walked
+        self._walking.add(rank)
+        try:
+            found = self._recorded_ends(rank) if rank in self.waits else self._off_record(rank)
+        finally:
+            self._walking.discard(rank)
+        self._ends[rank] = found
+        return found
+
+    def _recorded_ends(self, rank: int) -> frozenset[int]:
+        self.via[rank] = self.waits[rank]
+        return frozenset().union(*(self._through(w) for w in self.waits[rank]))
+
+    def _through(self, wait: Wait) -> frozenset[int]:
+        key = id(wait)
+        if key not in self._wait_ends:
+            found = frozenset().union(*(self.ends(r) for r in wait.on))
+            if not found:
+                return found  # a cycle, as seen from here: another start may see further
+            self._wait_ends[key] = found
+        return self._wait_ends[key]
+
+    def _off_record(self, rank: int) -> frozenset[int]:
+        # Stalling a mid-step rank, it stopped inside its own step: not on a present rank's
+        # account (that one would be waiting in a recorded collective), but a pipeline receive
+        # from a stage that died (no dump) stops a rank there just the same.
+        tiers = 1 if rank in self.stalls_mid_step else 3
+        for tier in range(tiers):
+            for g in self._small.get(rank, []):
+                on = self._off_record_tiers(rank, g)[tier]
+                found = frozenset().union(*(self.ends(r) for r in on)) - {rank}
+                if found:
+                    self.via[rank] = [Wait(g, None, tuple(on))]
+                    return found
+        return frozenset([rank])
+
+    def _off_record_tiers(self, rank: int, g: Group) -> list[list[int]]:
+        """Members of `g` `rank` may wait on off the record, surest first."""
         others = [r for r in g.ranks if r != rank]
-        if gone := sorted(set(others) & absent):
-            return f"rank {rank} waits off the record in group {_name(g)} on {gone}"
-        for w in others:
-            if w in waits_on_absent:
-                g2, seq, gone = waits_on_absent[w]
-                return (
-                    f"rank {rank} waits off the record in group {_name(g)} on rank {w}, which "
-                    f"waits in collective seq {seq} of group {_name(g2)} on {gone}"
-                )
-    return None
+        waiting = [r for r in others if r in self.waits and not self._waits_on(r, rank)]
+        silent = [r for r in others if r in self.present and r not in self.waits]
+        return [[r for r in others if r not in self.present], waiting, silent]
+
+    def _waits_on(self, waiter: int, rank: int) -> bool:
+        return any(rank in w.on for w in self.waits[waiter])
+
+    def chains(self, culprits: list[int], limit: int = 3) -> list[str]:
+        """The longest chains of waits that end at `culprits`, at most `limit`, each as
+        'rank a waits ... on rank b, which waits ... on rank c'; a chain that joins one already
+        told stops there."""
+        ends = set(culprits)
+        hops = {r: hop for r in self.via if (hop := self._hop_toward(r, ends))}
+        nexts = {t for _, t in hops.values()}
+        depth: dict[int, int] = {}
+        for r in hops:
+            depth[r] = self._depth(r, hops, depth)
+        starts = sorted((r for r in hops if r not in nexts), key=lambda r: (-depth[r], r))
+        told: set[int] = set()
+        lines = []
+        for start in starts[:limit]:
+            lines.append(f"rank {start} " + ", which ".join(self._told(start, hops, told)))
+        return lines
+
+    def _hop_toward(self, rank: int, ends: set[int]) -> tuple[Wait, int] | None:
+        for w in self.via[rank]:
+            for t in w.on:
+                if t in ends or self.ends(t) & ends:
+                    return w, t
+        return None
+
+    @staticmethod
+    def _depth(rank: int, hops: dict[int, tuple[Wait, int]], depth: dict[int, int]) -> int:
+        path: list[int] = []
+        r: int | None = rank
+        while r is not None and r in hops and r not in depth and r not in path:
+            path.append(r)
+            r = hops[r][1]
+        base = depth.get(r, 0) if r is not None else 0
+        for i, p in enumerate(reversed(path)):
+            depth[p] = base + i + 1
+        return depth[rank]
+
+    @staticmethod
+    def _told(start: int, hops: dict[int, tuple[Wait, int]], told: set[int]) -> list[str]:
+        parts = []
+        r = start
+        while r in hops and r not in told:
+            told.add(r)
+            wait, r = hops[r]
+            parts.append(wait.describe(r) + (" (as above)" if r in told else ""))
+        return parts
+
+    def last_present(self, culprits: list[int]) -> set[int]:
+        """The ranks present whose own wait is on a culprit: where the chains reach them."""
+        ends = set(culprits)
+        return {r for r, ws in self.via.items() if any(set(w.on) & ends for w in ws)}
 
 
 def _name(g: Group) -> str:
     return f"{g.name} ({g.desc})"
 
 
+def _chain_reason(walk: WaitWalk, culprits: list[int]) -> str:
+    chains = walk.chains(culprits)
+    return "; the chains of waits: " + "; ".join(chains) if chains else ""
+
+
 def _blame_absence(
     report: Report,
-    found: list[Held],
+    culprits: list[int],
+    held: list[Held],
+    stuck: list[Stuck],
+    walk: WaitWalk,
     summaries: dict[int, RankSummary],
-    chains: list[str] | None = None,
 ) -> None:
-    """The ranks present wait, directly or behind others, on ranks that left no readable dump:
-    those are the likely culprits. Where they first held others up: a collective whose every
-    missing member is absent (where a present member is behind too, as the victim of a subgroup
-    hang is in the next world collective, that member waits elsewhere on them: a consequence),
-    then the earliest issued (the two orders race), then the smallest group (as for a recorded
-    hang). `chains` says how the ranks the record blamed lead on to them."""
+    """The chains of waits end at ranks that left no readable dump: those are the likely
+    culprits. Where they first held others up: a collective waiting on them whose every missing
+    member is absent (where a present member is behind too, as the victim of a subgroup hang is
+    in the next world collective, that member waits elsewhere on them: a consequence), then the
+    earliest issued (the two orders race), then the smallest group (as for a recorded hang).
+    When the chains reach them only off the record, where the last ranks present are behind."""
 
     def issued(f: Held) -> int:
         times = [t for r in f[3] if (t := summaries[r].groups[f[0].name].created_ns.get(f[1]))]
@@ -426,22 +581,33 @@ def _blame_absence(
     def behind(f: Held) -> bool:
         return any(r in summaries and r not in f[3] for r in f[0].ranks)
 
-    g, seq, gone, waiting = min(
-        found, key=lambda f: (behind(f), issued(f), len(f[0].ranks), _natural(f[0].name))
-    )
-    op = _op_at(summaries, waiting, g.name, seq)
     report.verdict, report.evidence = "hang", "missing_dump"
-    report.culprit_ranks = gone
+    report.culprit_ranks = culprits
     report.waiting_ranks = sorted(summaries)
-    report.collective = {"pg": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
-    report.reason = (
-        f"ranks {gone} left no readable dump while ranks {waiting} wait in collective seq {seq} "
-        f"({op}) of group {g.name} ({g.desc}) that includes them: the verdict rests on the "
-        "missing dumps (a rank that raised an error tears its process group down and often "
-        "never dumps), not on a recorded collective"
+    rests = (
+        "the verdict rests on the missing dumps (a rank that raised an error tears its process "
+        "group down and often never dumps), not on a recorded collective"
     )
-    if chains:
-        report.reason += "; the ranks the record shows behind lead on to them: " + "; ".join(chains)
+    found = [f for f in held if set(f[2]) & set(culprits)]
+    if found:
+        g, seq, _, waiting = min(
+            found, key=lambda f: (behind(f), issued(f), len(f[0].ranks), _natural(f[0].name))
+        )
+        op = _op_at(summaries, waiting, g.name, seq)
+        report.collective = {"pg": g.name, "pg_desc": g.desc, "seq": seq, "op": op}
+        report.reason = (
+            f"ranks {culprits} left no readable dump while ranks {waiting} wait in collective "
+            f"seq {seq} ({op}) of group {_name(g)} that includes them: {rests}"
+        )
+    else:
+        last = sorted(walk.last_present(culprits))
+        where = _where_held_up(stuck, last)
+        report.collective = _collective(where) if where is not None else None
+        report.reason = (
+            f"ranks {culprits} left no readable dump, and ranks {last} wait on them off the "
+            f"record: {rests}"
+        )
+    report.reason += _chain_reason(walk, culprits)
 
 
 def _stuck_json(s: Stuck) -> dict[str, Any]:
@@ -454,6 +620,10 @@ def _stuck_json(s: Stuck) -> dict[str, Any]:
         "waiting": s.waiting,
         "behind": s.behind,
     }
+
+
+def _collective(s: Stuck) -> dict[str, Any]:
+    return {"pg": s.group.name, "pg_desc": s.group.desc, "seq": s.seq, "op": s.op}
 
 
 def _blame_mismatch(report: Report, m: dict[str, Any], groups: dict[str, Group]) -> None:
@@ -472,60 +642,47 @@ def _blame_mismatch(report: Report, m: dict[str, Any], groups: dict[str, Group])
     )
 
 
-def _blame_hang(report: Report, stuck: list[Stuck]) -> None:
-    waiting = {r for s in stuck for r in s.waiting}
-    behind = {r for s in stuck for r in s.behind}
-    culprits = _roots(sorted(behind - waiting), stuck)
-    if culprits:
-        report.verdict = "hang"
-        # Where the culprit held others up: a stuck collective it is missing from, first one
-        # that no other rank is missing from (a rank also behind in a group is waiting on the
-        # culprit elsewhere, and which of the two collectives was issued first is a race), then
-        # the earliest issued, then the smallest group.
-        where = min(
-            (s for s in stuck if set(s.behind) & set(culprits)),
-            key=lambda s: (
-                not set(s.behind) <= set(culprits),
-                s.issued_ns if s.issued_ns is not None else 2**63,
-                len(s.group.ranks),
-                _natural(s.group.name),
-            ),
-        )
-        report.reason = (
-            f"ranks {culprits} never issued collective seq {where.seq} ({where.op}) of group "
-            f"{where.group.name} ({where.group.desc}) that ranks {where.waiting} wait in"
-        )
-    else:  # everybody waits on somebody: collectives issued in different orders
-        report.verdict = "mismatch"
-        culprits = sorted(behind)
-        where = min(stuck, key=lambda s: (s.seq, _natural(s.group.name)))
-        report.reason = (
-            "cyclic wait: ranks are blocked in different groups' collectives, each waiting on "
-            "the other (collectives issued in different orders)"
-        )
-    report.culprit_ranks = culprits
-    report.waiting_ranks = sorted(waiting - set(culprits))
-    report.collective = {
-        "pg": where.group.name,
-        "pg_desc": where.group.desc,
-        "seq": where.seq,
-        "op": where.op,
-    }
-
-
-def _roots(culprits: list[int], stuck: list[Stuck]) -> list[int]:
-    """Of several silent ranks (behind, waiting in no recorded collective), the ones that stall
-    a rank in the middle of its step: a rank that waits for them in one collective while it
-    holds up another group itself. The others were held up too, in an operation the recorder
-    does not log (a pipeline stage's point-to-point receive from the hung stage, with gloo), and
-    are only late for the collective that ends the step, which finished ranks wait in."""
-    if len(culprits) < 2:
-        return culprits
-    mid_step = {w for s in stuck for w in s.waiting} & {b for s in stuck for b in s.behind}
-    roots = sorted(
-        {c for s in stuck if set(s.waiting) & mid_step for c in s.behind} & set(culprits)
+def _where_held_up(stuck: list[Stuck], ranks: list[int]) -> Stuck | None:
+    """Where `ranks` held others up: a stuck collective they are missing from, first one that
+    no other rank is missing from (a rank also behind in a group is waiting on them elsewhere,
+    and which of the two collectives was issued first is a race), then the earliest issued,
+    then the smallest group."""
+    return min(
+        (s for s in stuck if set(s.behind) & set(ranks)),
+        key=lambda s: (
+            not set(s.behind) <= set(ranks),
+            s.issued_ns if s.issued_ns is not None else 2**63,
+            len(s.group.ranks),
+            _natural(s.group.name),
+        ),
+        default=None,
     )
-    return roots or culprits
+
+
+def _blame_hang(report: Report, culprits: list[int], stuck: list[Stuck], walk: WaitWalk) -> None:
+    """The chains of waits end at ranks present that wait on nobody: they stopped."""
+    where = _where_held_up(stuck, culprits) or min(stuck, key=lambda s: s.seq)
+    report.verdict = "hang"
+    report.reason = (
+        f"ranks {culprits} never issued collective seq {where.seq} ({where.op}) of group "
+        f"{_name(where.group)} that ranks {where.waiting} wait in"
+    ) + _chain_reason(walk, culprits)
+    report.culprit_ranks = culprits
+    report.waiting_ranks = sorted({r for s in stuck for r in s.waiting} - set(culprits))
+    report.collective = _collective(where)
+
+
+def _blame_cycle(report: Report, stuck: list[Stuck]) -> None:
+    """Everybody waits on somebody: collectives issued in different orders."""
+    where = min(stuck, key=lambda s: (s.seq, _natural(s.group.name)))
+    report.verdict = "mismatch"
+    report.culprit_ranks = sorted({r for s in stuck for r in s.behind})
+    report.waiting_ranks = sorted({r for s in stuck for r in s.waiting} - set(report.culprit_ranks))
+    report.collective = _collective(where)
+    report.reason = (
+        "cyclic wait: ranks are blocked in different groups' collectives, each waiting on "
+        "the other (collectives issued in different orders)"
+    )
 
 
 def _natural(name: str) -> tuple[int, str]:
