@@ -258,6 +258,21 @@ def test_a_chain_that_ends_at_a_silent_rank_present_names_it(tmp_path: Path) -> 
     )
 
 
+def test_a_hung_rank_whose_dump_is_there_is_named_not_a_silent_pipeline_peer(
+    tmp_path: Path,
+) -> None:
+    """A replica's world of TP2 x PP2 (the default drill's live path): rank 2 hangs before its
+    TP all-reduce, rank 3 waits on it there, and stage 0 waits off the record for stage 1's
+    gradients. Every dump is there, so the chain ends at rank 2, the silent rank the record
+    shows behind; a way off the record is taken only towards a rank that left no dump (the
+    walk had gone on from rank 2 to stage 0 and named rank 1, in a full run's drill)."""
+    groups = {"1": ("pp", [0, 2]), "2": ("pp", [1, 3]), "7": ("tp", [0, 1]), "8": ("tp", [2, 3])}
+    issued = {0: {"7": 1, "1": 1}, 1: {"7": 1, "2": 1}, 2: {"8": 1, "1": 1}, 3: {"8": 2, "2": 1}}
+    _write_layout(tmp_path, groups, issued)
+    report = analyze(load_dir(tmp_path))
+    assert report.verdict == "hang" and report.culprit_ranks == [2]
+
+
 @pytest.fixture(scope="module")
 def gloo_mesh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
     from tests.fr_gloo_mesh import run_mesh

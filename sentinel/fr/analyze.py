@@ -409,12 +409,14 @@ class WaitWalk:
 
     A present rank that waits in no recorded collective may wait off the record: gloo does not
     log a pipeline's point-to-point receives. It is taken to wait on the members of a group it
-    shares (short of the world, smallest first) that lead on: absent members first, then members
-    that wait on the record, then members that wait off it in turn. A rank that a mid-step rank
-    (one that waits while others wait on it) waits for stopped inside its own step: it goes on
-    only to absent members of its groups (a pipeline stage that died mid-step), else it ends its
-    chain. A wait back into the chain walked so far leads nowhere (cycle protection); when every
-    recorded wait does, the ranks wait on each other: collectives issued in different orders."""
+    shares (short of the world, smallest first) that lead on to a rank that left no dump: absent
+    members first, then members that wait on the record, then members that wait off it in turn.
+    With every dump there, a silent rank that others wait on is the end of its chain. A rank
+    that a mid-step rank (one that waits while others wait on it) waits for stopped inside its
+    own step: it goes on only to absent members of its groups (a pipeline stage that died
+    mid-step), else it ends its chain. A wait back into the chain walked so far leads nowhere
+    (cycle protection); when every recorded wait does, the ranks wait on each other: collectives
+    issued in different orders."""
 
     def __init__(
         self,
@@ -483,7 +485,11 @@ class WaitWalk:
             for g in self._small.get(rank, []):
                 on = self._off_record_tiers(rank, g)[tier]
                 found = frozenset().union(*(self.ends(r) for r in on)) - {rank}
-                if found:
+                # Off the record, only a way on to a rank that left no dump is taken: a guess
+                # at a receive is surer than the silence of a rank the record shows behind
+                # only where the record cannot speak. With every dump there, the silent rank
+                # others wait on is the end (a rank hung in its step is silent too).
+                if found - self.present:
                     self.via[rank] = [Wait(g, None, tuple(on))]
                     return found
         return frozenset([rank])
