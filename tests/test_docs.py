@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import runpy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,3 +125,15 @@ def test_readme_is_a_front_page() -> None:
     ):
         assert (ROOT / "docs" / f"{page}.md").exists(), page
         assert f"docs/{page}.md" in readme, page
+
+
+def test_the_demo_scenario_table_is_generated_from_its_results_files() -> None:
+    """docs/demo.md's scenario table is what scripts/demo_figures.py writes from the results
+    files a run of every drill kept (docs/figures/demo/), one per shipped scenario."""
+    figures = runpy.run_path(str(ROOT / "scripts" / "demo_figures.py"))
+    from sentinel.scenario import shipped_scenarios
+
+    kept = sorted(p.stem for p in (ROOT / "docs" / "figures" / "demo").glob("*.json"))
+    assert kept == sorted(shipped_scenarios()), "run: python scripts/demo_figures.py run NAME"
+    page = (ROOT / "docs" / "demo.md").read_text()
+    assert figures["render"](page) == page, "regenerate: python scripts/demo_figures.py table"
