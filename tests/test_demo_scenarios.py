@@ -98,7 +98,7 @@ def test_a_straggler_node_is_swapped_for_the_spare(tmp_path: Path, cache: Path) 
     # rank 1 runs 60% slow on node-0; its node is swapped at the checkpoint after its scoring
     # windows: --quick keeps the steps those need (60 of 70).
     code, res, _ = demo("straggler", tmp_path, cache)
-    assert code == 0
+    assert code == 0, why(res)
     assert_repaired(res, "straggler", "straggler", ["node-0"])
     assert res["faults"][0]["struck_node"] == "node-0"
 
