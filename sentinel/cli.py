@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "sentinel.commands.status_cmd",
     "sentinel.commands.stacks_cmd",
     "sentinel.commands.incident_cmd",
+    "sentinel.commands.rules_cmd",
 )
 
 log = logging.getLogger("sentinel")

@@ -231,6 +231,9 @@ class CoordinatorConfig(StrictModel):
     lease_ttl_s: float = Field(default=5.0, ge=1.0, le=60.0)
     # None: this coordinator's playbooks shipped with Sentinel (playbooks/ of the installation).
     playbooks_dir: Path | None = None
+    # The rules corpus's scores a playbook that evicts or stops must clear to act
+    # (`sentinel rules score --json FILE`); None: the shipped corpus/precision.json.
+    precision_file: Path | None = None
     eviction_backend: Literal["exclude_file", "slurm", "kubernetes"] = "exclude_file"
     exclude_file: Path | None = None  # default: <state_dir>/exclude.txt
     scontrol: str = "scontrol"

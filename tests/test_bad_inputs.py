@@ -34,6 +34,8 @@ READS: dict[str, str] = (
         "coordinator --playbooks": "coordinator --state-dir {tmp}/st --playbooks {}",
         "playbooks check DIR": "playbooks check {}",
         "playbooks check --config": "playbooks check {playbooks} --config {}",
+        "rules score --corpus": "rules score --corpus {}",
+        "rules score --playbooks": "rules score --corpus {corpus} --playbooks {}",
         "token create --config": "token create --role admin --config {}",
         "token revoke --config": "token revoke x --config {}",
         "token list --config": "token list --config {}",
@@ -72,7 +74,7 @@ ALL_KINDS = ("missing", "binary", "utf16", "directory")
 # A fault file the simulated GPUs watch: missing is no fault yet, and its lines are read as the
 # injector appends them (a bad line is skipped, said once); only a directory cannot be one.
 KINDS = {"agent --sim-faults": ("directory",), "burnin --sim-faults": ("directory",)}
-DIRECTORY_INPUTS = ("DIR", "--dir", "--playbooks")
+DIRECTORY_INPUTS = ("DIR", "--dir", "--playbooks", "--corpus")
 # Where commands write: a path below a regular file can be neither created nor written.
 OUTPUTS: dict[str, str] = {
     "agent --spool-dir": f"{AGENT} --coordinator {COORD} --config {{agent_token}} --spool-dir {{}}",
@@ -110,6 +112,7 @@ def _argv(template: str, path: Path, tmp: Path) -> list[str]:
     (tmp / "report.json").write_text('{"verdict": "pass"}\n')
     named = {"token": tmp / "token", "agent_token": tmp / "agent.yaml", "tmp": tmp}
     named |= {"report": tmp / "report.json", "playbooks": ROOT / "playbooks"}
+    named |= {"corpus": ROOT / "corpus"}
     return [a.replace("{}", str(path)).format(**named) for a in template.split()]
 
 
@@ -251,6 +254,16 @@ WRONG: dict[str, tuple[str, dict[str, str], str]] = {
         "payload.slowdwn is not a field",
     ),
     "a goodput target as a percentage": ("goodput --target 97", {}, "0.97"),
+    "a scores file that is not one": (
+        "coordinator --listen 127.0.0.1:0 --state-dir {tmp}/st --config {tmp}/c.yaml",
+        {"c.yaml": "coordinator: {precision_file: /dev/null}\n"},
+        "/dev/null:1:1: not valid JSON",
+    ),
+    "a stream file that is not a mapping": (
+        "rules score --corpus {tmp}/corpus",
+        {"corpus/a.yaml": "- t: 1\n"},
+        "a stream is a mapping",
+    ),
 }
 
 

@@ -137,6 +137,12 @@ FAULT_CASES = [
     ({"kind": "xid", "gpu": 1, "xid": 13}, set(), [13]),
     ({"kind": "xid", "gpu": 1, "xid": 94}, set(), [94]),
     ({"kind": "thermal", "gpu": 1, "temp_c": 96}, THERMAL_FIELDS, []),
+    # what healthy fleets see (the rules corpus's benign streams)
+    ({"kind": "sbe", "gpu": 1, "count": 40}, {"ecc_sbe_volatile", "ecc_sbe_aggregate"}, []),
+    ({"kind": "pcie_replay", "gpu": 1, "count": 5}, {"pcie_replay_count"}, []),
+    ({"kind": "nvlink_crc", "gpu": 1, "count": 3}, {"nvlink_crc_errors"}, []),
+    ({"kind": "nvlink_down", "gpu": 1, "link": 5}, {"nvlink_links_down"}, []),
+    ({"kind": "warm", "gpu": 1, "temp_c": 84}, {"temp_gpu_c"}, []),
 ]  # fmt: skip
 
 
@@ -192,6 +198,27 @@ def test_thermal_values_and_clear(tmp_path: Path) -> None:
     inject(faults, {"kind": "clear", "gpu": 2})
     clock.now += 1.0
     assert ref.sweep() == sim.sweep()
+
+
+def test_benign_churn_values_and_clear(tmp_path: Path) -> None:
+    _, faults, _, sim = twins(tmp_path)
+    for fault in (
+        {"kind": "sbe", "gpu": 0, "count": 40},
+        {"kind": "sbe", "gpu": 0, "count": 2},
+        {"kind": "pcie_replay", "gpu": 0, "count": 5},
+        {"kind": "nvlink_down", "gpu": 0, "link": 5},
+        {"kind": "nvlink_down", "gpu": 0, "link": 2},
+        {"kind": "warm", "gpu": 0, "temp_c": 84},
+    ):
+        inject(faults, fault)
+    r = sim.read(0)
+    assert (r.ecc_sbe_volatile, r.ecc_sbe_aggregate, r.pcie_replay_count) == (42, 42, 5)
+    assert (r.nvlink_links_down, r.temp_gpu_c, r.throttle_reasons) == ((2, 5), 84, 0)
+    # a clear ends the excursion and brings the links back; counters stay counted
+    inject(faults, {"kind": "clear", "gpu": 0})
+    r = sim.read(0)
+    assert (r.nvlink_links_down, r.ecc_sbe_aggregate, r.pcie_replay_count) == ((), 42, 5)
+    assert r.temp_gpu_c is not None and r.temp_gpu_c <= 55  # back to its noise (35-55 C)
 
 
 def test_xid_79_loses_the_gpu_for_good(tmp_path: Path) -> None:

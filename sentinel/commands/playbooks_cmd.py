@@ -1,4 +1,5 @@
-"""`sentinel playbooks check DIR`: validate playbooks; every error with file, line and field.
+"""`sentinel playbooks check DIR`: validate playbooks; every error with file, line and field; and
+whether each may act or runs in shadow by the rules corpus's measurement (`precision/gate.py`).
 `sentinel playbooks list|shadow NAME|act NAME`: read and switch, through the coordinator's API,
 whether each playbook acts or only records what it would have done (a shadow, or dry, run)."""
 
@@ -62,19 +63,29 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_check(args: argparse.Namespace) -> int:
     from sentinel.config import load_config
     from sentinel.coordinator.core.playbooks import PlaybookError, load_playbooks
+    from sentinel.precision.gate import gate
 
-    baseline = load_config(args.config).coordinator.validation.baseline
+    coordinator = load_config(args.config).coordinator
     try:
-        books = load_playbooks(args.dir, baseline)
+        books = load_playbooks(args.dir, coordinator.validation.baseline)
     except PlaybookError as e:
         print(f"{args.dir}: {len(e.errors)} error(s)", file=sys.stderr)
         for line in e.errors:
             print(f"  {line}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    emit_json(args, [b.model_dump(mode="json") for b in books])
+    gate(books, coordinator.precision_file)  # what the coordinator would let each one do
+    docs = []
+    for b in books:
+        cleared = b.clearance
+        assert cleared is not None
+        docs.append(b.model_dump(mode="json") | {"acts": cleared.acts, "why": cleared.why})
+    emit_json(args, docs)
     if not json_to_stdout(args):
-        for b in books:
-            print(f"{b.name}: ok ({len(b.steps)} steps, priority {b.priority})")
+        for b, doc in zip(books, docs, strict=True):
+            mode = "acts" if doc["acts"] else "shadow"
+            print(
+                f"{b.name}: ok ({len(b.steps)} steps, priority {b.priority}); {mode}: {doc['why']}"
+            )
     return ExitCode.OK
 
 

@@ -38,6 +38,7 @@ from sentinel.coordinator.core.retention import EventPruner, windows_past_retent
 from sentinel.coordinator.core.rows import EffectRow
 from sentinel.coordinator.core.store import Fenced, StoreUnavailable
 from sentinel.coordinator.store import open_store
+from sentinel.precision.gate import gate
 from sentinel.protocol import Event, EventBatch, decode_batch
 
 log = logging.getLogger("sentinel.coordinator")
@@ -64,6 +65,7 @@ class Service:
         self.playbooks: list[Playbook] = load_playbooks(
             cfg.playbooks_dir or default_playbooks_dir(), cfg.validation.baseline
         )
+        gate(self.playbooks, cfg.precision_file)
         too_long = windows_past_retention(self.playbooks, cfg.event_retention_s)
         if too_long:
             raise PlaybookError(too_long)

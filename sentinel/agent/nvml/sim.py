@@ -16,7 +16,18 @@ way a real one would. Each fault changes exactly the readings the real fault cha
     {"kind": "slow", "gpu": 0, "slowdown": 1.5}  arithmetic that slowly: no reading changes
                                              (what the validation burn-in's GEMM finds)
     {"kind": "clear", "gpu": 1}              the GPU is repaired: its thermal, SDC and slow
-                                             faults are over
+                                             faults are over (and a `warm` excursion, a
+                                             link down)
+
+What healthy fleets see every day, for the rules' precision corpus (`sentinel rules score`):
+
+    {"kind": "sbe", "gpu": 0, "count": 40}   corrected (single-bit) ECC errors: the volatile
+                                             and aggregate counters rise by `count`
+    {"kind": "pcie_replay", "gpu": 0, "count": 5}  PCIe link replays: the counter rises
+    {"kind": "nvlink_crc", "gpu": 0, "count": 3}   NVLink CRC errors: the counter rises
+    {"kind": "warm", "gpu": 0, "temp_c": 78} the GPU runs warmer, with no throttling, until a
+                                             `clear`
+    {"kind": "nvlink_down", "gpu": 0, "link": 3}  one NVLink link is down until a `clear`
     {"kind": "loopback", "factor": 0.4}      the node's own network stack carries only that
                                              share of its bandwidth: no GPU reading changes
                                              (what the validation's loopback finds); the
@@ -40,7 +51,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -118,6 +129,36 @@ class Clear(_Fault):
     kind: Literal["clear"]
 
 
+class Sbe(_Fault):
+    kind: Literal["sbe"]
+    count: int = Field(default=1, ge=1, le=1_000_000)
+
+
+class PcieReplay(_Fault):
+    kind: Literal["pcie_replay"]
+    count: int = Field(default=1, ge=1, le=1_000_000)
+
+
+class NvlinkCrc(_Fault):
+    kind: Literal["nvlink_crc"]
+    count: int = Field(default=1, ge=1, le=1_000_000)
+
+
+class Warm(_Fault):
+    kind: Literal["warm"]
+    temp_c: float = Field(gt=0, le=150)
+
+
+class NvlinkDown(_Fault):
+    kind: Literal["nvlink_down"]
+    link: int = Field(ge=0, le=17)
+
+
+GpuFault = (
+    EccDbe | Xid | Thermal | Sdc | Slow | Clear | Sbe | PcieReplay | NvlinkCrc | Warm | NvlinkDown
+)
+
+
 class Loopback(BaseModel):
     """The node's, not a GPU's."""
 
@@ -126,9 +167,11 @@ class Loopback(BaseModel):
     factor: float = Field(gt=0, le=1)
 
 
-SimFault = Annotated[
-    EccDbe | Xid | Thermal | Sdc | Slow | Clear | Loopback, Field(discriminator="kind")
-]
+SimFault = Annotated[GpuFault | Loopback, Field(discriminator="kind")]
+# Every `kind` a faults-file line may have.
+FAULT_KINDS = frozenset(
+    get_args(cls.model_fields["kind"].annotation)[0] for cls in (*get_args(GpuFault), Loopback)
+)
 _FAULT: TypeAdapter[SimFault] = TypeAdapter(SimFault)
 
 
@@ -167,6 +210,11 @@ class _Gpu:
     last_ts: float
     lost: bool = False
     thermal_c: float | None = None
+    warm_c: float | None = None
+    sbe: int = 0
+    pcie_replays: int = 0
+    nvlink_crc: int = 0
+    links_down: tuple[int, ...] = ()
     dbe_volatile: int = 0
     dbe_aggregate: int = 0
     retired_dbe: int = 0
@@ -286,7 +334,7 @@ class SimulatedGpus(GpuBackend):
         links = spec.nvlink_links > 0
         return replace(
             ident,
-            temp_gpu_c=g.thermal_c if g.thermal_c is not None else round(temp, 1),
+            temp_gpu_c=g.thermal_c or g.warm_c or round(temp, 1),
             temp_mem_c=round(temp_mem, 1),
             power_w=power,
             power_limit_w=spec.power_limit_w,
@@ -298,9 +346,9 @@ class SimulatedGpus(GpuBackend):
             fb_used_bytes=fb_used,
             fb_free_bytes=fb_total - fb_used,
             fb_total_bytes=fb_total,
-            ecc_sbe_volatile=0,
+            ecc_sbe_volatile=g.sbe,
             ecc_dbe_volatile=g.dbe_volatile,
-            ecc_sbe_aggregate=0,
+            ecc_sbe_aggregate=g.sbe,
             ecc_dbe_aggregate=g.dbe_aggregate,
             retired_pages_sbe=None if remap else 0,
             retired_pages_dbe=None if remap else g.retired_dbe,
@@ -310,11 +358,11 @@ class SimulatedGpus(GpuBackend):
             remapped_rows_pending=g.rows_pending if remap else None,
             remapped_rows_failure=False if remap else None,
             throttle_reasons=THERMAL_THROTTLE if thermal else 0,
-            pcie_replay_count=0,
-            nvlink_crc_errors=0 if links else None,
+            pcie_replay_count=g.pcie_replays,
+            nvlink_crc_errors=g.nvlink_crc if links else None,
             nvlink_replay_errors=0 if links else None,
             nvlink_recovery_errors=0 if links else None,
-            nvlink_links_down=() if links else None,
+            nvlink_links_down=g.links_down if links else None,
             tensor_active=round(tensor, 3) if spec.gpm else None,
             processes=(GpuProcess(pid=g.pid, used_memory_bytes=fb_used),),
         )
@@ -362,7 +410,7 @@ class SimulatedGpus(GpuBackend):
         if not isinstance(fault, Loopback):  # the host's network: no GPU reading changes
             self._apply(fault)
 
-    def _apply(self, fault: EccDbe | Xid | Thermal | Sdc | Slow | Clear) -> None:
+    def _apply(self, fault: GpuFault) -> None:
         g = self._gpus[fault.gpu]
         match fault:
             case EccDbe():
@@ -377,7 +425,18 @@ class SimulatedGpus(GpuBackend):
             case Thermal(temp_c=temp):
                 g.thermal_c = temp
             case Clear():
-                g.thermal_c = None
+                g.thermal_c = g.warm_c = None
+                g.links_down = ()
+            case NvlinkDown(link=link):
+                g.links_down = tuple(sorted({*g.links_down, link}))
+            case Warm(temp_c=temp):
+                g.warm_c = temp
+            case Sbe(count=n):
+                g.sbe += n
+            case PcieReplay(count=n):
+                g.pcie_replays += n
+            case NvlinkCrc(count=n):
+                g.nvlink_crc += n
             case Sdc() | Slow():
                 pass  # silent in every reading: only the arithmetic shows it
 

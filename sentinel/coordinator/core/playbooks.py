@@ -37,6 +37,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -45,6 +46,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sentinel.coordinator.core.actions import ACTIONS
+from sentinel.coordinator.core.clearance import Clearance
 from sentinel.coordinator.core.stages import LAUNCH_STAGES
 from sentinel.exitcodes import InputError
 from sentinel.inputs import parse_yaml, read_text
@@ -188,6 +190,8 @@ class Playbook(_Strict):
     # Seconds each of its repair's stages should take at most (`/metrics` exports them and
     # counts the repairs past them): a stage it does not have is an error, not a silent no-op.
     stage_targets_s: dict[str, PositiveSeconds] = Field(default_factory=dict)
+    # Set by the coordinator from the corpus's scores (`gate`); None: not gated (a replay).
+    _clearance: Clearance | None = PrivateAttr(default=None)
 
     @field_validator("stage_targets_s")
     @classmethod
@@ -245,7 +249,17 @@ class Playbook(_Strict):
             return PlaybookMode.SHADOW, "its guards.dry_run"
         if cfg.dry_run:
             return PlaybookMode.SHADOW, "the coordinator's dry_run"
+        if self._clearance is not None and not self._clearance.acts:
+            return PlaybookMode.SHADOW, self._clearance.why
         return PlaybookMode.ACTING, "the default"
+
+    def gate(self, clearance: Clearance) -> None:
+        """Hold its runs to the corpus's measurement (an operator's switch still overrides)."""
+        self._clearance = clearance
+
+    @property
+    def clearance(self) -> Clearance | None:
+        return self._clearance
 
 
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
