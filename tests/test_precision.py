@@ -5,7 +5,6 @@ destructive playbooks on kept current, and a playbook the corpus does not clear 
 from __future__ import annotations
 
 import json
-import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from sentinel.coordinator.core.playbooks import (
 from sentinel.coordinator.store import SqliteStore
 from sentinel.precision.corpus import CORPUS_DIR, MIN_PRECISION, load_corpus
 from sentinel.precision.gate import SHIPPED_SCORES, gate
-from sentinel.precision.replay import replay
+from sentinel.precision.replay import replay_corpus
 from sentinel.precision.score import Score, score
 from sentinel.protocol import EventBatch
 
@@ -37,11 +36,7 @@ SENTINEL = [sys.executable, "-m", "sentinel"]
 def shipped(tmp_path_factory: pytest.TempPathFactory) -> Score:
     books = load_playbooks(default_playbooks_dir())
     work = tmp_path_factory.mktemp("corpus")
-    logging.disable(logging.WARNING)  # the replayed agents and coordinator log as in service
-    try:
-        return score([replay(s, books, work / s.name) for s in load_corpus(CORPUS_DIR)], books)
-    finally:
-        logging.disable(logging.NOTSET)
+    return score(replay_corpus(load_corpus(CORPUS_DIR), books, work), books)
 
 
 def test_the_shipped_corpus_holds_every_bar(shipped: Score) -> None:

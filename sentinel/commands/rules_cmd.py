@@ -7,7 +7,6 @@ corpus or playbook."""
 from __future__ import annotations
 
 import argparse
-import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def run_score(args: argparse.Namespace) -> int:
         load_playbooks,
     )
     from sentinel.precision.corpus import CORPUS_DIR, load_corpus
-    from sentinel.precision.replay import replay
+    from sentinel.precision.replay import replay_corpus
     from sentinel.precision.score import score
 
     check_json_target(args)
@@ -48,13 +47,8 @@ def run_score(args: argparse.Namespace) -> int:
         books = load_playbooks(where)
     except PlaybookError as e:
         raise InputError(f"{where}: " + "; ".join(e.errors)) from None
-    # The replayed agents and coordinator log as they would in service: the scores say it all.
-    logging.disable(logging.WARNING)
-    try:
-        with tempfile.TemporaryDirectory(prefix="sentinel-rules-") as tmp:
-            replays = [replay(s, books, Path(tmp) / s.name) for s in streams]
-    finally:
-        logging.disable(logging.NOTSET)
+    with tempfile.TemporaryDirectory(prefix="sentinel-rules-") as tmp:
+        replays = replay_corpus(streams, books, Path(tmp))
     result = score(replays, books)
     emit_json(args, result.doc())
     if not json_to_stdout(args):

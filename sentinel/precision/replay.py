@@ -20,6 +20,7 @@ their agents at `join_at_s`, all in one sweep.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,3 +255,13 @@ def _due(elapsed: float, every: float, interval: float) -> bool:
 def replay(stream: Stream, playbooks: list[Playbook], work: Path) -> Replayed:
     work.mkdir(parents=True, exist_ok=True)
     return Replay(stream, playbooks, work).run()
+
+
+def replay_corpus(streams: list[Stream], playbooks: list[Playbook], work: Path) -> list[Replayed]:
+    """Every stream, each in its own directory under `work`. The replayed agents and coordinator
+    log as they would in service; the scores say it all, so their logging is off meanwhile."""
+    logging.disable(logging.WARNING)
+    try:
+        return [replay(s, playbooks, work / s.name) for s in streams]
+    finally:
+        logging.disable(logging.NOTSET)

@@ -153,7 +153,8 @@ class Supervisor:
                 with contextlib.suppress(TimeoutError):  # not wait_for: 3.11's can swallow one
                     async with asyncio.timeout(min(left, CHECKPOINT_LOOK_S)):
                         await self.done.wait()
-                if self._committed() != event.payload.checkpoints:
+                # off the event loop: a checkpoint directory may sit on a slow shared filesystem
+                if await asyncio.to_thread(self._committed) != event.payload.checkpoints:
                     break
 
     def _committed(self) -> list[int]:
