@@ -270,6 +270,23 @@ def test_min_fleet_is_never_crossed(tmp_path: Path, new_store: Callable[[], SqlS
     assert one(store, "SELECT COUNT(*) n FROM nodes WHERE state='active'")["n"] == 2
 
 
+def test_a_node_a_spare_replaces_does_not_count_against_min_fleet(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """Both nodes of a two-node job fail at once, with two hot spares: each eviction brings a
+    spare in, so neither leaves the fleet below min_fleet 1, although the first spare turns
+    active only after its node has drained, while the second incident is already deciding."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    job = job_status("j", ["node-0", "node-1"], ["spare-0", "spare-1"])
+    ingest.ingest(EventBatch(events=[job]), clock())
+    ingest.ingest(EventBatch(events=[xid("node-0"), xid("node-1")]), clock())
+    for _ in range(5):
+        engine.tick()
+    assert store.count_nodes(["evicted"]) == 2, query(store, "SELECT * FROM actions")
+    assert query(store, "SELECT result FROM actions WHERE state='escalated'") == []
+    assert store.count_nodes(["active"]) == 2  # the spares
+
+
 def test_the_eviction_budget_as_a_share_of_the_fleet(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:

@@ -46,7 +46,7 @@ def incident_nodes(ctx: ActionContext, target: str) -> list[str]:
     return list(ctx.plan.culprits) if target == "culprits" else nodes_of(ctx.incident)
 
 
-def _budget_refusal(ctx: ActionContext) -> str | None:
+def _budget_refusal(ctx: ActionContext, node: str) -> str | None:
     budget = ctx.cfg.eviction
     recent = ctx.store.count_nodes(OUT_OF_SERVICE, changed_since=ctx.now - budget.window_s)
     cap, why = budget.max_per_window, f"max {budget.max_per_window}"
@@ -60,11 +60,14 @@ def _budget_refusal(ctx: ActionContext) -> str | None:
             f"eviction budget spent: {recent} node(s) evicted in the last "
             f"{budget.window_s:g} s ({why})"
         )
-    active = ctx.store.count_nodes([NodeState.ACTIVE])
-    if active - 1 < budget.min_fleet:
-        return (
-            f"evicting would leave {active - 1} active node(s), below min_fleet {budget.min_fleet}"
-        )
+    # A node that a hot spare of its job takes the place of leaves the fleet no smaller. The
+    # spare turns active only when swapped in, after the node has drained: an incident on
+    # another node meanwhile must not count that node as lost with nothing in its place.
+    spares = _spares_left(ctx, node)
+    replaced = bool(spares) and all(free - promised >= 1 for free, promised in spares.values())
+    after = ctx.store.count_nodes([NodeState.ACTIVE]) - 1 + int(replaced)
+    if after < budget.min_fleet:
+        return f"evicting would leave {after} active node(s), below min_fleet {budget.min_fleet}"
     return None
 
 
@@ -73,21 +76,30 @@ def _is_free_spare(ctx: ActionContext, name: str) -> bool:
     return row is None or row.state in (NodeState.SPARE, NodeState.RETURNED)
 
 
-def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
-    """A node in a job's gang may go only when a hot spare of that job can take its place:
-    the gang's shape (TP x PP x DP) is fixed, so evicting it without one would shrink the job
-    or leave it unable to start. Spares already promised to nodes this run evicted count as
-    taken."""
+def _spares_left(ctx: ActionContext, node: str) -> dict[str, tuple[int, int]]:
+    """For each running job that holds `node`: its free hot spares and those already promised
+    to the other nodes this run evicts."""
+    out = {}
     for job in ctx.store.jobs(_JOBS_LIMIT, exclude_states=ENDED_JOBS):
         if node not in job.status.nodes:
             continue
         free = [s for s in job.status.spares if _is_free_spare(ctx, s)]
         mapped = ctx.plan.spare_map
         promised = [n for n in ctx.plan.exclude if n != node and n not in mapped]
-        if len(free) - len(promised) < 1:
+        out[job.id] = (len(free), len(promised))
+    return out
+
+
+def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
+    """A node in a job's gang may go only when a hot spare of that job can take its place:
+    the gang's shape (TP x PP x DP) is fixed, so evicting it without one would shrink the job
+    or leave it unable to start. Spares already promised to nodes this run evicted count as
+    taken."""
+    for job, (free, promised) in _spares_left(ctx, node).items():
+        if free - promised < 1:
             return (
-                f"no hot spare left to take {node}'s place in job {job.id}"
-                f" ({len(free)} free, {len(promised)} already promised): evicting it would"
+                f"no hot spare left to take {node}'s place in job {job}"
+                f" ({free} free, {promised} already promised): evicting it would"
                 " shrink the gang below its size"
             )
     return None
@@ -108,7 +120,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
                 refusal = (
                     None
                     if row is not None and row.state in OUT_OF_SERVICE
-                    else (_budget_refusal(ctx) or _replacement_refusal(ctx, node))
+                    else (_budget_refusal(ctx, node) or _replacement_refusal(ctx, node))
                 )
                 if refusal:
                     return StepResult(
@@ -163,7 +175,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node"):
         is told why and by which incident."""
         row = ctx.store.node(node)
         if row is None or row.state != NodeState.DRAINING:
-            refusal = _budget_refusal(ctx) or _replacement_refusal(ctx, node)
+            refusal = _budget_refusal(ctx, node) or _replacement_refusal(ctx, node)
             if refusal:
                 return refusal
         if row is None:
