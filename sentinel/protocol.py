@@ -328,7 +328,7 @@ class ValidationCheck(_Strict):
 
     name: str = Field(min_length=1, max_length=64)  # "gemm", "sdc", "loopback"
     passed: bool
-    value: float | None = None  # seconds (gemm), GB/s (loopback); None: no figure (sdc)
+    value: float | None = None  # seconds or a ratio (gemm), GB/s or a ratio (loopback); None: sdc
     baseline: float | None = None
     limit: float | None = None
     detail: str = Field(default="", max_length=2000)

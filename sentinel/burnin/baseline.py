@@ -10,7 +10,8 @@ The judgement compares a node's measurement with the baseline: its GEMM may be a
 20%: a figure measured at another time on another node is noisier than the straggler screen's
 same-round comparison, 4%); on a CPU device, whose time moves with the host's load, the GEMM's
 ratio to the host's in the same rounds is compared instead. Its loopback bandwidth may be at
-most `loopback_tolerance` lower, and its SDC recompute must give the same digest twice and, on
+most `loopback_tolerance` lower (on a CPU device: its ratio to the host's all-reduce in the same
+rounds, against the baseline's ratio), and its SDC recompute must give the same digest twice and, on
 the baseline's device model, the baseline's digest.
 """
 
@@ -40,6 +41,8 @@ class ValidationBaseline(BaseModel):
     # A CPU device's GEMM time over the host's in the same rounds (absent for a GPU).
     gemm_vs_host: float | None = Field(default=None, gt=0)
     loopback_gbps: float = Field(gt=0)  # 2-process gloo all_reduce over 127.0.0.1
+    # A CPU device's loopback bandwidth over the host's in the same rounds (absent for a GPU).
+    loopback_vs_host: float | None = Field(default=None, gt=0)
     loopback_bytes: int = Field(ge=1024, le=1 << 30)
     sdc_digest: str = Field(min_length=1, max_length=64)  # the recompute's digest ...
     device: str = Field(min_length=1, max_length=200)  # ... on this device model
@@ -85,6 +88,7 @@ class Measured:
     loopback_gbps: float | None = None
     errors: list[str] = field(default_factory=list)  # a GPU whose arithmetic raised
     gemm_vs_host: list[float] = field(default_factory=list)  # per GPU, CPU devices only
+    loopback_vs_host: float | None = None  # CPU devices only
 
 
 def judge(m: Measured, b: ValidationBaseline) -> list[ValidationCheck]:
@@ -133,25 +137,34 @@ def _sdc(m: Measured, b: ValidationBaseline) -> ValidationCheck:
 
 
 def _loopback(m: Measured, b: ValidationBaseline) -> ValidationCheck:
-    limit = b.loopback_gbps * (1 - b.loopback_tolerance)
-    if m.loopback_gbps is None:
+    # A CPU device measured against the host is judged by that ratio when the baseline has one.
+    paired = b.loopback_vs_host is not None and m.loopback_vs_host is not None
+    base = b.loopback_vs_host if paired and b.loopback_vs_host else b.loopback_gbps
+    limit = base * (1 - b.loopback_tolerance)
+    value = m.loopback_vs_host if paired else m.loopback_gbps
+    if value is None:
         return ValidationCheck(
             name="loopback",
             passed=False,
-            baseline=b.loopback_gbps,
+            baseline=base,
             limit=limit,
             detail="the loopback test did not run",
         )
-    ok = m.loopback_gbps >= limit
-    detail = (
-        f"{m.loopback_gbps:.3f} GB/s vs the baseline's {b.loopback_gbps:.3f} GB/s"
-        f" (limit {limit:.3f} GB/s, -{b.loopback_tolerance:.0%})"
-    )
+    if paired:
+        detail = (
+            f"{m.loopback_gbps:.3f} GB/s, {value:.3f}x the host's all-reduce in the same rounds"
+            f" vs the baseline's {base:.3f}x (limit {limit:.3f}x, -{b.loopback_tolerance:.0%})"
+        )
+    else:
+        detail = (
+            f"{value:.3f} GB/s vs the baseline's {base:.3f} GB/s"
+            f" (limit {limit:.3f} GB/s, -{b.loopback_tolerance:.0%})"
+        )
     return ValidationCheck(
         name="loopback",
-        passed=ok,
-        value=m.loopback_gbps,
-        baseline=b.loopback_gbps,
+        passed=value >= limit,
+        value=value,
+        baseline=base,
         limit=limit,
         detail=detail,
     )

@@ -34,7 +34,7 @@ def record_baseline(
 ) -> Path:
     """A healthy node's validation figures, by `sentinel burnin --validate --save-baseline`,
     with the shipped tolerances: a CPU "GPU" is timed against the host in the same rounds, so
-    the training ranks beside it load both alike, and the loopback keeps its fastest of many."""
+    the training ranks beside it load both alike, and so is its loopback all-reduce."""
     argv = [
         *sentinel,
         "burnin",
