@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+) ")
 
 
 def assert_same_model(res: dict[str, Any]) -> None:
@@ -18,6 +23,45 @@ def assert_same_model(res: dict[str, Any]) -> None:
         assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
 
 
-def why(res: dict[str, Any]) -> str:
-    """A failed drill's reasons first, then the end of its result (where the repairs are)."""
-    return "\n".join([*res.get("problems", []), json.dumps(res, indent=1)[-3000:]])
+def why(res: dict[str, Any], out: Path | None = None) -> str:
+    """A failed drill's reasons first, then what its logs say about time lost (`out`: the
+    drill's run directory), then the end of its result without the fleet projection."""
+    brief = {k: v for k, v in res.items() if k not in ("fleet_projection", "drill_settings")}
+    evidence = [] if out is None else [*_supervisor_timeline(out), *_rank_log_gaps(out)]
+    return "\n".join([*res.get("problems", []), *evidence, json.dumps(brief, indent=1)[-2500:]])
+
+
+def _supervisor_timeline(out: Path, limit: int = 30) -> list[str]:
+    """The supervisor's log from its first repair command on, one line per record."""
+    recs = []
+    for line in (out / "supervisor.log").read_text().splitlines():
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            continue
+    first = next((i for i, r in enumerate(recs) if "job.restart" in str(r.get("msg"))), 0)
+    t0 = recs[0]["ts"] if recs else 0.0
+    lines = [f"  {r['ts'] - t0:7.2f} {str(r.get('msg'))[:110]}" for r in recs[first:]]
+    return ["supervisor (s from its start):", *lines[:limit]]
+
+
+def _rank_log_gaps(out: Path, gap_s: float = 5.0, limit: int = 24) -> list[str]:
+    """Every pause of more than `gap_s` between two lines of a rank's log: the line before it
+    and the line after it, the file named."""
+    found = []
+    for log in sorted((out / "logs").glob("g*-rank*.log")):
+        last: tuple[datetime, str] | None = None
+        for line in log.read_text(errors="replace").splitlines():
+            m = _STAMP.match(line)
+            if m is None:
+                continue
+            t = datetime.fromisoformat(m.group(1))
+            if last is not None and (t - last[0]).total_seconds() > gap_s:
+                pause = (t - last[0]).total_seconds()
+                found += [
+                    f"{log.name}: {pause:.1f} s between",
+                    f"  {last[1][:150]}",
+                    f"  {line[:150]}",
+                ]
+            last = (t, line)
+    return ["rank log pauses over 5 s:", *found[: limit * 3]] if found else []

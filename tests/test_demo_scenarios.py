@@ -98,7 +98,7 @@ def test_a_straggler_node_is_swapped_for_the_spare(tmp_path: Path, cache: Path) 
     # rank 1 runs 60% slow on node-0; its node is swapped at the checkpoint after its scoring
     # windows: --quick keeps the steps those need (60 of 70).
     code, res, _ = demo("straggler", tmp_path, cache)
-    assert code == 0, why(res)
+    assert code == 0, why(res, tmp_path / "out")
     assert_repaired(res, "straggler", "straggler", ["node-0"])
     assert res["faults"][0]["struck_node"] == "node-0"
 
@@ -114,7 +114,7 @@ def test_the_combined_default_drill_repairs_every_fault(tmp_path: Path, cache: P
     code, res, stdout = demo(
         "default", tmp_path, cache, quick=False, timeout_s=1400, recovery="warm_restart"
     )
-    assert code == 0 and res["verdict"] == "pass", why(res)
+    assert code == 0 and res["verdict"] == "pass", why(res, tmp_path / "out")
     # the bad link: burn-in keeps its node out of the first launch, no incident for it
     assert res["burnin_excluded"] == ["node-3"]
     log = (tmp_path / "out" / "supervisor.log").read_text()
@@ -160,7 +160,7 @@ def test_the_default_drill_on_each_faults_own_path(tmp_path: Path, cache: Path) 
     every rank by the time it restarts, no replica is left training and it takes the warm path
     (the supervisor logs the path it took, and that is the one judged)."""
     code, res, stdout = demo("default", tmp_path, cache, quick=False, timeout_s=1400)
-    assert code == 0 and res["verdict"] == "pass", why(res)
+    assert code == 0 and res["verdict"] == "pass", why(res, tmp_path / "out")
     faults = {f["kind"]: f for f in res["faults"]}
     paths = {k: faults[k]["repair_path"] for k in ("ecc_dbe", "thermal", "xid", "crash", "hang")}
     thermal = paths.pop("thermal")
@@ -187,7 +187,7 @@ def test_the_live_drill_never_stops_the_surviving_replicas(tmp_path: Path, cache
     survivors' stall <= 5 s, the spare's join <= 15 s, no survivor restarted, no checkpoint
     read, the ledger exact)."""
     code, res, _ = demo("live", tmp_path, cache)
-    assert code == 0 and res["verdict"] == "pass", why(res)
+    assert code == 0 and res["verdict"] == "pass", why(res, tmp_path / "out")
     assert [r["path"] for r in res["repairs"]] == ["live"] * 3
     assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in res["repairs"])
     assert res["ledger_exact"]
@@ -203,7 +203,7 @@ def test_a_fault_in_the_last_replica_holding_the_model_restarts_every_replica(
     rejoin of both replicas with nothing to heal from (which trained on from a reset model
     under an exact ledger)."""
     code, res, _ = demo("live_overlap", tmp_path, cache)
-    assert code == 0 and res["verdict"] == "pass", why(res)
+    assert code == 0 and res["verdict"] == "pass", why(res, tmp_path / "out")
     assert [r["path"] for r in res["repairs"]] == ["live", "warm_restart"]
     live, warm = res["repairs"]
     assert live["checkpoint_reads"] == live["survivors_restarted"] == 0
@@ -255,7 +255,7 @@ def test_sdc_is_rolled_back_before_it_and_its_node_returns_only_once_repaired(
     text = ANSI.sub("", drawn)
     assert code == 0, text[-3000:]
     res = json.loads(result.read_text())
-    assert res["verdict"] == "pass", why(res)
+    assert res["verdict"] == "pass", why(res, tmp_path / "out")
     assert_repaired(res, "sdc", "sdc", ["node-1"])
     (fault,) = res["faults"]
     assert fault["target"] == "rank-2" and fault["struck_node"] == "node-1"
