@@ -11,6 +11,8 @@ it). Standard library only: the reference trainer's test launcher uses it too.
 
 `last_quorum` reads the lighthouse's own status page: the supervisor asks it which replicas
 have trained at their peers' step since they rejoined (a replica still healing holds nothing).
+`asking` reads there how many replicas wait for the next quorum: after it has ended every
+replica, the supervisor launches the next ones once none of the ended ones still counts.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ SETTINGS: dict[str, int] = {
 # (the trainer's `replica-R`, torchft's `:uuid` after it) and the step it asked at.
 _QUORUM_ID = re.compile(r"Previous quorum id:\s*(\d+)")
 _MEMBER = re.compile(r"<b>replica-(\d+)(?::[^<]*)?</b>\s*<br/>\s*Step:\s*(-?\d+)")
+# The next quorum's status: the replicas that asked for it and still heartbeat, of those asked.
+_ASKING = re.compile(r"\[(\d+)/\d+ participants healthy\]")
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,12 @@ class Lighthouse:
     ) -> None:
         self.port = port = free_rendezvous_port()
         self.address = f"http://{advertise}:{port}"
+        settings = SETTINGS | flags
+        # How long a replica whose processes ended may still be put in a quorum: its last ask
+        # for one stays, and counts while its last heartbeat is younger than this.
+        self.forgets_s = settings["heartbeat_timeout_ms"] / 1000
         argv = [str(Path(python).parent / "torchft_lighthouse"), "--bind", f"[::]:{port}"]
-        for key, value in (SETTINGS | flags).items():
+        for key, value in settings.items():
             argv += [f"--{key}", str(value)]
         log.parent.mkdir(parents=True, exist_ok=True)
         self.proc = spawn(argv, env={**os.environ, "RUST_LOG": "warn"}, log=log)
@@ -82,10 +90,21 @@ class Lighthouse:
 
     def last_quorum(self, timeout_s: float = 2.0) -> QuorumView | None:
         """The lighthouse's last quorum; None when it has formed none or did not answer."""
+        page = self._status(timeout_s)
+        return None if page is None else parse_status(page)
+
+    def asking(self, timeout_s: float = 2.0) -> int | None:
+        """How many replicas have asked for the next quorum and still count (their last
+        heartbeat younger than the timeout); None when it did not answer."""
+        page = self._status(timeout_s)
+        found = None if page is None else _ASKING.search(page)
+        return None if found is None else int(found.group(1))
+
+    def _status(self, timeout_s: float) -> str | None:
         url = f"http://127.0.0.1:{self.port}/status"  # it binds every address, run here
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-                return parse_status(reply.read().decode("utf-8", "replace"))
+                return str(reply.read().decode("utf-8", "replace"))
         except OSError:
             return None
 

@@ -63,6 +63,8 @@ _SHORT = aiohttp.ClientTimeout(total=10, sock_connect=CONNECT_TIMEOUT_S)
 # How often the heartbeat looks for a newly committed checkpoint between its reports (a listing
 # of the checkpoint directory: a few entries, one stat each).
 CHECKPOINT_LOOK_S = 0.2
+# How often a launch waiting for the lighthouse to forget ended replicas asks it again.
+LIGHTHOUSE_LOOK_S = 0.05
 
 
 class Supervisor:
@@ -95,6 +97,7 @@ class Supervisor:
         # Replicas rejoined by a live repair that may not hold the model yet (they heal from a
         # peer at their first quorum), with the lighthouse's quorum id before they rejoined.
         self.joining: dict[int, int | None] = {}
+        self._stopped_at: float | None = None  # when rank processes were last ended (monotonic)
         self.flight = FlightAnalysis(cfg, self._call, self._post)
         # One change of the gang at a time: the watch loop's stop of a crashed gang and a
         # command's stop or restart never interleave (a warm rank's slot takes one process).
@@ -332,6 +335,7 @@ class Supervisor:
             for r in sorted(struck)
         ]
         self.teardown = stops[0][0]
+        self._stopped_at = time.monotonic()
         died = [e for _teardown, ended in stops for e in ended if e.returncode != 0]
         await self._report_crashes(died, generation, resumed)
         try:
@@ -372,6 +376,7 @@ class Supervisor:
         its node hosts the first time, and for new rank processes after a loss). `only`: the
         replicas that rejoin after a live repair (their peers run on)."""
         plans = self._plans(only)
+        await self._lighthouse_forgets(only)
         log.info(
             "launching generation %d on %s",
             self.job.generation,
@@ -411,6 +416,24 @@ class Supervisor:
             self.gang = ReplicaGang({r: g for r, g in gangs.items() if r is not None}, per_replica)
             self.joining.clear()
         self.job.state = JobState.RUNNING
+
+    async def _lighthouse_forgets(self, only: set[int] | None) -> None:
+        """Wait until the lighthouse no longer puts the replicas of the processes last ended in a
+        quorum. One that was waiting for a quorum when it ended stays asked for one until its
+        last heartbeat is `forgets_s` old: a new replica asking before then was put in a quorum
+        with it, and tried to heal from its dead peer for 50 s (the TCP store's connect
+        timeouts). When every replica was ended (`only` None), none that still counts as asking
+        is a live one: the launch goes on as soon as none does (most often at once: a replica
+        stopped in a collective asked for nothing). A live repair's joiners (`only`) wait the
+        whole time: the survivors ask at every step."""
+        lighthouse, stopped = self.lighthouse, self._stopped_at
+        if lighthouse is None or stopped is None:
+            return
+        deadline = stopped + lighthouse.forgets_s
+        while (wait := deadline - time.monotonic()) > 0:
+            if only is None and await asyncio.to_thread(lighthouse.asking) == 0:
+                return
+            await asyncio.sleep(min(wait, LIGHTHOUSE_LOOK_S))
 
     def _plans(self, only: set[int] | None) -> dict[int | None, GangPlan]:
         """The gang plans to launch: the whole job's, or one per replica (`only`: those)."""
@@ -466,6 +489,7 @@ class Supervisor:
         result = await asyncio.to_thread(gang.stop, self.cfg.stop_grace_s, keep)
         died = [e for e in died + gang.poll() if e.returncode != 0]
         self.teardown = result
+        self._stopped_at = time.monotonic()
         detail = {"generation": self.job.generation, **result.as_json()}
         if result.verified:
             log.info(
