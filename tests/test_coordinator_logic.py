@@ -781,6 +781,21 @@ def test_sdc_recompute_names_the_odd_node_and_rolls_back_before_the_last_clean_c
     assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
     assert restart["args"]["resume_before_step"] == 10  # the last clean check, not step 14 - 1
 
+    # Repaired: the job runs again on the spare. A recompute answer that comes only now (a
+    # late rank, a replayed spool) answers the coordinator's own question: it opens nothing.
+    resumed = job_status("job1", ["node-0", "spare-0"], [], generation=1, checkpoints=[10, 20])
+    ingest.ingest(EventBatch(events=[resumed]), clock())
+    for _ in range(3):
+        engine.tick()
+    assert one(store, "SELECT state FROM incidents")["state"] == "mitigated"
+    stale = _sdc("node-1", 2, 19, "d", mismatch=True, mismatched_ranks=[2], check_id=check["id"])
+    ingest.ingest(EventBatch(events=[stale]), clock())
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1
+    # A rank's own check that disagrees still opens one.
+    own = _sdc("spare-0", 2, 45, "e", mismatch=True, mismatched_ranks=[2], check_id="sdc-45")
+    ingest.ingest(EventBatch(events=[own]), clock())
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 2
+
 
 def _healthy(node: str, gpu: int) -> Event:
     gpus = [GpuVerdict(gpu=gpu, verdict=Verdict.HEALTHY, action=RecAction.NONE)]

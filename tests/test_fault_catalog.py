@@ -16,7 +16,7 @@ from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.monitor import NodeMonitor
 from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.config import HealthThresholds
-from sentinel.coordinator.core.correlation import clause_for, compile_condition
+from sentinel.coordinator.core.correlation import compile_clause, compile_condition, event_doc
 from sentinel.coordinator.core.playbooks import (
     Condition,
     Playbook,
@@ -40,7 +40,12 @@ class Clock:
 
 
 def _classify(ev: Event) -> Playbook | None:
-    return next((b for b in BOOKS if clause_for(b, ev) is not None), None)
+    """The first playbook (by priority) one of whose trigger clauses `ev` matches."""
+    doc = event_doc(ev)
+    return next(
+        (b for b in BOOKS if any(ev.kind in c.kinds and compile_clause(c)(doc) for c in b.trigger)),
+        None,
+    )
 
 
 def _response(book: Playbook | None) -> str:

@@ -7,6 +7,8 @@ incident). Job-scoped keys include the job's generation: after a restart, a new 
 incident. A symptom reported from a node that already has an active node-scoped incident (a
 rank that died because its GPU fell off the bus) is linked to that incident instead of opening
 another. A mitigated incident reported again after its cooldown opens again, with a new run.
+An answer to the coordinator's own command (a recompute's digests quote its id) never opens an
+incident: Sentinel's own outputs fed back in change nothing.
 
 Triggers are compiled here into plain closures: ingest tries them against every event.
 """
@@ -114,7 +116,14 @@ class Correlator:
         if row is not None:
             self._link(row, ev, book, now)
             return row.id, False
+        if isinstance(ev, RankSdcEvent) and self._issued(ev.payload.check_id):
+            return None  # came after its incident (a late rank): it would recompute, evict again
         return self._open(ev, key, target, job, book, now), True
+
+    def _issued(self, check_id: str | None) -> bool:
+        """A command this coordinator issued (a check of the parameters adds `-params`)."""
+        cid = None if check_id is None else check_id.removesuffix("-params")
+        return cid is not None and self.store.command(cid) is not None
 
     def _classify(self, ev: Event) -> Playbook | None:
         triggers = self._by_kind.get(ev.kind)
@@ -248,12 +257,6 @@ def compile_clause(clause: TriggerClause) -> Pred:
     return holds
 
 
-def clause_for(book: Playbook, event: Event) -> TriggerClause | None:
-    """The first of the playbook's trigger clauses that `event` matches."""
-    doc = event_doc(event)
-    return next((c for c in book.trigger if event.kind in c.kinds and compile_clause(c)(doc)), None)
-
-
 def compile_getter(path: list[str]) -> Callable[[dict[str, Any]], Any]:
     """`doc[a][b]…`, None where a level is missing; unrolled for the usual two levels."""
     if len(path) == 2:
@@ -291,24 +294,22 @@ def _resolve(node: Any, path: list[str]) -> list[Any]:
 _ORDER = {"gt": float.__gt__, "ge": float.__ge__, "lt": float.__lt__, "le": float.__le__}
 
 
+_MATCH: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda got, want: bool(got == want),
+    "ne": lambda got, want: bool(got != want),
+    "in": lambda got, want: bool(got in want),
+    "not_in": lambda got, want: bool(got not in want),
+    "contains": lambda got, want: str(want) in str(got),
+}
+
+
 def _compare(op: str, got: Any, want: Any) -> bool:
     try:
         if op in _ORDER:
             return bool(_ORDER[op](float(got), float(want)))
-        match op:
-            case "eq":
-                return bool(got == want)
-            case "ne":
-                return bool(got != want)
-            case "in":
-                return bool(got in want)
-            case "not_in":
-                return bool(got not in want)
-            case "contains":
-                return str(want) in str(got)
+        return op in _MATCH and _MATCH[op](got, want)
     except (TypeError, ValueError):
         return False
-    return False
 
 
 class _Triggers:
