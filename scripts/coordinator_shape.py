@@ -192,6 +192,13 @@ def batch_walk() -> dict[str, Any]:
         allow = lambda _events: None  # noqa: E731 (an admin's batch: every event allowed)
         try:
             await service.ingest(fleet.model_dump_json().encode(), allow)
+            # The engine's loop, which the batch wakes, runs on the same store thread: its own
+            # calls (a token reload between ticks) would land in the batch's walk, as they did
+            # in a loaded test run. The batch's walk is the ingest's alone.
+            engine, service._engine_task = service._engine_task, None
+            if engine is not None:
+                engine.cancel()
+                await asyncio.gather(engine, return_exceptions=True)
             # Both threads the batch runs on: the event loop's and the store's.
             await service.db(sys.setprofile, profile)
             sys.setprofile(profile)
