@@ -23,9 +23,9 @@ demo: venv
 
 # System packages first (installed as root, otherwise the command is printed and the tests that
 # need them fail naming it), then the lint gate, then every test: those marked slow (drills that
-# time real work on every core, multi-process and multi-node runs) one at a time, the others in
-# two workers beside each other, where they mostly wait on subprocesses. Both halves always run;
-# the target fails if either did.
+# time real work on every core, and tests holding a bound in seconds) one at a time, the others,
+# multi-process end-to-end runs among them, in two workers beside each other, where they mostly
+# wait on subprocesses. Both halves always run; the target fails if either did.
 test: venv system-deps lint
 	$(PY) -m pytest -q -m "not slow" -n 2 --durations=10; quick=$$?; \
 	$(PY) -m pytest -q -m slow --durations=25; slow=$$?; \

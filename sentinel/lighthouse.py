@@ -104,7 +104,7 @@ class Lighthouse:
         url = f"http://127.0.0.1:{self.port}/status"  # it binds every address, run here
         try:
             with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-                return str(reply.read().decode("utf-8", "replace"))
+                return reply.read().decode("utf-8", "replace")
         except OSError:
             return None
 

@@ -23,18 +23,21 @@ def assert_same_model(res: dict[str, Any]) -> None:
         assert res["bit_identical"] and res["final_digest"] == res["reference_digest"]
 
 
-def why(res: dict[str, Any], out: Path | None = None) -> str:
+def why(res: dict[str, Any], out: Path) -> str:
     """A failed drill's reasons first, then what its logs say about time lost (`out`: the
     drill's run directory), then the end of its result without the fleet projection."""
     brief = {k: v for k, v in res.items() if k not in ("fleet_projection", "drill_settings")}
-    evidence = [] if out is None else [*_supervisor_timeline(out), *_rank_log_gaps(out)]
+    evidence = [*_supervisor_timeline(out), *_rank_log_gaps(out)]
     return "\n".join([*res.get("problems", []), *evidence, json.dumps(brief, indent=1)[-2500:]])
 
 
 def _supervisor_timeline(out: Path, limit: int = 30) -> list[str]:
     """The supervisor's log from its first repair command on, one line per record."""
+    log = out / "supervisor.log"
+    if not log.exists():  # the drill failed before its supervisor started
+        return []
     recs = []
-    for line in (out / "supervisor.log").read_text().splitlines():
+    for line in log.read_text().splitlines():
         try:
             recs.append(json.loads(line))
         except ValueError:

@@ -16,12 +16,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-import pytest
 from coord_util import Coordinator
 from fake_nvml import FakeGpu, build_library
 from fake_nvml.agent import FakeNvmlAgent, wait_until
-
-pytestmark = pytest.mark.slow
 
 NODE = "gpu-node-1"
 STORM_S = 15.0

@@ -13,12 +13,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 from coord_util import ROOT, SENTINEL, Coordinator, job_status, wait_for, xid
 
 from sentinel.protocol import EventBatch, encode
-
-pytestmark = pytest.mark.slow
 
 
 def test_supervised_job_survives_a_rank_crash_and_a_gpu_failure(

@@ -281,7 +281,6 @@ def gloo_mesh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     return root, run_mesh(root)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["tp", "pp", "replica", "dp"])
 def test_real_gloo_mesh_names_the_culprit_whose_dump_is_removed(
     gloo_mesh: tuple[Path, dict[str, int]], scenario: str, tmp_path: Path

@@ -46,7 +46,6 @@ from trainer_hooks.reference.launch import Gang, launch
 ROOT = Path(__file__).resolve().parent.parent
 PROM_DIR = ROOT / "deploy" / "prometheus"
 
-pytestmark = pytest.mark.slow
 
 # (dashboard, panel) whose series no process in this test's fleet exports (none today: the
 # job panels read `sentinel_gpu_job_info`, from the ranks' registrations on their agents).

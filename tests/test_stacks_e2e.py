@@ -20,7 +20,6 @@ from coord_util import ROOT, SENTINEL, Coordinator, wait_for
 from sentinel.lab.sim.fleet import SimFleet
 from sentinel.processes import spawn, stop_process
 
-pytestmark = pytest.mark.slow
 NODES = ["node-0", "node-1"]
 
 

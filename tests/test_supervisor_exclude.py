@@ -71,7 +71,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
 
 
-@pytest.mark.slow
 def test_sentinel_run_launches_on_the_spare(coord: Coordinator, tmp_path: Path) -> None:
     token = tmp_path / "job.token"
     token.write_text(coord.token("--role", "job", "--job", "ex"))
@@ -85,7 +84,6 @@ def test_sentinel_run_launches_on_the_spare(coord: Coordinator, tmp_path: Path) 
     assert job["status"]["spares"] == []
 
 
-@pytest.mark.slow
 def test_bad_exclude_file_exits_2(coord: Coordinator, tmp_path: Path) -> None:
     token = tmp_path / "job.token"
     token.write_text(coord.token("--role", "job", "--job", "ex"))

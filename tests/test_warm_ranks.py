@@ -24,7 +24,6 @@ from sentinel.ranks.pool import RankPool
 from sentinel.supervisor.launcher import GangPlan, GangStartError
 from sentinel.supervisor.warm import LocalHosts, WarmGang, WarmLauncher
 
-pytestmark = pytest.mark.slow
 NODES = ["node-0", "node-1"]
 
 

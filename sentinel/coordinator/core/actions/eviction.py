@@ -64,7 +64,7 @@ def _budget_refusal(ctx: ActionContext, node: str) -> str | None:
     # spare turns active only when swapped in, after the node has drained: an incident on
     # another node meanwhile must not count that node as lost with nothing in its place.
     spares = _spares_left(ctx, node)
-    replaced = bool(spares) and all(free - promised >= 1 for free, promised in spares.values())
+    replaced = bool(spares) and all(_one_left(*left) for left in spares.values())
     after = ctx.store.count_nodes([NodeState.ACTIVE]) - 1 + int(replaced)
     if after < budget.min_fleet:
         return f"evicting would leave {after} active node(s), below min_fleet {budget.min_fleet}"
@@ -90,13 +90,18 @@ def _spares_left(ctx: ActionContext, node: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _one_left(free: int, promised: int) -> bool:
+    """A free spare is left for one more node after those already promised."""
+    return free - promised >= 1
+
+
 def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
     """A node in a job's gang may go only when a hot spare of that job can take its place:
     the gang's shape (TP x PP x DP) is fixed, so evicting it without one would shrink the job
     or leave it unable to start. Spares already promised to nodes this run evicted count as
     taken."""
     for job, (free, promised) in _spares_left(ctx, node).items():
-        if free - promised < 1:
+        if not _one_left(free, promised):
             return (
                 f"no hot spare left to take {node}'s place in job {job}"
                 f" ({free} free, {promised} already promised): evicting it would"
