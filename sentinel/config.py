@@ -138,6 +138,9 @@ class SimConfig(StrictModel):
     seed: int = 0
 
 
+DcgmNaming = Literal["legacy", "dcgm-4.7", "both"]
+
+
 class AgentConfig(StrictModel):
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
     listen: Listen = "127.0.0.1:9410"
@@ -176,6 +179,10 @@ class AgentConfig(StrictModel):
     # Filesystems whose read-only remount is a finding, besides the root.
     checkpoint_dirs: list[Path] = Field(default_factory=list)
     mounts_file: Path = Path("/proc/self/mounts")
+    # The dcgm-exporter-compatible series' naming: "legacy" (dcgm-exporter up to 4.8: MHz, %,
+    # MiB, mJ, a `Hostname` label), "dcgm-4.7" (dcgm-exporter 4.9: DCGM's canonical names in
+    # base units, a `hostname` label) or "both" while dashboards move over.
+    dcgm_names: DcgmNaming = "legacy"
 
     @model_validator(mode="after")
     def _costly_reads_fit_the_rate_window(self) -> AgentConfig:

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sentinel.agent.export.dcgm import DCGM_FIELDS, XID
 from sentinel.agent.export.exposition import TextRenderer
-from sentinel.agent.export.metrics import DCGM_SERIES
 from sentinel.agent.export.rank_metrics import STEP_SERIES, RankMetrics
 from sentinel.agent.nvml.readings import GpuBackend, GpuReading, XidEvent
 from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.agent.service import Agent
-from sentinel.config import AgentConfig
+from sentinel.config import AgentConfig, DcgmNaming
 from sentinel.protocol import RankStepEvent, RankStepPayload, Source
 
 
-def agent_with(backend: GpuBackend) -> Agent:
-    return Agent(AgentConfig(node_id="node-7", rank_socket=None), backend, None)
+def agent_with(backend: GpuBackend, dcgm_names: DcgmNaming = "legacy") -> Agent:
+    cfg = AgentConfig(node_id="node-7", rank_socket=None, dcgm_names=dcgm_names)
+    return Agent(cfg, backend, None)
 
 
 def samples(agent: Agent) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -48,18 +50,51 @@ def test_every_dcgm_series_has_dcgm_labels_and_units() -> None:
     agent.monitor.collect()
     got = samples(agent)
     reading = agent.monitor.snapshot.readings[0]  # type: ignore[union-attr]
-    for series in DCGM_SERIES:
-        if series.get(reading) is None:
+    for field in DCGM_FIELDS:
+        if field.value(reading, current=False) is None:
             continue
-        rows = got[series.name]
-        assert len(rows) == 2, series.name
+        rows = got[field.legacy]
+        assert len(rows) == 2, field.legacy
         labels = rows[0][0]
         assert labels["Hostname"] == "node-7" and labels["device"] == "nvidia0"
         assert labels["modelName"] == "NVIDIA H100 80GB HBM3" and labels["UUID"].startswith("GPU-")
+    assert not any(f.current in got for f in DCGM_FIELDS if f.current != f.legacy)  # the default
     fb_used = {lbl["gpu"]: v for lbl, v in got["DCGM_FI_DEV_FB_USED"]}
     assert fb_used["0"] == reading.fb_used_bytes / 2**20  # type: ignore[operator]  # MiB
     power = {lbl["gpu"]: v for lbl, v in got["sentinel_gpu_power_watts"]}
     assert power["0"] == reading.power_w
+
+
+def test_dcgm_47_names_carry_base_units_and_the_hostname_label() -> None:
+    """dcgm-exporter 4.9's naming (DCGM 4.7's fields): 23 names changed, 7 of them to base
+    units, the node in `hostname`; with `both`, each GPU under both namings."""
+    renamed = [f for f in (*DCGM_FIELDS, XID) if f.current != f.legacy]
+    assert len(renamed) == 23
+    agent = agent_with(SimulatedGpus(2, node_id="node-7"), "dcgm-4.7")
+    agent.monitor.collect()
+    got = samples(agent)
+    r = agent.monitor.snapshot.readings[0]  # type: ignore[union-attr]
+    assert not any(f.legacy in got for f in renamed)
+    first = {name: rows[0] for name, rows in got.items() if name.startswith("DCGM_FI_")}
+    assert all("hostname" in lbl and "Hostname" not in lbl for lbl, _ in first.values())
+    base_units = {
+        "DCGM_FI_DEV_SM_CLOCK_HERTZ": r.sm_clock_mhz * 1e6,  # type: ignore[operator]
+        "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": r.mem_clock_mhz * 1e6,  # type: ignore[operator]
+        "DCGM_FI_DEV_GPU_UTIL_RATIO": r.util_gpu_pct / 100,  # type: ignore[operator]
+        "DCGM_FI_DEV_MEMORY_UTIL_RATIO": r.util_mem_pct / 100,  # type: ignore[operator]
+        "DCGM_FI_DEV_FB_USED_BYTES": r.fb_used_bytes,
+        "DCGM_FI_DEV_FB_FREE_BYTES": r.fb_free_bytes,
+        "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": r.energy_mj / 1000,  # type: ignore[operator]
+        "DCGM_FI_DEV_GPU_TEMP_CELSIUS": r.temp_gpu_c,
+        "DCGM_FI_DEV_BOARD_POWER_WATTS": r.power_w,
+        "DCGM_FI_DEV_XID_ERROR": 0.0,
+    }
+    assert {k: first[k][1] for k in base_units} == pytest.approx(base_units)
+    both = agent_with(SimulatedGpus(2, node_id="node-7"), "both")
+    both.monitor.collect()
+    got = samples(both)
+    served = [f for f in renamed if f.legacy in got]  # an H100 retires no pages: none of those
+    assert len(served) >= 19 and all(len(got[f.legacy]) == len(got[f.current]) == 2 for f in served)
 
 
 class PartialBackend(GpuBackend):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sentinel.agent.export.dcgm import BY_LEGACY
 from sentinel.dashboards import SPECS, build_all, load_dir, render
 from sentinel.dashboards.panels import expressions
 
@@ -69,7 +70,8 @@ def test_template_variables_are_used_and_defined(name: str) -> None:
     defined = {v["name"] for v in d["templating"]["list"]}
     used = set()
     for _, expr in expressions(d):
-        used |= set(re.findall(r"\$(\w+)", expr))
+        # `$1` is label_replace's regex group: Grafana leaves a name it does not know as it is.
+        used |= set(re.findall(r"\$([A-Za-z_]\w*)", expr))
     used -= {"__rate_interval", "__range", "labels", "value"}
     assert used <= defined, used - defined
     assert defined - {"datasource"} <= used, "a variable no query uses"
@@ -148,3 +150,13 @@ def test_training_run_has_goodput_restarts_checkpoint_and_a_job_selector() -> No
     assert job["definition"] == "label_values(sentinel_gpu_job_info, job)"
     joined = [e for _, e in expressions(d) if "sentinel_gpu_job_info" in e]
     assert len(joined) >= 4
+
+
+def test_every_dcgm_query_reads_both_namings() -> None:
+    """A panel on a dcgm-exporter series answers under dcgm-exporter's legacy naming and
+    DCGM 4.7's (4.9's; `promql()`), so upgrading an exporter leaves no panel empty."""
+    for name, d in BUILT.items():
+        for title, expr in expressions(d):
+            for legacy, field in BY_LEGACY.items():
+                if re.search(rf"\b{legacy}\b", expr) and field.current != legacy:
+                    assert re.search(rf"\b{field.current}\b", expr), (name, title, legacy)

@@ -36,6 +36,7 @@ from burnin_sample import SAMPLE_REPORT
 from coord_util import Coordinator
 from system_deps import require_command
 
+from sentinel.agent.export.dcgm import promql
 from sentinel.dashboards import build_all
 from sentinel.dashboards.burnin_metrics import exposition
 from sentinel.dashboards.panels import expressions
@@ -95,16 +96,25 @@ CONCRETE = [
     ALL_VALUES | {"node": "node-1", "gpu": "0"},
 ]
 MODELS = {"node-2": "Tesla V100-SXM2-32GB"}
+# dcgm-exporter's two namings: node-0 the legacy one (the default), node-1 dcgm-exporter 4.9's
+# (DCGM 4.7's names, base units, `hostname`), node-2 both. The dashboards and alerts read all.
+DCGM_NAMES = {"node-1": "dcgm-4.7", "node-2": "both"}
 
 
 class MixedFleet(SimFleet):
-    """A SimFleet whose nodes may simulate different GPU models (through each agent's config)."""
+    """A SimFleet whose nodes may simulate different GPU models and serve dcgm-exporter's
+    series under different namings (through each agent's config)."""
 
     def command(self, a: AgentProcess) -> list[str]:
         cmd = super().command(a)
+        agent: dict[str, Any] = {}
         if a.node_id in MODELS:
+            agent["sim"] = {"model": MODELS[a.node_id]}
+        if a.node_id in DCGM_NAMES:
+            agent["dcgm_names"] = DCGM_NAMES[a.node_id]
+        if agent:
             config = a.faults_file.parent / "agent.yaml"
-            config.write_text(yaml.safe_dump({"agent": {"sim": {"model": MODELS[a.node_id]}}}))
+            config.write_text(yaml.safe_dump({"agent": agent}))
             cmd[cmd.index("agent") + 1 : cmd.index("agent") + 1] = ["--config", str(config)]
         return cmd
 
@@ -355,7 +365,7 @@ def faulted(fleet: SimFleet, prom: PromAPI, training: Gang) -> PromAPI:
 
 def substitute(expr: str, values: dict[str, str]) -> str:
     expr = expr.replace("$__rate_interval", "5s").replace("$__range", "1m")
-    return re.sub(r"\$(\w+)", lambda m: values[m.group(1)], expr)
+    return re.sub(r"\$([A-Za-z_]\w*)", lambda m: values[m.group(1)], expr)  # not label_replace's $1
 
 
 def as_query(title: str, expr: str) -> tuple[str, str | None]:
@@ -406,14 +416,34 @@ def test_every_exempt_panel_exists() -> None:
 
 
 def test_dcgm_exporter_dashboard_queries_work(faulted: PromAPI) -> None:
-    result = faulted.query("avg by (Hostname) (DCGM_FI_DEV_GPU_TEMP)")["data"]["result"]
-    assert {r["metric"]["Hostname"] for r in result} == {"node-0", "node-1", "node-2"}
-    result = faulted.query('DCGM_FI_DEV_XID_ERRORS{Hostname="node-1", gpu="1"}')["data"]["result"]
-    assert [float(r["value"][1]) for r in result] == [79.0]
-    result = faulted.query("DCGM_FI_DEV_FB_USED")["data"]["result"]
-    assert {r["metric"]["modelName"] for r in result} and all(
-        set(r["metric"]) >= {"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"}
-        for r in result
+    """A dcgm-exporter dashboard's queries in either naming, through `promql()`: every node
+    answers once (node-2 serves both namings), in the legacy units."""
+    temp = faulted.query(f"avg by (Hostname) ({promql('DCGM_FI_DEV_GPU_TEMP')})")
+    nodes = {r["metric"]["Hostname"] for r in temp["data"]["result"]}
+    assert nodes == {"node-0", "node-1", "node-2"}
+    xid = promql("DCGM_FI_DEV_XID_ERRORS", host='="node-1"', rest='gpu="1"')
+    assert [float(r["value"][1]) for r in faulted.query(xid)["data"]["result"]] == [79.0]
+    gpus = faulted.query(f"count by (Hostname) ({promql('DCGM_FI_DEV_FB_USED')})")["data"]
+    counts = {r["metric"]["Hostname"]: r["value"][1] for r in gpus["result"]}
+    ours = faulted.query("count by (node) (sentinel_gpu_framebuffer_used_bytes)")["data"]
+    assert counts == {r["metric"]["node"]: r["value"][1] for r in ours["result"]}  # node-1: 1 lost
+    # The units: MiB and MHz in the legacy naming, bytes and Hz in DCGM 4.7's, the same reading.
+    units = (
+        ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", "framebuffer_used_bytes", 2**20),
+        ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "sm_clock_hertz", 1e6),
+    )
+    for legacy, current, ours, per_unit in units:
+        base = f'sentinel_gpu_{ours}{{node="node-2"}}'
+        for diff in (
+            f'{base} / {per_unit} - on (gpu) {legacy}{{Hostname="node-2"}}',
+            f'{base} - on (gpu) {current}{{hostname="node-2"}}',
+        ):
+            result = faulted.query(diff)["data"]["result"]
+            assert [abs(float(r["value"][1])) < 1e-6 for r in result] == [True, True], diff
+    labelled = faulted.query('DCGM_FI_DEV_FB_USED_BYTES{hostname="node-2"}')["data"]["result"]
+    assert len(labelled) == 2 and all(
+        set(r["metric"]) >= {"gpu", "UUID", "device", "modelName", "hostname", "pci_bus_id"}
+        for r in labelled
     )
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 from system_deps import require_command
 
+from sentinel.agent.export.dcgm import BY_LEGACY
+
 ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "deploy" / "prometheus"
 
@@ -95,3 +97,13 @@ def test_the_deployment_page_lists_every_alert_the_rules_file_holds() -> None:
     )
     listed = re.findall(r"^\| `(Sentinel\w+)` \|", page, re.M)
     assert listed == [r["alert"] for r in alert_rules() if "alert" in r]
+
+
+def test_every_rule_on_a_dcgm_series_reads_both_namings() -> None:
+    """A rule that reads a dcgm-exporter series by its legacy name reads DCGM 4.7's too
+    (dcgm-exporter 4.9, or an agent with `dcgm_names: dcgm-4.7`), so it does not go silent
+    when an exporter is upgraded."""
+    for rule in alert_rules():
+        for legacy, field in BY_LEGACY.items():
+            if re.search(rf"\b{legacy}\b", rule["expr"]) and field.current != legacy:
+                assert re.search(rf"\b{field.current}\b", rule["expr"]), (rule["alert"], legacy)

@@ -186,7 +186,9 @@ class Agent:
             self.relay = CommandRelay(
                 coordinators, token, cfg.node_id, self.rank_server, fr=fr, validator=validator
             )
-        self.registry.register(AgentCollector(cfg.node_id, self.monitor, self._extra_metrics))
+        self.registry.register(
+            AgentCollector(cfg.node_id, self.monitor, self._extra_metrics, cfg.dcgm_names)
+        )
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()
         self._urgent_sweeps: set[asyncio.Task[None]] = set()

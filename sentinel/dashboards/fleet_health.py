@@ -2,11 +2,12 @@
 
 Source: the node agent's `/metrics` (`sentinel_*` with labels node/gpu). The last panels show the
 dcgm-exporter-compatible series the agent also serves, so a fleet mixing agents and dcgm-exporter
-reads the same.
+reads the same, in either naming of dcgm-exporter's (up to 4.8, or 4.9's DCGM 4.7 names).
 """
 
 from __future__ import annotations
 
+from sentinel.agent.export.dcgm import promql
 from sentinel.dashboards.panels import (
     GOOD_LOW,
     TABLE_TRANSFORM,
@@ -20,6 +21,12 @@ from sentinel.dashboards.panels import (
     table_options,
     timeseries_options,
 )
+
+
+def _dcgm(legacy: str) -> str:
+    """A dcgm-exporter series on the dashboard's node and GPU, in either naming."""
+    return promql(legacy, host='=~"$node"', rest='gpu=~"$gpu"')
+
 
 PANELS: list[Row | Panel] = [
     Row("Verdicts and recommended actions"),
@@ -351,10 +358,10 @@ PANELS: list[Row | Panel] = [
     Panel(
         "timeseries",
         "Last XID (dcgm-exporter series)",
-        "DCGM_FI_DEV_XID_ERRORS: the last XID code per GPU, as dcgm-exporter reports it. The 10 GPUs with the highest values, so a fleet of thousands stays readable.",
+        "DCGM_FI_DEV_XID_ERRORS (DCGM_FI_DEV_XID_ERROR in dcgm-exporter 4.9's naming): the last XID code per GPU, as dcgm-exporter reports it. The 10 GPUs with the highest values, so a fleet of thousands stays readable.",
         [
             Query(
-                'topk(10, max by (Hostname, gpu) (DCGM_FI_DEV_XID_ERRORS{Hostname=~"$node", gpu=~"$gpu"}))',
+                f"topk(10, max by (Hostname, gpu) ({_dcgm('DCGM_FI_DEV_XID_ERRORS')}))",
                 "{{Hostname}}/{{gpu}}",
             )
         ],
@@ -463,14 +470,14 @@ PANELS: list[Row | Panel] = [
     Panel(
         "timeseries",
         "GPU temperature by host (dcgm-exporter series)",
-        "The query a dcgm-exporter dashboard runs, answered by Sentinel's compatible series. The 10 nodes with the highest values and the fleet median, so a fleet of thousands stays readable.",
+        "The query a dcgm-exporter dashboard runs, answered by Sentinel's compatible series, in either naming of dcgm-exporter's. The 10 nodes with the highest values and the fleet median, so a fleet of thousands stays readable.",
         [
             Query(
-                'topk(10, avg by (Hostname) (DCGM_FI_DEV_GPU_TEMP{Hostname=~"$node", gpu=~"$gpu"}))',
+                f"topk(10, avg by (Hostname) ({_dcgm('DCGM_FI_DEV_GPU_TEMP')}))",
                 "{{Hostname}}",
             ),
             Query(
-                'quantile(0.5, avg by (Hostname) (DCGM_FI_DEV_GPU_TEMP{Hostname=~"$node", gpu=~"$gpu"}))',
+                f"quantile(0.5, avg by (Hostname) ({_dcgm('DCGM_FI_DEV_GPU_TEMP')}))",
                 "fleet median",
             ),
         ],
@@ -483,11 +490,11 @@ PANELS: list[Row | Panel] = [
         "DCGM_FI_DEV_POWER_USAGE summed per host. The 10 nodes with the highest values and the fleet median, so a fleet of thousands stays readable.",
         [
             Query(
-                'topk(10, sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{Hostname=~"$node", gpu=~"$gpu"}))',
+                f"topk(10, sum by (Hostname) ({_dcgm('DCGM_FI_DEV_POWER_USAGE')}))",
                 "{{Hostname}}",
             ),
             Query(
-                'quantile(0.5, sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{Hostname=~"$node", gpu=~"$gpu"}))',
+                f"quantile(0.5, sum by (Hostname) ({_dcgm('DCGM_FI_DEV_POWER_USAGE')}))",
                 "fleet median",
             ),
         ],

@@ -1,8 +1,9 @@
 """The agent's Prometheus exposition, built from the latest snapshot at scrape time.
 
 Two sets of GPU series: Sentinel's own (Prometheus naming: base units, `_total` counters) and
-dcgm-exporter-compatible ones (same names, units and labels as dcgm-exporter's defaults), so the
-dashboards and alerts operators already run keep working. A scrape never touches NVML: it renders
+dcgm-exporter-compatible ones (`dcgm.py`: the names, units and labels of dcgm-exporter's
+defaults, in its legacy naming, DCGM 4.7's, or both), so the dashboards and alerts operators
+already run keep working. A scrape never touches NVML: it renders
 what the last sweep read.
 """
 
@@ -14,13 +15,14 @@ from dataclasses import dataclass, fields
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sentinel.agent.export.dcgm import dcgm_families
 from sentinel.agent.export.node_metrics import family, input_families, node_families
 from sentinel.agent.health.rules import THROTTLE_REASONS
 from sentinel.agent.monitor import NodeMonitor, Snapshot
 from sentinel.agent.nvml.readings import GpuReading
+from sentinel.config import DcgmNaming
 from sentinel.protocol import Action, Verdict
 
-MIB = 1024 * 1024
 Getter = Callable[[GpuReading], float | int | bool | None]
 
 
@@ -147,112 +149,6 @@ LABELLED_GPU_SERIES = (
     ),
 )
 
-# dcgm-exporter's default counters: name, help, value in dcgm-exporter's unit.
-DCGM_SERIES = (
-    Series("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", _attr("temp_gpu_c")),
-    Series("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", _attr("temp_mem_c")),
-    Series("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", _attr("power_w")),
-    Series(
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "Total energy consumption since boot (in mJ).",
-        _attr("energy_mj"),
-    ),
-    Series("DCGM_FI_DEV_SM_CLOCK", "SM frequency (in MHz).", _attr("sm_clock_mhz")),
-    Series("DCGM_FI_DEV_MEM_CLOCK", "Memory frequency (in MHz).", _attr("mem_clock_mhz")),
-    Series("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", _attr("util_gpu_pct")),
-    Series("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", _attr("util_mem_pct")),
-    Series(
-        "DCGM_FI_DEV_FB_USED",
-        "Framebuffer memory used (in MiB).",
-        _scaled("fb_used_bytes", 1 / MIB),
-    ),
-    Series(
-        "DCGM_FI_DEV_FB_FREE",
-        "Framebuffer memory free (in MiB).",
-        _scaled("fb_free_bytes", 1 / MIB),
-    ),
-    Series(
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Total number of single-bit volatile ECC errors.",
-        _attr("ecc_sbe_volatile"),
-    ),
-    Series(
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Total number of double-bit volatile ECC errors.",
-        _attr("ecc_dbe_volatile"),
-    ),
-    Series(
-        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        "Total number of single-bit persistent ECC errors.",
-        _attr("ecc_sbe_aggregate"),
-    ),
-    Series(
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        "Total number of double-bit persistent ECC errors.",
-        _attr("ecc_dbe_aggregate"),
-    ),
-    Series(
-        "DCGM_FI_DEV_RETIRED_SBE",
-        "Total number of retired pages due to single-bit errors.",
-        _attr("retired_pages_sbe"),
-    ),
-    Series(
-        "DCGM_FI_DEV_RETIRED_DBE",
-        "Total number of retired pages due to double-bit errors.",
-        _attr("retired_pages_dbe"),
-    ),
-    Series(
-        "DCGM_FI_DEV_RETIRED_PENDING",
-        "Total number of pages pending retirement.",
-        _attr("retired_pages_pending"),
-    ),
-    Series(
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "Number of remapped rows for uncorrectable errors",
-        _attr("remapped_rows_uncorrectable"),
-    ),
-    Series(
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "Number of remapped rows for correctable errors",
-        _attr("remapped_rows_correctable"),
-    ),
-    Series(
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-        "Whether remapping of rows has failed",
-        _attr("remapped_rows_failure"),
-    ),
-    Series(
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "Total number of PCIe retries.",
-        _attr("pcie_replay_count"),
-    ),
-    Series(
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-        "Throttling reasons bitmask.",
-        _attr("throttle_reasons"),
-    ),
-    Series(
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        "Total number of NVLink CRC errors (summed over links).",
-        _attr("nvlink_crc_errors"),
-    ),
-    Series(
-        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        "Total number of NVLink retries.",
-        _attr("nvlink_replay_errors"),
-    ),
-    Series(
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-        "Total number of NVLink recovery errors.",
-        _attr("nvlink_recovery_errors"),
-    ),
-    Series(
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-        "Ratio of cycles the tensor (HMMA) pipe is active.",
-        _attr("tensor_active"),
-    ),
-)
-
 READING_FIELDS = tuple(
     f.name
     for f in fields(GpuReading)
@@ -268,16 +164,20 @@ class AgentCollector(Collector):
         node_id: str,
         monitor: NodeMonitor,
         extra: Callable[[], Iterator[Metric]] | None = None,
+        dcgm_names: DcgmNaming = "legacy",
     ) -> None:
         self.node_id = node_id
         self.monitor = monitor
         self.extra = extra
+        self.dcgm_names = dcgm_names
 
     def collect(self) -> Iterator[Metric]:
         snap = self.monitor.snapshot
         if snap is not None:
             yield from self._gpu_families(snap)
-            yield from self._dcgm_families(snap)
+            yield from dcgm_families(
+                self.node_id, snap.readings, self.monitor.xids.last, self.dcgm_names
+            )
             yield from self._health_families(snap)
             yield from self._host_families(snap)
         yield from self._xid_families()
@@ -343,39 +243,6 @@ class AgentCollector(Collector):
         yield throttle
         yield unavailable
         yield processes
-
-    def _dcgm_families(self, snap: Snapshot) -> Iterator[Metric]:
-        # dcgm-exporter's labels, so existing dashboards and alerts match unchanged.
-        labels = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id"]
-        rows = [
-            (
-                r,
-                [
-                    str(r.index),
-                    r.uuid or "",
-                    f"nvidia{r.index}",
-                    r.name or "",
-                    self.node_id,
-                    r.pci_bus_id or "",
-                ],
-            )
-            for r in snap.readings
-        ]
-        for s in DCGM_SERIES:
-            # Gauges even for dcgm-exporter's counters: prometheus_client would append `_total`
-            # to a counter's name, and the name is what dashboards and alerts match on.
-            fam = GaugeMetricFamily(s.name, s.help, labels=labels)
-            for r, lv in rows:
-                v = s.get(r)
-                if v is not None:
-                    fam.add_metric(lv, float(v))
-            yield fam
-        xid = GaugeMetricFamily(
-            "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=labels
-        )
-        for r, lv in rows:
-            xid.add_metric(lv, float(self.monitor.xids.last.get(r.index, 0)))
-        yield xid
 
     def _health_families(self, snap: Snapshot) -> Iterator[Metric]:
         gpu_verdict = GaugeMetricFamily(
