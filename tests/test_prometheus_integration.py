@@ -425,8 +425,8 @@ def test_dcgm_exporter_dashboard_queries_work(faulted: PromAPI) -> None:
     assert [float(r["value"][1]) for r in faulted.query(xid)["data"]["result"]] == [79.0]
     gpus = faulted.query(f"count by (Hostname) ({promql('DCGM_FI_DEV_FB_USED')})")["data"]
     counts = {r["metric"]["Hostname"]: r["value"][1] for r in gpus["result"]}
-    ours = faulted.query("count by (node) (sentinel_gpu_framebuffer_used_bytes)")["data"]
-    assert counts == {r["metric"]["node"]: r["value"][1] for r in ours["result"]}  # node-1: 1 lost
+    own = faulted.query("count by (node) (sentinel_gpu_framebuffer_used_bytes)")["data"]
+    assert counts == {r["metric"]["node"]: r["value"][1] for r in own["result"]}  # node-1: 1 lost
     # The units: MiB and MHz in the legacy naming, bytes and Hz in DCGM 4.7's, the same reading.
     units = (
         ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", "framebuffer_used_bytes", 2**20),
@@ -440,11 +440,17 @@ def test_dcgm_exporter_dashboard_queries_work(faulted: PromAPI) -> None:
         ):
             result = faulted.query(diff)["data"]["result"]
             assert [abs(float(r["value"][1])) < 1e-6 for r in result] == [True, True], diff
-    labelled = faulted.query('DCGM_FI_DEV_FB_USED_BYTES{hostname="node-2"}')["data"]["result"]
-    assert len(labelled) == 2 and all(
-        set(r["metric"]) >= {"gpu", "UUID", "device", "modelName", "hostname", "pci_bus_id"}
-        for r in labelled
-    )
+    # dcgm-exporter's labels on every series, in each naming: the node as `Hostname` in the
+    # legacy naming (node-0, node-2) and as `hostname` in 4.7's (node-1, node-2).
+    for name, host, served in (
+        ("DCGM_FI_DEV_FB_USED", "Hostname", {"node-0", "node-2"}),
+        ("DCGM_FI_DEV_FB_USED_BYTES", "hostname", {"node-1", "node-2"}),
+    ):
+        series = faulted.query(name)["data"]["result"]
+        assert {r["metric"][host] for r in series} == served, name
+        for r in series:
+            assert set(r["metric"]) >= {"gpu", "UUID", "device", "modelName", "pci_bus_id", host}
+            assert r["metric"]["modelName"], r["metric"]
 
 
 SELECTOR = re.compile(r"\b(?:sentinel_\w+|up)(?:\{[^}]*\})?")

@@ -293,3 +293,36 @@ def test_a_node_whose_processes_never_come_fails_the_start_and_starts_nothing(
         assert not (tmp_path / "steps.txt").exists()
     finally:
         warm.close()
+
+
+HOLD_CUT = """
+import socket, sys, threading, time
+from sentinel.ranks import current, rank
+keep = socket.create_server(("127.0.0.1", 0))
+current.begin(9)
+threading.Thread(target=rank.hold_cut, args=(keep, 9), daemon=True).start()
+time.sleep(0.1)
+# a connection the generation opens after the leave's first cut (a store client, a new group)
+server = socket.create_server(("127.0.0.1", 0))
+late = socket.create_connection(server.getsockname())
+late.settimeout(5.0)
+t0 = time.monotonic()
+print("cut" if late.recv(1) == b"" else "data", round(time.monotonic() - t0, 2), flush=True)
+time.sleep(rank.STACKS_AFTER_S)
+current.end()
+"""
+
+
+def test_an_at_once_leave_cuts_what_its_generation_opens_later_and_logs_where_it_waits() -> None:
+    """A rank that was connecting when the at-once leave's cut came (its rendezvous store, a
+    new process group's links) is cut again until its generation ends, and one still running
+    after a second writes its stacks to its log: a rank the supervisor kills says where it
+    was. In a process of its own: the cut reaches every TCP connection of the process."""
+    done = subprocess.run(
+        [sys.executable, "-c", HOLD_CUT], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    verdict, seconds = done.stdout.split()[:2]
+    assert verdict == "cut" and float(seconds) < 1.0, done.stdout
+    assert "generation 9 still running 1 s after an at-once leave" in done.stderr
+    assert 'File "<string>"' in done.stderr  # the main thread's frames, where it waits

@@ -16,6 +16,7 @@ trust again is killed by its node host and replaced with a new fork.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import importlib
 import os
@@ -23,6 +24,7 @@ import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -128,8 +130,36 @@ def run_generation(run: wire.Run, base_env: dict[str, str], pool: socket.socket)
         sys.stderr.flush()
     left = current.leave_requested()
     current.end()
-    gc.collect()  # the generation's model, optimizer and process groups, before the next
     return wire.Ended(generation=run.generation, code=code, left=left, error=error, peer_lost=lost)
+
+
+# After an at-once leave: how often the generation's connections are cut again while it still
+# runs, and when its stacks go to its log if it has not ended (the supervisor kills a rank that
+# has not left within `supervisor.leave_grace_s`, 2 s by default).
+RECUT_EVERY_S = 0.2
+STACKS_AFTER_S = 1.0
+
+
+def hold_cut(keep: socket.socket, generation: int) -> None:
+    """Until `generation` ends, cut the connections it opens after an at-once leave: a rank
+    that was connecting (its rendezvous store, a new process group's links) when the first
+    cut came would otherwise wait on a dead peer until a timeout of minutes. A generation
+    still running after STACKS_AFTER_S writes every thread's stack to its log, so a rank the
+    supervisor has to kill leaves the evidence of where it was."""
+    began = time.monotonic()
+    dumped = False
+    while current.generation() == generation:
+        time.sleep(RECUT_EVERY_S)
+        if current.generation() != generation:
+            return
+        cut_connections(keep)
+        if not dumped and time.monotonic() - began >= STACKS_AFTER_S:
+            dumped = True
+            said = (
+                f"generation {generation} still running {STACKS_AFTER_S:g} s after an at-once leave"
+            )
+            print(f"rank process: {said}; its stacks:", file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 class _Inbox:
@@ -153,6 +183,12 @@ class _Inbox:
                         current.request_leave(message.generation)
                         if message.at_once and current.generation() == message.generation:
                             cut_connections(self.sock)
+                            threading.Thread(
+                                target=hold_cut,
+                                args=(self.sock, message.generation),
+                                name="sentinel-rank-cut",
+                                daemon=True,
+                            ).start()
                     elif isinstance(message, wire.Exit):
                         self.runs.put(None)
                         return
@@ -194,4 +230,7 @@ def serve(
     while (run := inbox.runs.get()) is not None:
         ended = run_generation(run, base_env, sock)
         sock.sendall(wire.encode(ended))
+        # The generation's model, optimizer and process groups, before the next; after the
+        # report, so that a rank leaving a broken generation is not held up by a collection.
+        gc.collect()
     return 0

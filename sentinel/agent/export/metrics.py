@@ -3,8 +3,7 @@
 Two sets of GPU series: Sentinel's own (Prometheus naming: base units, `_total` counters) and
 dcgm-exporter-compatible ones (`dcgm.py`: the names, units and labels of dcgm-exporter's
 defaults, in its legacy naming, DCGM 4.7's, or both), so the dashboards and alerts operators
-already run keep working. A scrape never touches NVML: it renders
-what the last sweep read.
+already run keep working. A scrape never touches NVML: it renders what the last sweep read.
 """
 
 from __future__ import annotations
