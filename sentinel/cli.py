@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "sentinel.commands.burnin_cmd",
     "sentinel.commands.demo_cmd",
     "sentinel.commands.status_cmd",
+    "sentinel.commands.fleet_cmd",
     "sentinel.commands.stacks_cmd",
     "sentinel.commands.incident_cmd",
     "sentinel.commands.rules_cmd",

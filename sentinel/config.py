@@ -139,6 +139,9 @@ class SimConfig(StrictModel):
 
 
 DcgmNaming = Literal["legacy", "dcgm-4.7", "both"]
+# A configuration fingerprint field, or an fnmatch pattern of them (sentinel/fingerprint.py).
+DRIFT_PATTERN = r"^[A-Za-z0-9_.:*?\[\]-]{1,128}$"
+DriftPattern = Annotated[str, Field(pattern=DRIFT_PATTERN)]
 
 
 class AgentConfig(StrictModel):
@@ -270,6 +273,9 @@ class CoordinatorConfig(StrictModel):
     # Events no incident holds are deleted this long after they arrived (a week). A replay
     # older than this is stored again, and no trigger window may be longer.
     event_retention_s: float = Field(default=7 * 86400.0, gt=0)
+    # Fingerprint fields allowed to differ between nodes (`sentinel fleet drift`): fnmatch
+    # patterns such as "env.NCCL_DEBUG" or "gpu.*.inforom".
+    drift_allowed: list[DriftPattern] = Field(default_factory=list, max_length=256)
     step_timeout_s: float = Field(default=600.0, gt=0)
     # An outside effect (a drain through scontrol or the Kubernetes API, a notification) that
     # has not answered in this long is recorded as failed (a drain's or a return's step

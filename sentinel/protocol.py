@@ -134,6 +134,22 @@ class AgentHeartbeatPayload(_Strict):
     spooled_events: int = Field(default=0, ge=0)
 
 
+# A fingerprint's bounds: field names like `gpu.0.vbios` or `env.NCCL_IB_HCA`.
+FINGERPRINT_FIELD = r"^[A-Za-z0-9_.:-]{1,128}$"
+MAX_FINGERPRINT_FIELDS = 512
+MAX_FINGERPRINT_VALUE = 256
+FingerprintField = Annotated[str, Field(pattern=FINGERPRINT_FIELD)]
+
+
+class AgentFingerprintPayload(_Strict):
+    """The node's configuration fingerprint (`sentinel.fingerprint`), sent when the agent starts,
+    when it changes, and every `agent.fingerprint_every_s` (so that it outlives retention)."""
+
+    fields: dict[FingerprintField, Annotated[str, Field(max_length=MAX_FINGERPRINT_VALUE)]] = Field(
+        max_length=MAX_FINGERPRINT_FIELDS
+    )
+
+
 # Training-rank and job events (trainer hooks, job supervisor): what a playbook needs to
 # decide, plus optional fields an operator can read.
 
@@ -356,6 +372,7 @@ class FrAnalysisPayload(_Strict):
 class EventKind(StrEnum):
     NODE_HEALTH = "node.health"
     AGENT_HEARTBEAT = "agent.heartbeat"
+    AGENT_FINGERPRINT = "agent.fingerprint"
     RANK_ANOMALY = "rank.anomaly"
     RANK_HANG = "rank.hang"
     RANK_SDC = "rank.sdc"
@@ -425,6 +442,11 @@ class NodeHealthEvent(EventBase):
 class AgentHeartbeatEvent(EventBase):
     kind: Literal[EventKind.AGENT_HEARTBEAT] = EventKind.AGENT_HEARTBEAT
     payload: AgentHeartbeatPayload
+
+
+class AgentFingerprintEvent(EventBase):
+    kind: Literal[EventKind.AGENT_FINGERPRINT] = EventKind.AGENT_FINGERPRINT
+    payload: AgentFingerprintPayload
 
 
 class RankAnomalyEvent(EventBase):
@@ -497,6 +519,7 @@ class NodeValidationEvent(EventBase):
 Event = Annotated[
     NodeHealthEvent
     | AgentHeartbeatEvent
+    | AgentFingerprintEvent
     | RankAnomalyEvent
     | RankHangEvent
     | RankSdcEvent

@@ -91,6 +91,18 @@ class LinkDegradedFault(_Fault):
     factor: float = Field(gt=0, lt=1)
 
 
+class ConfigDriftFault(_Fault):
+    """A node whose ranks are given another collective environment than the fleet's (a site
+    script that set NCCL_IB_HCA on one node): the burn-in's fingerprint names it before it
+    measures anything."""
+
+    kind: Literal["config_drift"]
+    node: NodeName
+    env: dict[Annotated[str, Field(pattern=r"^(NCCL|FI)_[A-Z0-9_]+$")], str] = Field(
+        min_length=1, max_length=16
+    )
+
+
 Fault = Annotated[
     EccDbeFault
     | XidFault
@@ -100,11 +112,13 @@ Fault = Annotated[
     | StragglerFault
     | HangFault
     | CrashFault
-    | LinkDegradedFault,
+    | LinkDegradedFault
+    | ConfigDriftFault,
     Field(discriminator="kind"),
 ]
 
 NODE_FAULTS = (EccDbeFault, XidFault, ThermalFault)
+PRELAUNCH_FAULTS = (LinkDegradedFault, ConfigDriftFault)  # the burn-in keeps their nodes out
 RANK_FAULTS = (SdcFault, StragglerFault, HangFault, CrashFault)
 
 

@@ -55,6 +55,7 @@ READS: dict[str, str] = (
         "dashboards push --dir": f"dashboards push --url {COORD} --dir {{}}",
         "status --token-file": f"status --coordinator {COORD} --token-file {{}}",
         "stacks --token-file": f"stacks j1 --coordinator {COORD} --token-file {{}}",
+        "fleet drift --token-file": f"fleet drift --coordinator {COORD} --token-file {{}}",
     }
     | {
         f"incident {verb} --token-file": f"incident {verb} 1 {extra} --coordinator {COORD} --token-file {{}}"

@@ -107,6 +107,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
     assert [f.kind for f in short.faults] == [f.kind for f in default.faults]
     assert steps == {
         "default": 86,
+        "config_drift": 20,
         "corrupt_batch": 40,
         "crash": 35,
         "ecc_dbe": 35,

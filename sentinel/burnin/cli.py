@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from sentinel.burnin.settings import (
     quick_settings,
 )
 from sentinel.commands.jsonout import check_json_target, emit_json, json_to_stdout
+from sentinel.config import DRIFT_PATTERN
 from sentinel.exitcodes import ExitCode, InputError
 from sentinel.scenario import load_scenario, resolve_scenario_path
 
@@ -56,6 +58,10 @@ def settings_from_args(args: argparse.Namespace) -> BurninSettings:
         if not 0 < args.straggler_threshold < 10:
             raise InputError("--straggler-threshold must be a positive fraction, e.g. 0.03")
         th["straggler_slowdown"] = args.straggler_threshold
+    for pattern in args.allow_drift:
+        if not re.match(DRIFT_PATTERN, pattern):
+            raise InputError(f"--allow-drift {pattern!r}: want a field name or an fnmatch pattern")
+    overrides["allow_drift"] = tuple(args.allow_drift)
     if args.scenario:
         load_scenario(args.scenario)  # bad scenarios fail here, before any rank starts
         overrides["scenario"] = str(resolve_scenario_path(args.scenario).resolve())

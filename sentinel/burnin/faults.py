@@ -11,6 +11,8 @@ A scenario's pre-job faults become per-rank behaviour behind the `Comm` and `Com
   in a random element.
 - node faults on a GPU: `thermal` throttles it (slower arithmetic above 85 C); `ecc_dbe` and
   `xid` make its arithmetic raise, as a CUDA error would.
+- `config_drift` (node, env): the node's ranks run with those NCCL_* / FI_* variables set in
+  their environment, as a site script on one node would leave them (`drift_env`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from sentinel.burnin.comm import Comm, Compute
 from sentinel.exitcodes import InputError
 from sentinel.scenario import (
+    ConfigDriftFault,
     EccDbeFault,
     LinkDegradedFault,
     SdcFault,
@@ -73,6 +76,15 @@ def faults_for_rank(scenario_path: str, rank: int, node: str, gpu: int) -> RankF
         elif isinstance(f, XidFault) and (f.node, f.gpu) == (node, gpu):
             err = f"device reported Xid {f.xid}"
     return RankFaults(link_factor=link, slowdown=slow, sdc=sdc, device_error=err)
+
+
+def drift_env(scenario_path: str, node: str) -> dict[str, str]:
+    """The environment a `config_drift` fault gives `node`'s ranks (empty: none)."""
+    env: dict[str, str] = {}
+    for f in load_scenario(scenario_path).faults:
+        if isinstance(f, ConfigDriftFault) and f.node == node:
+            env.update(f.env)
+    return env
 
 
 def _sim_faults(faults_file: Path) -> list[SimFault]:

@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 from sentinel.burnin import collectives, links, sdc, stragglers
 from sentinel.burnin.comm import Comm, Compute
-from sentinel.burnin.faults import faults_for_rank, inject
+from sentinel.burnin.faults import drift_env, faults_for_rank, inject
 from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, load_baseline
 from sentinel.burnin.settings import BurninSettings
+from sentinel.fingerprint import drift, runtime_fields
 from sentinel.stats import median, variance
 
 RETEST_TRIALS = 3  # a flagged node's links get this many times the trials in a second pass
@@ -37,6 +38,8 @@ def node_name() -> str:
 
 
 def _setup(settings: BurninSettings) -> tuple[Comm, Compute]:
+    if settings.scenario:  # before the process group: NCCL reads its environment there
+        os.environ.update(drift_env(settings.scenario, node_name()))
     use_cuda = settings.backend == "nccl" or (
         settings.backend == "auto" and torch.cuda.is_available()
     )
@@ -57,6 +60,27 @@ def _setup(settings: BurninSettings) -> tuple[Comm, Compute]:
             comm, compute, faults_for_rank(settings.scenario, rank, comm.node, local)
         )
     return comm, compute
+
+
+def _drift(comm: Comm, s: BurninSettings, f: Findings) -> dict[str, Any]:
+    """Before anything is measured: every node's fingerprint as its ranks see it (the Python,
+    torch and NCCL they run, their NCCL_* / FI_* environment, the kernel), and the nodes off
+    the fleet's majority named with what differs (sentinel/fingerprint.py). Each node's first
+    rank speaks for it; a rank whose own differs from its node's first is named too."""
+    prints: list[Any] = [None] * comm.world
+    dist.all_gather_object(prints, runtime_fields())
+    first: dict[str, dict[str, str]] = {}
+    for rank, fields in enumerate(prints):
+        node = comm.node_of[rank]
+        mine = first.setdefault(node, fields)
+        odd = sorted(k for k in mine.keys() | fields.keys() if mine.get(k) != fields.get(k))
+        if odd:
+            f.blame_rank(rank, f"its environment differs from its node's first rank in {odd}")
+    found = drift(first, s.allow_drift)
+    for d in found:
+        f.blame_node(d.node, d.reason())
+    drifted = [{"node": d.node, "reason": d.reason()} for d in found]
+    return {"drift": {"nodes": len(first), "allowed": list(s.allow_drift), "drifted": drifted}}
 
 
 def _collectives(
@@ -285,6 +309,8 @@ def run_rank(settings: BurninSettings) -> dict[str, Any] | None:
     findings = Findings(list(comm.node_of))
     sections: dict[str, Any] = {"phases": list(settings.phases)}
     try:
+        if "drift" in settings.phases:
+            sections.update(_drift(comm, settings, findings))
         if "collectives" in settings.phases:
             sections.update(_collectives(comm, settings, findings, base))
         if "links" in settings.phases:

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from sentinel.exitcodes import InputError
 
-PHASES = ("collectives", "links", "stragglers", "sdc")
+PHASES = ("drift", "collectives", "links", "stragglers", "sdc")
 LINK_SEARCHES = ("auto", "circle", "bisection", "both")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -62,6 +62,7 @@ class BurninSettings:
     seed: int = 1234
     backend: str = "auto"
     scenario: str | None = None  # simulated fleets only: faults to inject before measuring
+    allow_drift: tuple[str, ...] = ()  # fingerprint fields allowed to differ between nodes
     result_path: str | None = None  # rank 0 writes the report here
     baseline_path: str | None = None  # judge against a saved healthy fleet
     progress: bool = True
@@ -81,6 +82,7 @@ class BurninSettings:
     def from_json(cls, text: str) -> BurninSettings:
         doc = json.loads(text)
         doc["phases"] = tuple(doc["phases"])
+        doc["allow_drift"] = tuple(doc["allow_drift"])
         doc["thresholds"] = Thresholds(**doc["thresholds"])
         return cls(**doc)
 

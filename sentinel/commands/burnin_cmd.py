@@ -59,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     run.add_argument("--link-tolerance", type=float, help="link drop vs the other nodes (0.40)")
     run.add_argument("--straggler-threshold", type=float, help="slowdown that flags (0.04)")
+    run.add_argument(
+        "--allow-drift",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="a fingerprint field allowed to differ between nodes (repeatable; fnmatch "
+        "patterns: 'env.NCCL_DEBUG*')",
+    )
     out = p.add_argument_group("output")
     add_json_option(out, "the report")
     out.add_argument("--exclude-out", type=Path, metavar="FILE", help="write failed node names")

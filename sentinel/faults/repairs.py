@@ -86,6 +86,8 @@ KIND_FAULTS: dict[str, frozenset[str]] = {
     "crash": frozenset({"rank_crash", "rank_crash_repeat"}),
     # burn-in keeps a degraded link out of the job; one that degrades in a run slows its node
     "link_degraded": frozenset({"straggler"}),
+    # burn-in keeps a drifted node out; no incident explains it during a run
+    "config_drift": frozenset(),
 }
 
 

@@ -3,6 +3,7 @@ audit log, as JSON made from the store's typed rows (read in the store thread)."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from pydantic_core import to_jsonable_python
 from sentinel.coordinator.core.states import IncidentState
 from sentinel.coordinator.http.common import Refusal, query, service
 from sentinel.coordinator.store.sql import SqlStore
+from sentinel.fingerprint import drift
 
 INCIDENT_EVENTS = 1000  # events an incident's page lists at most
 MAX_ROWS = 10_000
@@ -31,6 +33,17 @@ class IncidentListing(Listing):
     state: IncidentState | None = Field(default=None, description="only incidents in this state")
 
 
+class DriftQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    allow: str = Field(
+        default="",
+        max_length=8192,
+        pattern=r"^[A-Za-z0-9_.:*?,\[\]-]*$",  # DRIFT_PATTERN's characters, and commas
+        description="fields allowed to differ, besides coordinator.drift_allowed: "
+        "comma-separated fnmatch patterns (env.NCCL_DEBUG,gpu.*.inforom)",
+    )
+
+
 def as_json(value: Any) -> Any:
     """Rows (dataclasses, models, enums) as the plain JSON values the API answers with."""
     return to_jsonable_python(value)
@@ -38,6 +51,30 @@ def as_json(value: Any) -> Any:
 
 def nodes(store: SqlStore, q: NodeListing) -> Any:
     return as_json(store.nodes(q.limit))
+
+
+def fleet_drift(store: SqlStore, allowed: list[str]) -> dict[str, Any]:
+    """The nodes whose latest fingerprint differs from the fleet's majority, and how; with the
+    seconds the judgement took, reading included."""
+    t0 = time.perf_counter()
+    prints = store.fingerprints()
+    found = drift(prints, allowed)
+    return {
+        "nodes": len(prints),
+        "allowed": allowed,
+        "drifted": [
+            {"node": d.node, "reason": d.reason(), "differences": as_json(d.differences)}
+            for d in found
+        ],
+        "seconds": round(time.perf_counter() - t0, 6),
+    }
+
+
+async def get_drift(request: web.Request) -> web.Response:
+    svc = service(request)
+    asked = [p for p in query(request, DriftQuery).allow.split(",") if p]
+    allowed = sorted({*svc.cfg.drift_allowed, *asked})
+    return web.json_response(await svc.db(fleet_drift, svc.store, allowed))
 
 
 def jobs(store: SqlStore, q: Listing) -> Any:

@@ -3,6 +3,7 @@ incident and run; and the flight-recorder dumps nodes upload."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 
 from sqlalchemy import delete, func, select
@@ -43,6 +44,14 @@ class ReportsRepo(IncidentsRepo):
     def nodes(self, limit: int) -> list[NodeRow]:
         listed = select(*[nodes.c[n] for n in columns(NodeRow)]).order_by(nodes.c.name)
         return self._rows(NodeRow, listed.limit(limit))
+
+    def fingerprints(self) -> dict[str, dict[str, str]]:
+        """Each node's latest configuration fingerprint (`agent.fingerprint` events; an agent
+        sends its own again before retention would prune it)."""
+        kind = events.c.kind == "agent.fingerprint"
+        latest = select(func.max(events.c.seq)).where(kind).group_by(events.c.node)
+        read = select(events.c.node, events.c.payload).where(events.c.seq.in_(latest))
+        return {str(node): json.loads(payload)["fields"] for node, payload in self._x(read)}
 
     def incidents(self, limit: int, state: str | None = None) -> list[IncidentRow]:
         listed = select(*INCIDENT).order_by(incidents.c.id).limit(limit)

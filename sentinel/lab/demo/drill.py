@@ -120,6 +120,8 @@ def run_drill(
     full = scenario
     if scenario.returns is not None and fleet != "local":
         raise InputError("a scenario with returns (validation before return) runs on --fleet local")
+    if any(f.kind == "config_drift" for f in scenario.faults) and fleet != "local":
+        raise InputError("a scenario with config_drift runs on --fleet local")
     if shorten:
         scenario = quick(scenario)
     out.mkdir(parents=True, exist_ok=True)

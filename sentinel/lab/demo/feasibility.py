@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sentinel.coordinator.core.playbooks import Playbook
-from sentinel.scenario import Scenario
+from sentinel.scenario import PRELAUNCH_FAULTS, Scenario
 
 # The incident class the first occurrence of each fault kind opens (result.EXPLAINS lists every
 # class that may explain it; a repeat or a milder reading can open another).
@@ -40,8 +40,8 @@ def repair_warnings(scenario: Scenario, playbooks: Iterable[Playbook]) -> list[s
     evicting = evicting_classes(playbooks)
     needs: list[str] = []
     for fault in scenario.faults:
-        if fault.kind == "link_degraded":
-            needs.append(f"link_degraded on {fault.node} (burn-in keeps it out)")
+        if isinstance(fault, PRELAUNCH_FAULTS):
+            needs.append(f"{fault.kind} on {fault.node} (burn-in keeps it out)")
         elif FIRST_RESPONSE.get(fault.kind) in evicting:
             where = getattr(fault, "node", None) or f"rank-{getattr(fault, 'rank', '?')}"
             needs.append(f"{fault.kind} on {where} (its playbook evicts the node)")

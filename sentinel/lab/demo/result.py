@@ -24,7 +24,13 @@ from typing import Any
 
 from sentinel.coordinator.core.stages import MILESTONES, segments
 from sentinel.faults.repairs import KIND_FAULTS
-from sentinel.scenario import NODE_FAULTS, RANK_FAULTS, CorruptBatchFault, Scenario
+from sentinel.scenario import (
+    NODE_FAULTS,
+    PRELAUNCH_FAULTS,
+    RANK_FAULTS,
+    CorruptBatchFault,
+    Scenario,
+)
 
 NODE_PREFIXES = ("node-", "spare-")
 # Strike times come from file mtimes and metrics lines; allow for their granularity.
@@ -346,7 +352,7 @@ def build_result(ev: Evidence) -> dict[str, Any]:
     faults = []
     for index, fault in enumerate(ev.scenario.faults):
         strike = ev.strikes.get(index)
-        if fault.kind == "link_degraded":
+        if isinstance(fault, PRELAUNCH_FAULTS):
             faults.append(_burnin_fault(fault, ev))
             continue
         mine = [i for i in incidents if attributed(fault, strike, i, ev.t0)]

@@ -36,10 +36,19 @@ from sentinel.lab.sim.inject import (
     StepLine,
 )
 from sentinel.protocol import Recovery
-from sentinel.scenario import RANK_FAULTS, CorruptBatchFault, Scenario
+from sentinel.scenario import (
+    PRELAUNCH_FAULTS,
+    RANK_FAULTS,
+    CorruptBatchFault,
+    LinkDegradedFault,
+    Scenario,
+)
 
 JOB = "demo"
 # A tiny model: about 0.3 s per step for 8 ranks on 2 CPU cores.
+# The pre-launch burn-in's phases: the configuration first, then the links.
+BURNIN_PHASES = "drift,links"
+
 MODEL_FLAGS = [
     "--layers",
     "2",
@@ -261,22 +270,28 @@ class Demo:
     # --- phases --------------------------------------------------------------------------------
 
     def burnin(self) -> Path | None:
-        """Burn-in of the fleet with the scenario's link faults; returns the exclude file."""
-        links = [f for f in self.scenario.faults if f.kind == "link_degraded"]
-        if not links:
+        """Burn-in of the fleet with the scenario's pre-launch faults (a degraded link, a
+        drifted configuration); returns the exclude file."""
+        before = [f for f in self.scenario.faults if isinstance(f, PRELAUNCH_FAULTS)]
+        if not before:
             return None
         spec = self.out / "burnin-scenario.yaml"
         doc = self.scenario.model_dump(mode="json", include={"fleet", "trainer"})
-        spec.write_text(yaml.safe_dump({**doc, "faults": [f.model_dump() for f in links]}))
+        spec.write_text(yaml.safe_dump({**doc, "faults": [f.model_dump() for f in before]}))
         exclude, report = self.out / "exclude.txt", self.out / "burnin.json"
         fleet = self.scenario.fleet
-        self.note("burnin", None, f"burn-in of {fleet.nodes} nodes (links) before launch")
+        self.note("burnin", None, f"burn-in of {fleet.nodes} nodes ({BURNIN_PHASES}) before launch")
         for index, f in enumerate(self.scenario.faults):
-            if f.kind == "link_degraded":  # on the timeline like every fault, as it strikes
+            if isinstance(f, PRELAUNCH_FAULTS):  # on the timeline like every fault, as it strikes
+                how = (
+                    f"bandwidth x{f.factor}"
+                    if isinstance(f, LinkDegradedFault)
+                    else ", ".join(f"{k}={v}" for k, v in f.env.items())
+                )
                 self.note(
                     "fault",
                     f.node,
-                    f"injected link_degraded on {f.node} (bandwidth x{f.factor}) before launch",
+                    f"injected {f.kind} on {f.node} ({how}) before launch",
                     ref=f"fault:{index}",
                 )
         started = time.time() - self.rec.t0
@@ -312,7 +327,7 @@ class Demo:
             str(spec),
             "--quick",
             "--phases",
-            "links",
+            BURNIN_PHASES,
             *outputs,
         ], None
 

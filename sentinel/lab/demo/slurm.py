@@ -21,7 +21,7 @@ from typing import Any
 
 from sentinel.lab.demo.observe import Observer
 from sentinel.lab.demo.procs import SENTINEL, CoordinatorProcess
-from sentinel.lab.demo.run import AGENT_INTERVAL_S, Demo
+from sentinel.lab.demo.run import AGENT_INTERVAL_S, BURNIN_PHASES, Demo
 from sentinel.lab.sim.cluster import ClusterFleet, node_fr_dir
 from sentinel.lab.sim.fleet import SimFleet
 from sentinel.lab.slurm.cluster import NodeState, SlurmCluster
@@ -127,7 +127,7 @@ class SlurmDemo(Demo):
             "burnin",
             "--quick",
             "--phases",
-            "links",
+            BURNIN_PHASES,
             *outputs,
         ]
         env = {

@@ -46,6 +46,7 @@ DEMO_KIND_CLASS: dict[str, FaultClass | None] = {
     "hang": FaultClass.HANG,
     "sdc": FaultClass.SDC,
     "link_degraded": FaultClass.LINK,
+    "config_drift": None,  # kept out by the burn-in before launch
     "straggler": None,
     "corrupt_batch": None,
 }
