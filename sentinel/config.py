@@ -186,6 +186,26 @@ class AgentConfig(StrictModel):
     # MiB, mJ, a `Hostname` label), "dcgm-4.7" (dcgm-exporter 4.9: DCGM's canonical names in
     # base units, a `hostname` label) or "both" while dashboards move over.
     dcgm_names: DcgmNaming = "legacy"
+    # The node's configuration fingerprint (docs/agent.md) is sent at start, when it changes
+    # and this often: keep it well under the coordinator's `event_retention_s` (a week), which
+    # prunes a node's last one otherwise.
+    fingerprint_every_s: float = Field(default=3600.0, gt=0)
+    # The interpreter the node's ranks run: the agent runs `JOB_PYTHON -m sentinel.fingerprint`
+    # (no shell, 30 s at most) for their Python, torch and NCCL versions. None: no probe, the
+    # fingerprint's runtime is the kernel alone.
+    job_python: str | None = Field(default=None, min_length=1)
+    # The environment the site gives its ranks (KEY=VALUE lines, as systemd's EnvironmentFile=),
+    # added to the probe's so that its NCCL_* and FI_* fields are the ranks'. Its values are
+    # never logged.
+    job_env_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _env_file_needs_the_probe(self) -> AgentConfig:
+        if self.job_env_file is not None and self.job_python is None:
+            raise ValueError(
+                "job_env_file is read by the job's interpreter (job_python): set job_python too"
+            )
+        return self
 
     @model_validator(mode="after")
     def _costly_reads_fit_the_rate_window(self) -> AgentConfig:

@@ -35,6 +35,7 @@ from sentinel.agent.export.pipeline_metrics import (
     rank_socket_families,
 )
 from sentinel.agent.export.rank_metrics import RankMetrics
+from sentinel.agent.fingerprint import FingerprintReporter
 from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.health.kmsg import RULES as KMSG_RULES
 from sentinel.agent.health.kmsg import KernelLog, watched_devices
@@ -191,6 +192,20 @@ class Agent:
         )
         self.stopped = asyncio.Event()
         self._sweeper = SweepThread()
+        # The node's configuration, for the coordinator's drift judgement: with no coordinator
+        # there is no one to tell (and no reason to run the job's interpreter every hour).
+        self.fingerprints = (
+            FingerprintReporter(
+                self.monitor.source,
+                self._nvml_fingerprint,
+                self.emit,
+                every_s=cfg.fingerprint_every_s,
+                job_python=cfg.job_python,
+                job_env_file=cfg.job_env_file,
+            )
+            if self.deliverer is not None
+            else None
+        )
         self._urgent_sweeps: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -227,6 +242,8 @@ class Agent:
             self._tasks.append(asyncio.create_task(self.deliverer.run(), name="deliver"))
         if self.relay is not None:
             self._tasks.append(asyncio.create_task(self.relay.run(), name="commands"))
+        if self.fingerprints is not None:  # NVML is up: the first sweep is in (or wedged)
+            self._tasks.append(asyncio.create_task(self.fingerprints.run(), name="fingerprint"))
         self.notifier.ready(f"watching {self.backend.gpu_count()} GPUs")
         log.info(
             "agent ready",
@@ -291,6 +308,8 @@ class Agent:
             self.evaluator.thresholds = cfg.thresholds
             self.monitor.host_interval_s = cfg.host_interval_s
             log.info("config reloaded", extra={"interval_s": cfg.interval_s})
+        if self.fingerprints is not None:  # an edited job_env_file is reported at once
+            self.fingerprints.wake()
         self.notifier.ready()
 
     # --- work -----------------------------------------------------------------------------
@@ -307,6 +326,10 @@ class Agent:
         self.sources.mark(NVML, None)
         self.metrics.collection_seconds.observe(snapshot.sweep_s)
         self.emit(events)
+
+    async def _nvml_fingerprint(self) -> dict[str, str]:
+        # On the sweep thread like every NVML call: between sweeps, under the call deadline.
+        return await self._sweeper.submit(self.backend.fingerprint)
 
     def emit(self, events: list[Event]) -> None:
         for e in events:

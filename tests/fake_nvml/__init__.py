@@ -6,7 +6,8 @@ variable once, at process start, so the backend runs in a child process (`driver
 with it set — `BackendProcess` below — and answers sweeps as JSON lines.
 
 `FakeGpu` is what the library serves; `expected_reading()` is what the agent must make of it,
-computed from the served values on their own (units converted, NVLink summed over active links).
+computed from the served values on their own (units converted, NVLink summed over active links),
+and `expected_fingerprint()` the node's configuration fingerprint the backend must report.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
 
 H100_FB_TOTAL = 85_520_809_984  # 81559 MiB, what NVML reports for an H100 80GB HBM3
+DRIVER_VERSION = "570.124.06"
+CUDA_DRIVER_VERSION = 12080  # nvmlSystemGetCudaDriverVersion_v2: 1000 * major + 10 * minor
 
 
 def build_library(dest_dir: Path, *, old_driver: bool = False) -> Path:
@@ -64,6 +67,11 @@ class FakeGpu:
     uuid: str = ""
     name: str = "NVIDIA H100 80GB HBM3"
     pci_bus_id: str = ""
+    vbios: str = "96.00.A5.00.01"
+    inforom: str = "G525.0225.00.03"  # the InfoROM image version
+    persistence_mode: int = 1  # nvmlEnableState_t: 1 enabled
+    ecc_mode: int = 1
+    ecc_mode_pending: int = 1  # after the next reset: differs from ecc_mode while a change waits
     temp_gpu: int = 41
     temp_mem: int = 48
     power_mw: int = 312_456
@@ -116,6 +124,8 @@ class FakeGpu:
 
         lines = [f"[gpu {self.index}]", f"uuid = {self.uuid}", f"name = {self.name}"]
         lines.append(f"pci_bus_id = {self.pci_bus_id}")
+        lines.append(f"vbios = {self.vbios}")
+        lines.append(f"inforom = {self.inforom}")
         for key in _NUMBER_KEYS:
             lines.append(f"{key} = {getattr(self, key)}")
         lines.append(f"fb_free = {self.fb_free}")
@@ -160,6 +170,9 @@ _NUMBER_KEYS = [
     "pcie_replay",
     "recovery_action",
     "no_dbe_events",
+    "persistence_mode",
+    "ecc_mode",
+    "ecc_mode_pending",
 ]
 
 
@@ -169,14 +182,23 @@ def write_config(
     xids: Sequence[tuple[int, int]] = (),
     init_error: int = 0,
     hang: str = "",
+    *,
+    driver_version: str = DRIVER_VERSION,
+    cuda_driver_version: int = CUDA_DRIVER_VERSION,
+    system_errors: Mapping[str, int] | None = None,
 ) -> None:
     """Write the config atomically (a new inode each time), so the library sees every change.
 
-    `hang` names an NVML C function (or `*` for all) that blocks until a later config drops it.
+    `hang` names an NVML C function (or `*` for all) that blocks until a later config drops it;
+    `system_errors` makes a system-wide call fail (`driver_version`, `cuda_driver_version`: an
+    NVML code).
     """
     text = [f"init_error = {init_error}\n"]
     if hang:
         text.append(f"hang = {hang}\n")
+    text.append(f"driver_version = {driver_version}\n")
+    text.append(f"cuda_driver_version = {cuda_driver_version}\n")
+    text.extend(f"error.{key} = {code}\n" for key, code in sorted((system_errors or {}).items()))
     text.extend(f"xid = {gpu} {code}\n" for gpu, code in xids)
     text.extend(gpu.render() for gpu in gpus)
     tmp = path.with_name(path.name + ".tmp")
@@ -233,6 +255,33 @@ def expected_reading(gpu: FakeGpu, *, tensor_active: bool = True) -> dict[str, A
         "reset_required": reset,
         "processes": [{"pid": pid, "used_memory_bytes": mem} for pid, mem in gpu.processes],
     }
+
+
+def expected_fingerprint(
+    gpus: Sequence[FakeGpu],
+    driver_version: str = DRIVER_VERSION,
+    cuda_driver_version: int = CUDA_DRIVER_VERSION,
+) -> dict[str, str]:
+    """The NVML fingerprint fields the backend must report for what the library serves, every
+    call answering (a test drops the fields it makes fail)."""
+
+    def mode(value: int) -> str:
+        return "on" if value else "off"
+
+    major, minor = divmod(cuda_driver_version, 1000)
+    fields = {"driver": driver_version, "cuda_driver": f"{major}.{minor // 10}"}
+    for gpu in gpus:
+        at = f"gpu.{gpu.index}."
+        fields |= {
+            at + "name": gpu.name,
+            at + "vbios": gpu.vbios,
+            at + "inforom": gpu.inforom,
+            at + "persistence": mode(gpu.persistence_mode),
+            at + "ecc": mode(gpu.ecc_mode),
+        }
+        if mode(gpu.ecc_mode_pending) != mode(gpu.ecc_mode):
+            fields[at + "ecc_pending"] = mode(gpu.ecc_mode_pending)
+    return fields
 
 
 def fake_env(lib_dir: Path, config: Path) -> dict[str, str]:

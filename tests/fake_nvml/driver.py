@@ -1,10 +1,10 @@
 """Run NvmlBackend in this process and answer one JSON line per command read from stdin.
 
-Commands: `sweep` (readings), `xids` (drained XID events and how long draining took),
-`errors` (the backend's failed-read counters and unsupported fields), `calls` (how many times
-the backend called each NVML function, by the name its deadline watch gives the call), `pynvml`
-(the file the backend's pynvml came from). End of
-input closes the backend. Started by `fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing
+Commands: `sweep` (readings), `fingerprint` (the node's NVML configuration fingerprint), `xids`
+(drained XID events and how long draining took), `errors` (the backend's failed-read counters
+and unsupported fields), `calls` (how many times the backend called each NVML function, by the
+name its deadline watch gives the call), `pynvml` (the file the backend's pynvml came from). End
+of input closes the backend. Started by `fake_nvml.BackendProcess` with LD_LIBRARY_PATH pointing
 at the fake library.
 """
 
@@ -41,6 +41,8 @@ def count_watched_calls() -> None:
 def answer(backend: NvmlBackend, command: str) -> dict[str, object]:
     if command == "sweep":
         return {"readings": [dataclasses.asdict(r) for r in backend.sweep()]}
+    if command == "fingerprint":
+        return {"fingerprint": backend.fingerprint()}
     if command == "xids":
         start = time.perf_counter()
         xids = backend.drain_xids()

@@ -7,12 +7,18 @@
  *
  *   # comment
  *   init_error = 9            top level: nvmlInit returns this code (0 = success)
+ *   driver_version = 570.124.06   top level: nvmlSystemGetDriverVersion
+ *   cuda_driver_version = 12080   top level: nvmlSystemGetCudaDriverVersion_v2 (12.8)
+ *   error.driver_version = 3  top level: that system call returns this code (keys:
+ *                             SYSTEM_ERROR_KEYS below)
  *   xid = 1 79                top level, repeatable: an XID event queue, "GPU XID" in order;
  *                             each entry is delivered once to each event set (append only);
  *                             a GPU's ecc_dbe_volatile growing is a double-bit ECC event
  *                             (no_dbe_events = 1: a GPU that raises none)
  *   [gpu 0]                   one section per GPU, indices 0..N-1 in order
- *   uuid = GPU-...            strings: uuid, name, pci_bus_id
+ *   uuid = GPU-...            strings: uuid, name, pci_bus_id, vbios, inforom
+ *   persistence_mode = 1      nvmlEnableState_t numbers: persistence_mode, ecc_mode (current),
+ *                             ecc_mode_pending (after the next reset)
  *   temp_gpu = 41             numbers (decimal or 0x hex): see NUMBER_KEYS below
  *   nvlink_state = 1,1,0,1    per-link lists: one entry per link (count = number of links)
  *   nvlink_replay = 0,2,0,5
@@ -45,6 +51,7 @@
 /* ---- NVML types, laid out as pynvml's ctypes structures ---------------------------------- */
 
 typedef int nvmlReturn_t;
+typedef enum { NVML_FEATURE_DISABLED = 0, NVML_FEATURE_ENABLED = 1 } nvmlEnableState_t;
 enum {
     NVML_SUCCESS = 0, NVML_ERROR_UNINITIALIZED = 1, NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_TIMEOUT = 10,
@@ -137,7 +144,7 @@ enum value_key {
     V_RETIRED_SBE, V_RETIRED_DBE, V_RETIRED_PENDING,
     V_REMAP_CORRECTABLE, V_REMAP_UNCORRECTABLE, V_REMAP_PENDING, V_REMAP_FAILURE,
     V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_RECOVERY_ACTION, V_NO_DBE_EVENTS,
-    V_COUNT
+    V_PERSISTENCE_MODE, V_ECC_MODE, V_ECC_MODE_PENDING, V_COUNT
 };
 static const char *const NUMBER_KEYS[V_COUNT] = {
     "temp_gpu", "temp_mem", "power_mw", "power_limit_mw", "energy_mj", "clock_sm", "clock_mem",
@@ -146,6 +153,7 @@ static const char *const NUMBER_KEYS[V_COUNT] = {
     "retired_sbe", "retired_dbe", "retired_pending",
     "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
     "clocks_event_reasons", "pcie_replay", "gpm_supported", "recovery_action", "no_dbe_events",
+    "persistence_mode", "ecc_mode", "ecc_mode_pending",
 };
 
 enum error_key {
@@ -153,7 +161,8 @@ enum error_key {
     E_CLOCK_MEM, E_UTIL, E_MEMORY, E_ECC_SBE_VOLATILE, E_ECC_DBE_VOLATILE, E_ECC_SBE_AGGREGATE,
     E_ECC_DBE_AGGREGATE, E_RETIRED_PAGES, E_RETIRED_PENDING, E_REMAPPED_ROWS, E_CLOCKS_EVENT,
     E_PCIE_REPLAY, E_NVLINK_STATE, E_NVLINK_CRC_FLIT, E_NVLINK_CRC_DATA, E_NVLINK_REPLAY,
-    E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_RECOVERY_ACTION, E_COUNT
+    E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_RECOVERY_ACTION,
+    E_VBIOS, E_INFOROM, E_PERSISTENCE, E_ECC_MODE, E_COUNT
 };
 static const char *const ERROR_KEYS[E_COUNT] = {
     "handle", "uuid", "name", "pci", "temp_gpu", "temp_mem", "power", "power_limit", "energy", "clock_sm",
@@ -161,7 +170,12 @@ static const char *const ERROR_KEYS[E_COUNT] = {
     "ecc_dbe_aggregate", "retired_pages", "retired_pending", "remapped_rows", "clocks_event",
     "pcie_replay", "nvlink_state", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
     "nvlink_recovery", "nvlink_fields", "gpm", "processes", "events", "recovery_action",
+    "vbios", "inforom", "persistence", "ecc_mode",
 };
+
+/* The system-wide calls that can be told to fail with a top-level error.<key>. */
+enum system_error_key { SE_DRIVER_VERSION, SE_CUDA_DRIVER_VERSION, SE_COUNT };
+static const char *const SYSTEM_ERROR_KEYS[SE_COUNT] = {"driver_version", "cuda_driver_version"};
 
 /* NVML's nvmlNvLinkErrorCounter_t order: DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA. */
 #define LINK_COUNTERS 4
@@ -173,7 +187,7 @@ static const int LINK_ERRORS[LINK_COUNTERS] = {
 };
 
 struct nvml_gpu {
-    char uuid[96], name[96], pci_bus_id[32];
+    char uuid[96], name[96], pci_bus_id[32], vbios[96], inforom[96];
     unsigned long long v[V_COUNT];
     int err[E_COUNT];
     int lost;
@@ -189,7 +203,9 @@ struct nvml_gpu {
 
 struct state {
     int init_error, gpus, xids;
-    char hang[96];
+    char hang[96], driver_version[96];
+    int cuda_driver_version;
+    int sys_err[SE_COUNT];
     struct nvml_gpu gpu[MAX_GPUS];
     int xid_gpu[MAX_XIDS];
     unsigned long long xid_code[MAX_XIDS];
@@ -255,6 +271,8 @@ static int parse_gpu_key(struct nvml_gpu *g, const char *key, const char *value)
     else if (strcmp(key, "name") == 0) snprintf(g->name, sizeof g->name, "%s", value);
     else if (strcmp(key, "pci_bus_id") == 0)
         snprintf(g->pci_bus_id, sizeof g->pci_bus_id, "%s", value);
+    else if (strcmp(key, "vbios") == 0) snprintf(g->vbios, sizeof g->vbios, "%s", value);
+    else if (strcmp(key, "inforom") == 0) snprintf(g->inforom, sizeof g->inforom, "%s", value);
     else if (strcmp(key, "lost") == 0) g->lost = atoi(value);
     else if (strcmp(key, "tensor_util") == 0) g->tensor_util = strtod(value, NULL);
     else if (strcmp(key, "processes") == 0) return parse_processes(g, value);
@@ -289,8 +307,15 @@ static int parse_line(struct state *st, struct nvml_gpu **gpu, char *line) {
     *eq = '\0';
     char *key = trim(line), *value = trim(eq + 1);
     if (*gpu) return parse_gpu_key(*gpu, key, value);
+    int i;
     if (strcmp(key, "init_error") == 0) st->init_error = atoi(value);
     else if (strcmp(key, "hang") == 0) snprintf(st->hang, sizeof st->hang, "%s", value);
+    else if (strcmp(key, "driver_version") == 0)
+        snprintf(st->driver_version, sizeof st->driver_version, "%s", value);
+    else if (strcmp(key, "cuda_driver_version") == 0) st->cuda_driver_version = atoi(value);
+    else if (strncmp(key, "error.", 6) == 0 &&
+             (i = index_of(SYSTEM_ERROR_KEYS, SE_COUNT, key + 6)) >= 0)
+        st->sys_err[i] = atoi(value);
     else if (strcmp(key, "xid") == 0 && st->xids < MAX_XIDS) {
         if (sscanf(value, "%d %llu", &st->xid_gpu[st->xids], &st->xid_code[st->xids]) != 2)
             return -1;
@@ -439,8 +464,21 @@ const char *nvmlErrorString(nvmlReturn_t result) {
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     ENTER();
+    refresh();
     if (!initialized) return NVML_ERROR_UNINITIALIZED;
-    return copy_string(version, length, "555.42.06-fake");
+    if (S->sys_err[SE_DRIVER_VERSION]) return S->sys_err[SE_DRIVER_VERSION];
+    return copy_string(version, length, S->driver_version);
+}
+
+/* The CUDA version the driver supports, as 1000 * major + 10 * minor (12080 is 12.8). */
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    ENTER();
+    refresh();
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if (S->sys_err[SE_CUDA_DRIVER_VERSION]) return S->sys_err[SE_CUDA_DRIVER_VERSION];
+    *version = S->cuda_driver_version;
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
@@ -483,6 +521,39 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
     snprintf(pci->busId, sizeof pci->busId, "%s", g->pci_bus_id);
     /* the legacy field is 16 bytes: NVML truncates the bus id there too */
     memcpy(pci->busIdLegacy, g->pci_bus_id, sizeof pci->busIdLegacy - 1);
+    return NVML_SUCCESS;
+}
+
+/* ---- configuration: firmware and modes ---------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t d, char *version, unsigned int length) {
+    ENTER();
+    GPU_OR_RETURN(g, d, E_VBIOS);
+    return copy_string(version, length, g->vbios);
+}
+
+nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *version, unsigned int length) {
+    ENTER();
+    GPU_OR_RETURN(g, d, E_INFOROM);
+    return copy_string(version, length, g->inforom);
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t *mode) {
+    ENTER();
+    GPU_OR_RETURN(g, d, E_PERSISTENCE);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = g->v[V_PERSISTENCE_MODE] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+/* ECC mode now, and the mode after the next reset (a change waits for one). */
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *current,
+                                  nvmlEnableState_t *pending) {
+    ENTER();
+    GPU_OR_RETURN(g, d, E_ECC_MODE);
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = g->v[V_ECC_MODE] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    *pending = g->v[V_ECC_MODE_PENDING] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
 

@@ -131,6 +131,11 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _mode(state: int) -> str:
+    """An nvmlEnableState_t as a fingerprint value."""
+    return "on" if state == nvml.NVML_FEATURE_ENABLED else "off"
+
+
 def _init_failure(exc: Exception) -> NvmlUnavailable:
     code = getattr(exc, "value", None)
     if code == nvml.NVML_ERROR_LIBRARY_NOT_FOUND:
@@ -158,6 +163,9 @@ class NvmlBackend(GpuBackend):
         self._closed = False
         # Reads that failed (not "unsupported": see unsupported()), by field or source.
         self.errors: Counter[str] = Counter()
+        # System-wide fields (the fingerprint's driver versions): as a GPU's skip and logged.
+        self._system_skip: set[str] = set()
+        self._system_logged: set[str] = set()
         try:
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as exc:
@@ -303,6 +311,75 @@ class NvmlBackend(GpuBackend):
             log.info("gpu %d: %s unavailable (%s); reported as missing", gpu.index, key, reason)
         else:
             log.warning("gpu %d: reading %s failed (%s)", gpu.index, key, reason)
+
+    def _system_call(self, key: str, fn: Callable[[], T]) -> T | None:
+        """One system-wide NVML call for one field, treated as `_call` treats a GPU's."""
+        if key in self._system_skip:
+            return None
+        try:
+            return fn()
+        except nvml.NVMLError as exc:
+            code = exc.value
+        unsupported = code in UNSUPPORTED_CODES
+        if unsupported:
+            self._system_skip.add(key)
+        else:
+            self.errors[key] += 1
+        if key not in self._system_logged:
+            self._system_logged.add(key)
+            reason = str(nvml.NVMLError(code))
+            if unsupported:
+                log.info("%s unavailable (%s); left out of the fingerprint", key, reason)
+            else:
+                log.warning("reading %s failed (%s)", key, reason)
+        return None
+
+    # ---- configuration fingerprint --------------------------------------------------------
+
+    def fingerprint(self) -> dict[str, str]:
+        """`driver`, `cuda_driver` and, per GPU i, `gpu.i.name`, `gpu.i.vbios`,
+        `gpu.i.inforom`, `gpu.i.persistence` and `gpu.i.ecc` ("on"/"off"), with
+        `gpu.i.ecc_pending` while a change of ECC mode waits for a reset. A field NVML does not
+        answer is left out, logged once like a reading's; a GPU without a handle or lost gives
+        only its name (the sweep reports its trouble)."""
+        fields: dict[str, str] = {}
+        driver = self._system_call("driver", nvml.nvmlSystemGetDriverVersion)
+        if driver is not None:
+            fields["driver"] = _text(driver)
+        cuda = self._system_call("cuda_driver", nvml.nvmlSystemGetCudaDriverVersion_v2)
+        if cuda is not None:  # 1000 * major + 10 * minor: 12080 is 12.8
+            fields["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        for gpu in self._gpus:
+            self.watch.gpu = gpu.index
+            try:
+                fields |= self._gpu_fingerprint(gpu)
+            finally:
+                self.watch.gpu = None
+        return fields
+
+    def _gpu_fingerprint(self, gpu: _Gpu) -> dict[str, str]:
+        at = f"gpu.{gpu.index}."
+        named = {at + "name": gpu.name} if gpu.name is not None else {}
+        if gpu.handle is None or gpu.lost:
+            return named
+        h, call = gpu.handle, self._call
+        try:
+            found = {
+                "vbios": call(gpu, "vbios", nvml.nvmlDeviceGetVbiosVersion, h),
+                "inforom": call(gpu, "inforom", nvml.nvmlDeviceGetInforomImageVersion, h),
+                "persistence": call(gpu, "persistence", nvml.nvmlDeviceGetPersistenceMode, h),
+            }
+            ecc = call(gpu, "ecc_mode", nvml.nvmlDeviceGetEccMode, h)
+        except _GpuLost:
+            return named
+        if found["persistence"] is not None:
+            found["persistence"] = _mode(found["persistence"])
+        if ecc is not None:
+            current, pending = _mode(ecc[0]), _mode(ecc[1])
+            found["ecc"] = current
+            if pending != current:
+                found["ecc_pending"] = pending
+        return named | {at + key: _text(v) for key, v in found.items() if v is not None}
 
     # ---- one GPU --------------------------------------------------------------------------
 

@@ -109,6 +109,13 @@ class GpuBackend(abc.ABC):
     def sweep(self) -> list[GpuReading]:
         return [self.read(i) for i in range(self.gpu_count())]
 
+    def fingerprint(self) -> dict[str, str]:
+        """The node's configuration as the GPU source tells it, for its fingerprint
+        (sentinel/fingerprint.py): driver and CUDA versions, each GPU's name, VBIOS, InfoROM,
+        persistence and ECC modes. A field it cannot tell is left out, never an error. Read at
+        the agent's start and every `agent.fingerprint_every_s`, not every sweep."""
+        return {}
+
     def urgent(self, critical_c: float) -> str | None:
         """Between sweeps, a few cheap reads of the signals that cannot wait for the next one:
         an XID event pending (kept for `drain_xids`), a new double-bit ECC error, a GPU at or
