@@ -155,6 +155,13 @@ class AgentConfig(StrictModel):
     spool_max_events: int = Field(default=100_000, ge=1)
     batch_max_events: int = Field(default=500, ge=1)
     rank_socket: Path | None = Path("/run/sentinel/agent.sock")
+    # The hang watchdog from outside the ranks (agent/ranks/watch.py): a registered rank whose
+    # beacon shows no progress for its own hang timeout plus this long, and whose own watchdog
+    # has not said so, is reported hung by the agent. The rank's watchdog thread wakes at its
+    # deadline and marks the beacon at once; a second is its room to on a busy host, and a
+    # late one costs nothing: the hang playbook takes the agent's word for the culprit only
+    # for a rank stopped or spinning, never for one asleep.
+    outside_hang_margin_s: float = Field(default=1.0, ge=0, le=300)
     # Where this node's ranks dump flight recorders (node-local): carried to the coordinator
     # after an fr.dump command, for the job's analysis. None: not carried.
     fr_dir: Path | None = None

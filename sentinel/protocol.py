@@ -167,11 +167,20 @@ class RankAnomalyPayload(_Strict):
 
 
 class RankHangPayload(_Strict):
+    """A rank made no progress for longer than its hang timeout. `observer`: who saw it, the
+    rank's own watchdog or its node's agent from outside (the rank's beacon, sentinel/beacon.py:
+    a rank stopped or wedged holding the GIL cannot report itself), which then gives the
+    process's state from /proc (`T (stopped)`, `R (running)`) and the share of a core it used
+    while stalled."""
+
     step: int | None = Field(default=None, ge=0)
     waited_s: float = Field(ge=0)
     collective: str | None = None
     timeout_s: float | None = Field(default=None, ge=0)
     dump_path: str | None = None
+    observer: Literal["rank", "agent"] = "rank"
+    process_state: str | None = Field(default=None, max_length=200)
+    cpu_share: float | None = Field(default=None, ge=0)  # of a core, over the stall (agent)
 
 
 class RankSdcPayload(_Strict):
@@ -760,6 +769,11 @@ class RankRegistration(_Strict):
     tp: int = Field(default=0, ge=0)  # the rank's coordinates in the tensor-, pipeline- and
     pp: int = Field(default=0, ge=0)  # data-parallel groups
     dp: int = Field(default=0, ge=0)
+    # The rank's beacon (sentinel/beacon.py), for the agent's watchdog from outside; the agent
+    # takes it only at the path of the connecting process's own pid and rank.
+    beacon: str | None = Field(
+        default=None, pattern=r"^/dev/shm/sentinel-beacon-\d{1,10}-\d{1,10}$"
+    )
 
 
 def encode_registration(reg: RankRegistration) -> str:

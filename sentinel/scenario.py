@@ -74,6 +74,11 @@ class HangFault(_Fault):
     kind: Literal["hang"]
     rank: int = Field(ge=0)
     at_step: int = Field(ge=0)
+    # How the rank stops before its next collective: `sleep` (its own threads run on: its
+    # watchdog reports it), `sigstop` (stopped by the kernel) or `gil` (a C call that holds the
+    # GIL): in the last two its watchdog thread is silenced too, and only the agent's outside
+    # watchdog (agent/ranks/watch.py) sees the rank itself.
+    how: Literal["sleep", "sigstop", "gil"] = "sleep"
 
 
 class CrashFault(_Fault):

@@ -33,9 +33,12 @@ from sentinel.protocol import (
     GpuVerdict,
     NodeHealthPayload,
     NodeValidationPayload,
+    RankHangPayload,
     RankLaunchPayload,
     RankSdcPayload,
+    RankStacksPayload,
     Source,
+    ThreadStack,
     Verdict,
     make_event,
 )
@@ -962,3 +965,61 @@ def test_circumstantial_blame_weighs_a_quarter_and_blame_ages_out() -> None:
     xids = [(t, blame.confidence("gpu_hardware")) for t in (0.0, 10.0, 20.0)]
     assert blame.lemon_score(xids, 30.0, policy) == 3.0 >= policy.threshold
     assert blame.lemon_score(xids, 30.0 + policy.window_s, policy) == 0.0  # all aged out
+
+
+def peers_of(stuck: int) -> list[tuple[str, int]]:
+    return [(f"node-{r // 2}", r) for r in range(4) if r != stuck]
+
+
+def _stacks(node: str, rank: int, request_id: str) -> Event:
+    thread = ThreadStack(name="MainThread", frames=[])
+    payload = RankStacksPayload(request_id=request_id, pid=100 + rank, threads=[thread])
+    return make_event(EventKind.RANK_STACKS, Source(node=node, rank=rank, job="job1"), payload)
+
+
+def _hang(node: str, rank: int, **kw: object) -> Event:
+    payload = RankHangPayload(step=14, waited_s=15.0, timeout_s=15.0, **kw)  # type: ignore[arg-type]
+    return make_event(EventKind.RANK_HANG, Source(node=node, rank=rank, job="job1"), payload)
+
+
+def test_a_rank_its_agent_saw_hung_is_the_culprit_without_waiting_for_its_evidence(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """Rank 3 is stopped: its peers' watchdogs report the hang, its own cannot. Its agent
+    reports it from outside (sentinel/agent/ranks/watch.py); the hang playbook takes the
+    agent's word for the culprit instead of waiting for the flight-recorder analysis and the
+    stacks a stopped rank will never give, and records the process state it saw."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    status = job_status("job1", ["node-0", "node-1"], ["spare-0"], checkpoints=[10])
+    ingest.ingest(EventBatch(events=[status]), clock())
+    peers = [_hang(node, rank) for node, rank in peers_of(3)]
+    ingest.ingest(EventBatch(events=peers), clock())
+    engine.tick()
+    clock.t += 1
+    engine.tick()
+    assert one(store, "SELECT COUNT(*) n FROM commands WHERE kind='job.restart'")["n"] == 0
+    seen = _hang("node-1", 3, observer="agent", process_state="T (stopped)", cpu_share=0.0)
+    # a rank the agent saw asleep (its own watchdog late, say) is no culprit on that alone
+    late = _hang("node-0", 0, observer="agent", process_state="S (sleeping)", cpu_share=0.01)
+    ingest.ingest(EventBatch(events=[late, seen]), clock())
+    assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1  # the same hang
+    clock.t += 0.5
+    engine.tick()  # the analysis is not waited for; the stacks are asked for
+    asked = query(store, "SELECT args FROM commands WHERE kind='stacks.dump'")
+    (ask,) = {c["args"]["request_id"] for c in asked}
+    ingest.ingest(EventBatch(events=[_stacks(n, r, ask) for n, r in peers_of(3)]), clock())
+    clock.t += 0.5
+    engine.tick()
+    (stop,) = query(store, "SELECT id FROM commands WHERE kind='job.stop'")
+    store.ack_command(stop["id"], {"teardown": {"survivors": []}}, clock())  # the supervisor's
+    for _ in range(4):
+        clock.t += 0.5
+        engine.tick()
+    assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
+    (restart,) = query(store, "SELECT args FROM commands WHERE kind='job.restart'")
+    assert restart["args"]["spare_map"] == {"node-1": "spare-0"}
+    steps = {r["action"]: r["result"] for r in query(store, "SELECT action, result FROM actions")}
+    assert steps["fr_dump"]["culprit_nodes"] == ["node-1"]
+    assert steps["fr_dump"]["silenced_ranks"] == {"3": "T (stopped), 0% of a core"}
+    assert steps["stacks"]["silenced_ranks"] == {"3": "T (stopped), 0% of a core"}
+    assert clock.t - 1_000_000.0 < 20  # neither the analysis (120 s) nor the stacks (20 s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -192,6 +193,34 @@ def test_the_live_drill_never_stops_the_surviving_replicas(tmp_path: Path, cache
     assert all(r["checkpoint_reads"] == r["survivors_restarted"] == 0 for r in res["repairs"])
     assert res["ledger_exact"]
     assert_same_model(res)
+
+
+@pytest.mark.slow
+def test_hangs_that_silence_the_ranks_own_watchdog_are_seen_from_outside(
+    tmp_path: Path, cache: Path
+) -> None:
+    """A rank stopped with SIGSTOP, then another spinning in a C call that holds the GIL: its
+    node's agent reports each from its beacon with the process state, the hang playbook takes
+    the agent's word for the culprit, and each is detected within the watchdog timeout + 10 s
+    and resumed within 5 s (the drill's own targets), bit-identical."""
+    code, res, _ = demo("hidden_hang", tmp_path, cache)
+    assert code == 0 and res["verdict"] == "pass", why(res, tmp_path / "out")
+    assert [f["target"] for f in res["faults"]] == ["rank-3", "rank-1"]
+    assert all(f["repaired"] and all(t["met"] for t in f["targets"]) for f in res["faults"])
+    assert res["evicted_nodes"] == ["node-0", "node-1"] and res["false_incidents"] == []
+    assert res["bit_identical"] and res["ledger_exact"]
+    db = sqlite3.connect(tmp_path / "out" / "coordinator" / "coordinator.db")
+    seen = db.execute(
+        "SELECT rank, json_extract(payload, '$.process_state'), json_extract(payload, "
+        "'$.cpu_share') FROM events WHERE kind = 'rank.hang' AND json_extract(payload, "
+        "'$.observer') = 'agent' ORDER BY ts"
+    ).fetchall()
+    assert [(rank, state) for rank, state, _ in seen] == [(3, "T (stopped)"), (1, "R (running)")]
+    assert seen[0][2] == 0.0 and seen[1][2] >= 0.5  # the spinning rank holds a core
+    verdicts = db.execute(
+        "SELECT json_extract(result, '$.verdict') FROM actions WHERE action = 'fr_dump'"
+    ).fetchall()
+    assert verdicts == [("seen hung from outside",)] * 2
 
 
 @pytest.mark.slow

@@ -39,7 +39,12 @@ CORE_FORBIDS = (
 # load, however indirectly.
 DAEMONS = ("agent", "coordinator", "supervisor", "ranks")
 LAB = "sentinel.lab"
-LIBRARY = {"sentinel.protocol", "sentinel.ranks.current", "sentinel.faults.catalog"}
+LIBRARY = {
+    "sentinel.protocol",
+    "sentinel.ranks.current",
+    "sentinel.faults.catalog",
+    "sentinel.beacon",
+}
 REFERENCE = LIBRARY | {
     "sentinel.processes",
     "sentinel.scenario",

@@ -112,6 +112,7 @@ def test_quick_shortens_every_shipped_drill_and_keeps_its_schedule() -> None:
         "crash": 35,
         "ecc_dbe": 35,
         "hang": 35,
+        "hidden_hang": 37,
         "link_degraded": 20,
         "poison_crash": 35,
         "sdc": 40,

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from torch import nn
 
+from sentinel.beacon import Beacon, beacon_path
 from sentinel.protocol import (
     Command,
     CommandKind,
@@ -145,6 +146,7 @@ class SentinelHooks:
         )
         if self.flight and not recorder_enabled():
             log.warning("TORCH_FR_BUFFER_SIZE is not set: flight-recorder dumps will be empty")
+        self.beacon = self._open_beacon(cfg)
         self.watchdog = HangWatchdog(
             self._on_hang,
             k=cfg.hang_k,
@@ -152,6 +154,7 @@ class SentinelHooks:
             first_step_s=cfg.hang_first_step_s,
             clock=clock,
             poll_s=cfg.watchdog_poll_s,
+            beacon=self.beacon,
         )
         self.sdc_check = SdcCheck(cfg, self.device, model, self._send, rank_offset, replica_groups)
         self._requests = {"sdc": threading.Event(), "checkpoint": threading.Event()}
@@ -325,10 +328,11 @@ class SentinelHooks:
             job=self.source.job or "local",
             rank=self.rank,
             gpu=gpu,
-            pid=os.getpid() if on_gpu else None,
+            pid=os.getpid() if on_gpu or self.beacon else None,
             tp=tp,
             pp=pp,
             dp=dp,
+            beacon=str(self.beacon.path) if self.beacon else None,
         )
         self.transport.register(encode_registration(reg))
 
@@ -386,8 +390,21 @@ class SentinelHooks:
             self.watchdog.stop()
             timing.uninstrument_collectives()
             self.transport.stop()
+        if self.beacon is not None:
+            self.beacon.close()
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _open_beacon(self, cfg: HooksConfig) -> Beacon | None:
+        """The beacon the node's agent watches this rank's progress through (only where an
+        agent listens); a host without /dev/shm goes without, said once."""
+        if not (cfg.enabled and self.transport.socket_path):
+            return None
+        try:
+            return Beacon(beacon_path(os.getpid(), self.rank), cfg.hang_first_step_s)
+        except OSError as e:
+            log.warning("no beacon for the agent's outside watchdog: %s", e)
+            return None
 
     def _send(self, kind: EventKind, payload: BaseModel) -> None:
         self.transport.send(make_event(kind, self.source, payload))

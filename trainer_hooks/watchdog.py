@@ -21,6 +21,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from sentinel.beacon import Beacon
+
 Clock = Callable[[], float]
 OnHang = Callable[[int | None, float, float], None]  # (last step, waited_s, timeout_s)
 
@@ -36,8 +38,12 @@ class HangWatchdog:
         history: int = 100,
         clock: Clock = time.monotonic,
         poll_s: float = 1.0,
+        beacon: Beacon | None = None,
     ) -> None:
         self.on_hang = on_hang
+        # What this watchdog knows, mirrored where the node's agent reads it from outside
+        # (sentinel/beacon.py): a rank stopped or holding the GIL silences this thread too.
+        self.beacon = beacon
         self.k, self.floor_s, self.first_step_s = k, floor_s, first_step_s
         self._clock = clock
         self._poll_s = poll_s
@@ -65,6 +71,8 @@ class HangWatchdog:
             self._last_progress = now
             self.last_step = step
             self._fired = False
+            if self.beacon is not None:
+                self.beacon.progress(step, self.timeout_s())
         if wake:
             self._rearm.set()
 
@@ -73,12 +81,16 @@ class HangWatchdog:
         """For known long pauses outside steps (evaluation, a blocking checkpoint)."""
         with self._lock:
             self._paused += 1
+            if self.beacon is not None and self._paused == 1:
+                self.beacon.pause(True)
         try:
             yield
         finally:
             with self._lock:
                 self._paused -= 1
                 self._last_progress = self._clock()
+                if self.beacon is not None and self._paused == 0:
+                    self.beacon.pause(False)
 
     def check(self) -> bool:
         """Fire `on_hang` if the stall exceeds the timeout; True if it fired now."""
@@ -92,6 +104,8 @@ class HangWatchdog:
             self._fired = True
             self.fired_count += 1
             step = self.last_step
+            if self.beacon is not None:
+                self.beacon.reported(step)
         self.on_hang(step, waited, timeout)
         return True
 

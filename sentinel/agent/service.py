@@ -46,6 +46,7 @@ from sentinel.agent.nvml.deadline import SweepThread
 from sentinel.agent.nvml.expected import expected_gpus
 from sentinel.agent.nvml.readings import GpuBackend
 from sentinel.agent.ranks.listener import RankSocketServer
+from sentinel.agent.ranks.watch import EVERY_S, OutsideWatchdog
 from sentinel.agent.systemd import Notifier
 from sentinel.agent.uplink.commands import CommandRelay
 from sentinel.agent.uplink.delivery import Deliverer
@@ -163,6 +164,7 @@ class Agent:
             if cfg.rank_socket
             else None
         )
+        self.outside = OutsideWatchdog(cfg.node_id, cfg.outside_hang_margin_s)
         self.relay: CommandRelay | None = None
         if cfg.coordinator_url:
             if cfg.token_file is None:  # every request would be refused, forever
@@ -244,6 +246,8 @@ class Agent:
             self._tasks.append(asyncio.create_task(self.relay.run(), name="commands"))
         if self.fingerprints is not None:  # NVML is up: the first sweep is in (or wedged)
             self._tasks.append(asyncio.create_task(self.fingerprints.run(), name="fingerprint"))
+        if self.rank_server is not None:
+            self._tasks.append(asyncio.create_task(self._outside_loop(), name="ranks-watch"))
         self.notifier.ready(f"watching {self.backend.gpu_count()} GPUs")
         log.info(
             "agent ready",
@@ -356,6 +360,17 @@ class Agent:
             next_at = max(next_at + self.cfg.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
             await self.collect_once()
+
+    async def _outside_loop(self) -> None:
+        """The ranks' beacons, every `watch.EVERY_S` (agent/ranks/watch.py): on the event loop,
+        not the sweep thread, so a wedged NVML does not stop it; a read of a few small files."""
+        assert self.rank_server is not None
+        while True:
+            await asyncio.sleep(EVERY_S)
+            try:
+                self.emit(self.outside.check(self.rank_server.registry.watched()))
+            except Exception:
+                log.exception("the outside watchdog's check failed")
 
     def _watch_urgent(self, loop: asyncio.AbstractEventLoop) -> None:
         """Between sweeps, every `urgent_poll_s` of the sweep thread's idle time, a cheap look

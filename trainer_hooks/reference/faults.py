@@ -16,12 +16,13 @@ hooks' SDC spot check - as on a real GPU with silent data corruption.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -117,6 +118,17 @@ def _baddbmm(
 
 
 GEMM_KERNELS = {"mm": _mm, "addmm": _addmm, "bmm": _bmm, "baddbmm": _baddbmm}
+
+
+def hang(how: str) -> NoReturn:
+    """A rank stuck before its next collective, as `HangFault.how` says: asleep with its
+    threads running, stopped by the kernel, or in one C call that never lets the GIL go."""
+    if how == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif how == "gil":
+        sum(range(1 << 62))  # builtins.sum over a range: a C loop, no bytecode, no GIL switch
+    while True:
+        time.sleep(3600)
 
 
 class FaultyGemm:
@@ -227,8 +239,7 @@ class FaultInjector:
             sys.stdout.flush()
             if isinstance(f, CrashFault):
                 os._exit(1)
-            while True:  # hang: a rank stuck before its next collective
-                time.sleep(3600)
+            hang(f.how)
         if self.slow is None:
             struck = [f for f in self.stragglers if step >= f.at_step and self._strikes_here(f)]
             if struck:  # the device stays slow: it never recovers

@@ -13,15 +13,34 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from sentinel.agent.ranks.registry import RankRegistry, is_registration, parse_registration
+from sentinel.agent.ranks.registry import (
+    Peer,
+    RankRegistry,
+    is_registration,
+    parse_registration,
+)
 from sentinel.protocol import Event, ProtocolError, decode_batch, decode_event
 
 log = logging.getLogger("sentinel.agent.ranks")
 
 MAX_LINE_BYTES = 1 << 20
+
+
+def peer_of(sock: socket.socket | None) -> Peer | None:
+    """The connected process's pid and uid, from the kernel (SO_PEERCRED); None off Linux."""
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return Peer(pid, uid) if pid > 0 else None
 
 
 class RankSocketServer:
@@ -53,7 +72,9 @@ class RankSocketServer:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    def handle_line(self, line: bytes, conn: object = None) -> list[Event]:
+    def handle_line(
+        self, line: bytes, conn: object = None, peer: Peer | None = None
+    ) -> list[Event]:
         """Validate one line — an event or a batch of them — and relay it if every event comes
         from a rank on this node; or record a registration for the connection `conn`. A line
         is accepted or dropped whole."""
@@ -62,9 +83,12 @@ class RankSocketServer:
             return []
         if is_registration(line):
             try:
-                self.registry.register(conn, parse_registration(line))
+                unwatched = self.registry.register(conn, parse_registration(line), peer)
             except ProtocolError as e:
                 self._drop(f"registration refused: {e}")
+                return []
+            if unwatched is not None:
+                self._warn_once("a rank's beacon is not watched", unwatched)
             return []
         try:
             events = decode_batch(line).events if b'"events"' in line else [decode_event(line)]
@@ -95,13 +119,17 @@ class RankSocketServer:
 
     def _drop(self, reason: str) -> None:
         self.garbage += 1
+        self._warn_once("dropped a rank message", reason)
+
+    def _warn_once(self, what: str, reason: str) -> None:
         key = reason[:80]
         if key not in self._logged_reasons and len(self._logged_reasons) < 100:
             self._logged_reasons.add(key)  # one log line per kind of garbage, not per line
-            log.warning("dropped a rank message", extra={"reason": reason})
+            log.warning(what, extra={"reason": reason})
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        peer = peer_of(writer.get_extra_info("socket"))
         try:
             while True:
                 try:
@@ -111,7 +139,7 @@ class RankSocketServer:
                     continue
                 if not line:
                     break
-                self.handle_line(line, writer)
+                self.handle_line(line, writer, peer)
         except (ConnectionResetError, BrokenPipeError):
             pass
         finally:

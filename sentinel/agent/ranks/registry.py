@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sentinel.agent.nvml.readings import GpuReading
+from sentinel.beacon import beacon_path
 from sentinel.protocol import (
     SUPPORTED_VERSIONS,
     ProtocolError,
@@ -66,20 +68,63 @@ class Owner:
     reg: RankRegistration
 
 
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The process at the other end of a rank connection, as the kernel gives it
+    (SO_PEERCRED): what a registration claims about a process is checked against it."""
+
+    pid: int
+    uid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A registered rank whose beacon the agent watches (`watch.py`): its own process's."""
+
+    reg: RankRegistration
+    peer: Peer
+    beacon: Path
+
+
 class RankRegistry:
     def __init__(self) -> None:
         self._by_conn: dict[Hashable, list[RankRegistration]] = {}
+        self._peers: dict[Hashable, Peer] = {}
 
-    def register(self, conn: Hashable, reg: RankRegistration) -> None:
+    def register(
+        self, conn: Hashable, reg: RankRegistration, peer: Peer | None = None
+    ) -> str | None:
+        """Record `reg` for the connection; returns why its beacon is not watched, if it
+        named one the agent cannot take: only the registering process's own, at the path of
+        the pid the kernel gives (a rank in another PID namespace goes unwatched)."""
         regs = self._by_conn.setdefault(conn, [])
         if len(regs) >= MAX_PER_CONNECTION or len(self) >= MAX_REGISTRATIONS:
             raise ProtocolError("too many rank registrations")
         if reg.gpu is None and reg.pid is None:
             raise ProtocolError("a registration names its gpu, its pid, or both")
+        refused = None
+        if reg.beacon is not None:
+            if peer is not None and Path(reg.beacon) == beacon_path(peer.pid, reg.rank):
+                self._peers[conn] = peer
+            else:
+                refused = (
+                    f"beacon {reg.beacon} is not the connecting process's (pid {peer and peer.pid})"
+                )
+                reg = reg.model_copy(update={"beacon": None})
         regs[:] = [r for r in regs if (r.job, r.rank) != (reg.job, reg.rank)] + [reg]
+        return refused
+
+    def watched(self) -> Iterator[Watched]:
+        """The registrations with a beacon, each with the process that registered it."""
+        for conn, regs in self._by_conn.items():
+            peer = self._peers.get(conn)
+            for reg in regs:
+                if peer is not None and reg.beacon is not None:
+                    yield Watched(reg, peer, Path(reg.beacon))
 
     def release(self, conn: Hashable) -> None:
         self._by_conn.pop(conn, None)
+        self._peers.pop(conn, None)
 
     def __len__(self) -> int:
         return sum(len(regs) for regs in self._by_conn.values())

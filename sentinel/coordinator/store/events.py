@@ -71,6 +71,14 @@ class EventsRepo(SqlBase, ABC):
             return []
         return self._rows(StoredEvent, _sdc().where(events.c.incident_id == incident_id))
 
+    def silenced_ranks(self, incident_id: int) -> list[StoredEvent]:
+        """The incident's hangs its agents saw from outside the rank (`observer` agent): ranks
+        whose own watchdog could not run, stopped or holding the GIL."""
+        if not key_ok(incident_id):
+            return []
+        seen = _answer("rank.hang", "observer", "agent")
+        return self._rows(StoredEvent, seen.where(events.c.incident_id == incident_id))
+
     def fr_analysis(self, job: str, check_id: str) -> StoredEvent | None:
         """The job's latest analysis of the flight-recorder check `check_id`."""
         found = _answer("fr.analysis", "check_id", check_id).where(events.c.job == job)

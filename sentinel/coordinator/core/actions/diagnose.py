@@ -97,14 +97,43 @@ class SdcRecompute(
         return StepResult(StepStatus.DONE, {"culprit_nodes": culprits, "digests": len(rows)})
 
 
+# A process spinning in one C call holds a core; one waiting on a peer holds next to none.
+SPINNING_SHARE = 0.5
+
+
+def silenced(ctx: ActionContext) -> dict[int, str]:
+    """The incident's ranks its agents saw hung from outside (sentinel/agent/ranks/watch.py)
+    that cannot answer: stopped, or running on most of a core (a C call holding the GIL).
+    rank -> process state. Such a rank gives no dump and no stacks: waiting for them only
+    delays the repair. A rank the agent saw asleep is not taken for the culprit on that alone
+    (its own watchdog may only have been late): the analysis decides."""
+    out: dict[int, str] = {}
+    for event in ctx.store.silenced_ranks(ctx.incident.id):
+        state = str(event.payload.get("process_state") or "")
+        share = event.payload.get("cpu_share") or 0.0
+        stopped = state[:1] in ("T", "t")
+        if event.rank is not None and (stopped or (state[:1] == "R" and share >= SPINNING_SHARE)):
+            out[event.rank] = f"{state}, {share:.0%} of a core"
+    return out
+
+
 class FrDump(BaseAction[WaitParams], name="fr_dump", dry_run="would dump flight recorders"):
-    """Dump every rank's flight recorder, analyze, and name the culprit ranks' nodes."""
+    """Dump every rank's flight recorder, analyze, and name the culprit ranks' nodes. A rank
+    its agent saw hung from outside is the culprit as seen: the analysis, which would wait for
+    that rank's dump until its deadline, is not waited for."""
 
     def act(self, ctx: ActionContext, params: WaitParams) -> StepResult:
         cid = ctx.issue_command(CommandKind.FR_DUMP, {"check_id": ctx.command_id()})
         assert ctx.job_id is not None  # issue_command refused a job-less incident
         row = ctx.store.fr_analysis(ctx.job_id, cid)
         if row is None:
+            stuck = silenced(ctx)
+            job = ctx.job()
+            seen = sorted({n for r in stuck if (n := node_of_rank(job, r))})
+            if seen:
+                ctx.plan.culprits = seen
+                detail = {"culprit_nodes": seen, "verdict": "seen hung from outside"}
+                return StepResult(StepStatus.DONE, detail | {"silenced_ranks": stuck})
             if ctx.waited_past(params.timeout_s):
                 return StepResult(StepStatus.ESCALATE, {"reason": "no flight-recorder analysis"})
             return StepResult(StepStatus.WAIT, {})

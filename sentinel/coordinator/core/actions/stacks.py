@@ -19,6 +19,7 @@ from sentinel.coordinator.core.actions.base import (
     StepStatus,
     WaitParams,
 )
+from sentinel.coordinator.core.actions.diagnose import silenced
 from sentinel.coordinator.core.stacks import answers, ask
 from sentinel.stacks.group import Grouped, StackGroup, rank_ranges
 
@@ -67,8 +68,11 @@ class CollectStacks(
         except LookupError as e:  # no job or no node: nothing to ask, the repair goes on
             return StepResult(StepStatus.DONE, {"error": str(e)})
         timed_out = ctx.waited_past(params.timeout_s)
-        if grouped.missing and not timed_out:
+        stuck = silenced(ctx)  # they cannot answer: their silence is the evidence
+        if set(grouped.missing) - set(stuck) and not timed_out:
             return StepResult(StepStatus.WAIT, {"answered": grouped.answered})
         detail = record(grouped, rid)
+        if stuck:
+            detail["silenced_ranks"] = stuck
         detail["stacks_saved_s"] = round(ctx.now - ctx.incident.opened_at, 3)
         return StepResult(StepStatus.DONE, detail)
