@@ -154,4 +154,4 @@ def test_an_unknown_scenario_is_one_line_and_exit_2(sentinel_cmd: list[str]) -> 
         timeout=60,
     )
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and "shipped: corrupt_batch, crash" in r.stderr
+    assert r.stderr.count("\n") == 1 and "shipped: config_drift, corrupt_batch, crash" in r.stderr
