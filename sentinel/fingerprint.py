@@ -20,7 +20,7 @@ import os
 import platform
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sentinel.protocol import FINGERPRINT_FIELD, MAX_FINGERPRINT_FIELDS, MAX_FINGERPRINT_VALUE
@@ -58,6 +58,23 @@ def checked(fields: Mapping[str, str]) -> dict[str, str]:
     to their longest, as many fields as a fingerprint holds (in name order)."""
     kept = {k: str(v)[:MAX_FINGERPRINT_VALUE] for k, v in sorted(fields.items()) if _FIELD.match(k)}
     return dict(list(kept.items())[:MAX_FINGERPRINT_FIELDS])
+
+
+def node_fields(ranks: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    """One node's fingerprint from its ranks' runtime fields, in local-rank order: a field every
+    rank holds alike is the node's; one that differs between them is kept per rank as
+    `local.I.FIELD`. A site that binds each rank to its own adapter (NCCL_IB_HCA by local
+    rank) has the same per-rank fields on every node, so nothing differs; a node where one
+    rank was given something else has fields the others lack, and is named for them."""
+    names = sorted({k for fields in ranks for k in fields})
+    out: dict[str, str] = {}
+    for name in names:
+        values = [fields.get(name, MISSING) for fields in ranks]
+        if len(set(values)) == 1:
+            out[name] = values[0]
+        else:
+            out |= {f"local.{i}.{name}": v for i, v in enumerate(values)}
+    return checked(out)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from coord_util import SENTINEL, Coordinator
 
-from sentinel.fingerprint import MISSING, checked, drift, runtime_fields
+from sentinel.fingerprint import MISSING, checked, drift, node_fields, runtime_fields
 from sentinel.protocol import (
     AgentFingerprintEvent,
     AgentFingerprintPayload,
@@ -57,6 +57,27 @@ def test_a_split_field_names_every_node_and_two_nodes_have_no_majority() -> None
     assert {d.differences[0].majority for d in drift(prints)} == {""}
     assert drift(fleet(2, node_1=BASE | half)) == []
     assert drift(fleet(64)) == []
+
+
+def test_a_node_is_its_ranks_and_per_rank_binding_is_no_drift() -> None:
+    """Each rank bound to its own adapter (NCCL_IB_HCA by local rank) on every node: no drift.
+    One rank of one node given another adapter: that node, by the rank's field."""
+    rank = {"torch": "2.13.0"}
+    bound = [rank | {"env.NCCL_IB_HCA": f"mlx5_{i}"} for i in range(2)]
+    assert node_fields(bound) == {
+        "torch": "2.13.0",
+        "local.0.env.NCCL_IB_HCA": "mlx5_0",
+        "local.1.env.NCCL_IB_HCA": "mlx5_1",
+    }
+    fleet_of = {f"node-{n}": node_fields(bound) for n in range(4)}
+    assert drift(fleet_of) == []
+    fleet_of["node-2"] = node_fields([bound[0], rank | {"env.NCCL_IB_HCA": "mlx5_0"}])
+    (found,) = drift(fleet_of)
+    assert found.node == "node-2" and [d.field for d in found.differences] == [
+        "env.NCCL_IB_HCA",
+        "local.0.env.NCCL_IB_HCA",
+        "local.1.env.NCCL_IB_HCA",
+    ]
 
 
 def test_fingerprints_are_bounded_and_the_runtime_reads_the_ranks_environment() -> None:

@@ -24,7 +24,7 @@ from sentinel.burnin.faults import drift_env, faults_for_rank, inject
 from sentinel.burnin.progress import Progress
 from sentinel.burnin.report import Findings, assemble, load_baseline
 from sentinel.burnin.settings import BurninSettings
-from sentinel.fingerprint import drift, runtime_fields
+from sentinel.fingerprint import drift, node_fields, runtime_fields
 from sentinel.stats import median, variance
 
 RETEST_TRIALS = 3  # a flagged node's links get this many times the trials in a second pass
@@ -64,23 +64,19 @@ def _setup(settings: BurninSettings) -> tuple[Comm, Compute]:
 
 def _drift(comm: Comm, s: BurninSettings, f: Findings) -> dict[str, Any]:
     """Before anything is measured: every node's fingerprint as its ranks see it (the Python,
-    torch and NCCL they run, their NCCL_* / FI_* environment, the kernel), and the nodes off
-    the fleet's majority named with what differs (sentinel/fingerprint.py). Each node's first
-    rank speaks for it; a rank whose own differs from its node's first is named too."""
+    torch and NCCL they run, their NCCL_* / FI_* environment, the kernel; a field its ranks
+    hold differently kept per local rank: `fingerprint.node_fields`), and the nodes off the
+    fleet's majority named with what differs (sentinel/fingerprint.py)."""
     prints: list[Any] = [None] * comm.world
     dist.all_gather_object(prints, runtime_fields())
-    first: dict[str, dict[str, str]] = {}
-    for rank, fields in enumerate(prints):
-        node = comm.node_of[rank]
-        mine = first.setdefault(node, fields)
-        odd = sorted(k for k in mine.keys() | fields.keys() if mine.get(k) != fields.get(k))
-        if odd:
-            f.blame_rank(rank, f"its environment differs from its node's first rank in {odd}")
-    found = drift(first, s.allow_drift)
+    by_node: dict[str, list[dict[str, str]]] = {}
+    for rank, fields in enumerate(prints):  # ranks in order: local ranks in order per node
+        by_node.setdefault(comm.node_of[rank], []).append(fields)
+    found = drift({n: node_fields(ranks) for n, ranks in by_node.items()}, s.allow_drift)
     for d in found:
         f.blame_node(d.node, d.reason())
     drifted = [{"node": d.node, "reason": d.reason()} for d in found]
-    return {"drift": {"nodes": len(first), "allowed": list(s.allow_drift), "drifted": drifted}}
+    return {"drift": {"nodes": len(by_node), "allowed": list(s.allow_drift), "drifted": drifted}}
 
 
 def _collectives(
