@@ -157,12 +157,15 @@ def test_a_rank_just_under_the_line_is_measured_again_not_passed() -> None:
     assert list(stragglers.confirm([6], pooled, TH)) == [6]
 
 
-def test_round_scores_are_medians_of_ratios_to_the_rounds_median() -> None:
+def test_round_scores_are_medians_of_ratios_to_the_other_ranks_median() -> None:
     assert stragglers.round_scores({0: [1.0, 2.0], 1: [1.1, 2.2], 2: [0.9, 1.8]}) == {
         0: 1.0,
-        1: pytest.approx(1.1),
-        2: pytest.approx(0.9),
+        1: pytest.approx(1.1 / 0.95),
+        2: pytest.approx(0.9 / 1.05),
     }
+    # four ranks, one 10% slow in every round: scored 1.10, not against a median it raised
+    rounds = {0: [1.0, 1.0], 1: [1.1, 1.1], 2: [0.98, 1.02], 3: [1.02, 0.98]}
+    assert stragglers.round_scores(rounds)[1] == pytest.approx(1.1)
 
 
 def test_a_simulated_gpus_clock_counts_its_own_work_only() -> None:

@@ -7,9 +7,9 @@ noisy fleet widens the band instead of flagging ranks at random.
 
 The measurement runs in many short rounds, all ranks at once (a barrier starts every timed
 operation): every rank times a few products or copies on its own device clock
-(`Compute.clock`; its fastest one counts), each rank's time is divided by the round's median
-rank, and a rank is scored by the median of those ratios over all rounds. The ranks of a round are measured under
-the same conditions, so load that comes and goes on the machine moves the whole round and
+(`Compute.clock`; its fastest one counts), each rank's time is divided by the median of the
+round's other ranks, and a rank is scored by the median of those ratios over all rounds. The
+ranks of a round are measured under the same conditions, so load that comes and goes on the machine moves the whole round and
 cancels out; a GPU that is slow every time stays slow in every round. Ranks that share a host
 without GPUs (the simulated fleet) can measure at once because their clock is their own CPU
 time: time-sharing the cores does not count, only the work each rank did.
@@ -112,14 +112,31 @@ def measure(
 
 
 def round_scores(series: Mapping[int, Sequence[float]]) -> dict[int, float]:
-    """Each rank's median over rounds of (its value / the round's median rank)."""
+    """Each rank's median over rounds of (its value / the median of the round's other ranks).
+
+    The other ranks only: in a small gang a slow rank is usually the round's slowest, so a
+    median that counted it would be an upper one of its healthy peers, and the rank's own
+    slowness would raise the line it is measured against (four CPU ranks, one 1.10x: scored
+    1.067-1.087 that way, 1.089-1.118 against the others)."""
     rounds = min(len(v) for v in series.values())
     ratios: dict[int, list[float]] = {r: [] for r in series}
     for k in range(rounds):
-        mid = median([v[k] for v in series.values()])
-        for r, v in series.items():
-            ratios[r].append(v[k] / mid)
+        order = sorted(series, key=lambda r: series[r][k])
+        ranked = [series[r][k] for r in order]
+        for i, r in enumerate(order):
+            ratios[r].append(ranked[i] / _median_without(ranked, i) if len(ranked) > 1 else 1.0)
     return {r: median(x) for r, x in ratios.items()}
+
+
+def _median_without(ranked: Sequence[float], i: int) -> float:
+    """The median of sorted `ranked` with its element `i` left out, without copying it (a
+    2,048-rank gang scores every rank of every round)."""
+
+    def at(j: int) -> float:  # element j of the list without element i
+        return ranked[j if j < i else j + 1]
+
+    n = len(ranked) - 1
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 def _outlier(
