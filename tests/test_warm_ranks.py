@@ -8,8 +8,10 @@ drills."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from coord_util import ROOT
 
 from sentinel.processes import free_rendezvous_port, proc_stat
-from sentinel.ranks import current, wire
+from sentinel.ranks import current, rank, wire
 from sentinel.ranks.host import HostCommand
 from sentinel.ranks.pool import RankPool
 from sentinel.supervisor.launcher import GangPlan, GangStartError
@@ -227,6 +229,41 @@ def test_a_leave_that_crosses_its_generations_start_holds_when_it_begins(
         assert not current.leave_requested()
     finally:
         current.end()
+
+
+def test_a_rank_meets_rank_0s_store_as_it_opens_and_not_a_backoff_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 opens its rendezvous store 0.2 s after its peer began: the peer starts its own
+    rendezvous within a few probes of it, not after the store client's half-second backoff;
+    rank 0 does not wait for itself, and a leave ends the wait."""
+    port = free_rendezvous_port()
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1"}
+    monkeypatch.setattr(current, "_asked", -1)
+    t0 = time.monotonic()
+    current.begin(3)
+    try:
+        threading.Timer(1.0, current.request_leave, args=(3,)).start()
+        rank.wait_for_store(env)  # nothing listens: the leave ends it
+        assert 0.9 < time.monotonic() - t0 < 2.0
+    finally:
+        current.end()
+    opened: list[float] = []
+
+    def open_store() -> None:
+        time.sleep(0.2)
+        server = socket.create_server(("127.0.0.1", port))
+        opened.append(time.monotonic())
+        time.sleep(1.0)
+        server.close()
+
+    threading.Thread(target=open_store).start()
+    rank.wait_for_store(env)
+    assert opened and time.monotonic() - opened[0] < 0.1
+    t0 = time.monotonic()
+    rank.wait_for_store({**env, "RANK": "0"})
+    rank.wait_for_store({"RANK": "1"})  # no store to meet
+    assert time.monotonic() - t0 < 0.05
 
 
 def test_wire_lines_are_checked() -> None:

@@ -58,7 +58,9 @@ def main(argv: list[str]) -> int:
             if ns.out is not None:
                 with (ns.out / "steps.txt").open("a") as f:
                     f.write(f"{generation} {rank} {os.getpid()} {step}\n")
-            if flags[1].item() > 0:
+            if flags[1].item() > 0:  # the gang leaves after this step
+                if first and ns.crash_on_leave == rank:
+                    os._exit(3)  # it heard of the leave from a peer first: it dies instead
                 return 0
             time.sleep(ns.step_s)
     finally:
