@@ -37,6 +37,34 @@ def beacon_path(pid: int, rank: int) -> Path:
     return DIRECTORY / f"sentinel-beacon-{pid}-{rank}"
 
 
+def fr_trigger_path(pid: int, rank: int) -> Path:
+    """The FIFO on which the rank in process `pid` takes requests for a flight-recorder dump
+    that needs no GIL (trainer_hooks/fr_native.py), beside its beacon."""
+    return DIRECTORY / f"sentinel-fr-{pid}-{rank}"
+
+
+FR_DUMP, FR_QUIT = b"d", b"q"  # the bytes a dump helper reads: dump now; end
+
+
+def poke_fr(fifo: Path, what: bytes = FR_DUMP, owner: int | None = None) -> bool:
+    """Write one byte to a rank's dump FIFO without waiting: True if a helper was there to
+    read it. `owner`: the uid the FIFO must belong to (the agent passes the rank's), so a file
+    someone else put at the path is never written."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # ENXIO: nobody reads it; ENOENT: no helper in that rank
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode) or (owner is not None and st.st_uid != owner):
+            return False
+        return os.write(fd, what) == 1
+    except BlockingIOError:  # its buffer is full of requests not yet read: a dump is coming
+        return True
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class BeaconState:
     step: int  # NONE before the first step

@@ -17,6 +17,8 @@ import pytest
 from demo_checks import assert_same_model, why
 from terminal import ANSI, run_in_pty
 
+from sentinel.fr.dumps import load_dir
+
 SENTINEL = [sys.executable, "-m", "sentinel"]
 
 
@@ -221,6 +223,11 @@ def test_hangs_that_silence_the_ranks_own_watchdog_are_seen_from_outside(
         "SELECT json_extract(result, '$.verdict') FROM actions WHERE action = 'fr_dump'"
     ).fetchall()
     assert verdicts == [("seen hung from outside",)] * 2
+    # The rank holding the GIL still gave its flight recorder (without stacks), through its
+    # GIL-free helper: the last dump of rank 1, whose process was killed in the GIL's hold.
+    dumps = load_dir(tmp_path / "out" / "fr")
+    assert dumps.sidecars[1]["reason"] == "fr.dump without the GIL (native)"
+    assert dumps.summaries[1].entries > 0 and not dumps.unreadable
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from fake_nvml.agent import FakeNvmlAgent, wait_until
 
 from sentinel.agent.ranks.registry import Peer, RankRegistry, Watched
 from sentinel.agent.ranks.watch import OutsideWatchdog
-from sentinel.beacon import LAYOUT, Beacon, beacon_path, read_beacon
+from sentinel.beacon import LAYOUT, Beacon, beacon_path, fr_trigger_path, read_beacon
 from sentinel.protocol import RankRegistration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,11 +146,12 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 AGENT_RANK = textwrap.dedent(
     """
     import os, signal, sys, time
-    from sentinel.beacon import Beacon, beacon_path
+    from sentinel.beacon import Beacon, beacon_path, fr_trigger_path
     from sentinel.protocol import RankRegistration, encode_registration
     from trainer_hooks.transport import AgentTransport
     from trainer_hooks.watchdog import HangWatchdog
     beacon = Beacon(beacon_path(os.getpid(), 5), 60.0)
+    os.mkfifo(fr_trigger_path(os.getpid(), 5), 0o600)  # as the hooks' dump helper makes it
     reg = RankRegistration(job="llm", rank=5, gpu=1, pid=os.getpid(), beacon=str(beacon.path))
     transport = AgentTransport(sys.argv[1], reconnect_s=0.1)
     transport.register(encode_registration(reg))
@@ -185,8 +186,16 @@ def test_the_agent_reports_a_stopped_rank_through_its_socket(tmp_path: Path, lib
 
         seconds = wait_until(lambda: hangs() == 1, timeout_s=20, what="the agent's rank.hang")
         assert seconds < 1.0 + 1.0 + 2.0  # the rank's timeout + the margin (1 s) + checks
+        # Killed, the rank removes nothing: once its process has exited, the agent removes
+        # what it left in /dev/shm.
+        left = [beacon_path(rank.pid, 5), fr_trigger_path(rank.pid, 5)]
+        assert all(p.exists() for p in left)
+        rank.kill()
+        rank.wait()
+        wait_until(lambda: not any(p.exists() for p in left), timeout_s=10, what="leftovers gone")
     finally:
         rank.kill()
         rank.wait()
         beacon_path(rank.pid, 5).unlink(missing_ok=True)
+        fr_trigger_path(rank.pid, 5).unlink(missing_ok=True)
         assert agent.stop() == 0, agent.log()

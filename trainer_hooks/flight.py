@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sentinel.ranks.current import began_ns
+from trainer_hooks.fr_native import NativeDumper, library
 
 log = logging.getLogger("trainer_hooks.flight")
 
@@ -77,6 +78,7 @@ class FlightRecorder:
         self.meta = dict(meta or {})
         self._lock = threading.Lock()
         self.dumps = 0
+        self._native: NativeDumper | None = None
 
     @property
     def path(self) -> Path:
@@ -102,23 +104,55 @@ class FlightRecorder:
         with self._lock:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
             _atomic_write(self.path, raw)
-            sidecar = {
+            _atomic_write(self.sidecar_path, self._sidecar(reason, step, time.time()).encode())
+            self.dumps += 1
+        return self.path, entries
+
+    @property
+    def sidecar_path(self) -> Path:
+        return self.dump_dir / SIDECAR_FMT.format(rank=self.rank)
+
+    def _sidecar(self, reason: str, step: int | None, at: float | None) -> str:
+        # `since_ns`: a warm rank process's recorder still holds earlier generations' entries;
+        # a reader keeps those created since (the Python dump has left them out already, the
+        # native one cannot).
+        return json.dumps(
+            {
                 "format": "sentinel-fr-sidecar/1",
                 "rank": self.rank,
                 "dump_file": self.path.name,
                 "reason": reason,
                 "step": step,
-                "time": time.time(),
+                "time": at,
+                "since_ns": began_ns(),
                 "hostname": socket.gethostname(),
                 "pid": os.getpid(),
                 "process_groups": process_groups(),
                 **self.meta,
             }
-            _atomic_write(
-                self.dump_dir / SIDECAR_FMT.format(rank=self.rank), json.dumps(sidecar).encode()
-            )
-            self.dumps += 1
-        return self.path, entries
+        )
+
+    def arm_native(self, fifo: Path) -> bool:
+        """Start the dump that needs no GIL (trainer_hooks/fr_native.py), taking requests on
+        `fifo`; False where this rank goes without it (said once, or here)."""
+        if library() is None:
+            return False
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        # Written as prepared now, once the helper's dump has landed: the process groups the
+        # rank belongs to do not change within a generation; the step and the time of a dump
+        # the rank's Python cannot see are left unsaid.
+        sidecar = self._sidecar("fr.dump without the GIL (native)", None, None)
+        try:
+            self._native = NativeDumper(fifo, self.path, self.sidecar_path, sidecar)
+        except OSError as e:
+            log.warning("no GIL-free flight-recorder dump in this rank: %s", e)
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
+            self._native = None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from torch import nn
 
-from sentinel.beacon import Beacon, beacon_path
+from sentinel.beacon import Beacon, beacon_path, fr_trigger_path
 from sentinel.protocol import (
     Command,
     CommandKind,
@@ -147,6 +147,8 @@ class SentinelHooks:
         if self.flight and not recorder_enabled():
             log.warning("TORCH_FR_BUFFER_SIZE is not set: flight-recorder dumps will be empty")
         self.beacon = self._open_beacon(cfg)
+        if self.flight and self.beacon:  # an agent watches: it can ask for a dump without GIL
+            self.flight.arm_native(fr_trigger_path(os.getpid(), self.rank))
         self.watchdog = HangWatchdog(
             self._on_hang,
             k=cfg.hang_k,
@@ -392,6 +394,8 @@ class SentinelHooks:
             self.transport.stop()
         if self.beacon is not None:
             self.beacon.close()
+        if self.flight is not None:
+            self.flight.close()
 
     # --- internals ---------------------------------------------------------------------------
 

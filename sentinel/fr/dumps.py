@@ -104,9 +104,13 @@ def _ranks_of(raw: Any) -> list[int]:
     return []
 
 
-def summarize(dump: Any, rank: int) -> RankSummary:
+def summarize(dump: Any, rank: int, since_ns: int | None = None) -> RankSummary:
+    """`since_ns`: entries created before it are an earlier generation's of a warm rank
+    process (its sidecar says when its generation began) and are left out."""
     if not isinstance(dump, dict) or not isinstance(dump.get("entries", []), list):
         raise DumpError("not a flight-recorder dump (expected a dict with an 'entries' list)")
+    if since_ns is not None:
+        dump = {**dump, "entries": [e for e in dump["entries"] if _created(e) >= since_ns]}
     groups: dict[str, GroupState] = {}
     id_to_name: dict[str, str] = {}
     first_record: int | None = None
@@ -180,10 +184,15 @@ def summarize(dump: Any, rank: int) -> RankSummary:
     )
 
 
-def _load_one(path_rank: tuple[str, int]) -> RankSummary | str:
-    path, rank = path_rank
+def _created(entry: Any) -> int:
+    created = entry.get("time_created_ns") if isinstance(entry, dict) else None
+    return created if isinstance(created, int) else 0
+
+
+def _load_one(job: tuple[str, int, int | None]) -> RankSummary | str:
+    path, rank, since_ns = job
     try:
-        return summarize(safe_loads(Path(path).read_bytes()), rank)
+        return summarize(safe_loads(Path(path).read_bytes()), rank, since_ns)
     except (OSError, pickle.UnpicklingError, DumpError, EOFError, ValueError, TypeError) as e:
         return f"{type(e).__name__}: {e}"
 
@@ -209,23 +218,31 @@ def load_dir(path: str | Path, prefix: str | None = None, workers: int | None = 
                 continue
     candidates = [n for n in names if DUMP_RE.match(n) and not SIDECAR_RE.match(n)]
     prefix = _infer_prefix(candidates) if prefix is None else prefix
-    jobs = [
-        (str(root / n), int(n[len(prefix) :]))
+    ranks = [
+        (n, int(n[len(prefix) :]))
         for n in candidates
         if n.startswith(prefix) and n[len(prefix) :].isdigit()
     ]
-    if not jobs:
+    if not ranks:
         raise DumpError(f"no dumps named {prefix}<rank>")
+    jobs = [(str(root / n), r, _since(sidecars.get(r))) for n, r in ranks]
     _seen_configs.clear()
     results = _load_all(jobs, workers)
     summaries = {
-        r: s for (_, r), s in zip(jobs, results, strict=True) if isinstance(s, RankSummary)
+        r: s for (_, r, _), s in zip(jobs, results, strict=True) if isinstance(s, RankSummary)
     }
-    unreadable = {r: s for (_, r), s in zip(jobs, results, strict=True) if isinstance(s, str)}
+    unreadable = {r: s for (_, r, _), s in zip(jobs, results, strict=True) if isinstance(s, str)}
     return DumpDir(summaries, sidecars, unreadable, prefix)
 
 
-def _load_all(jobs: list[tuple[str, int]], workers: int | None) -> list[RankSummary | str]:
+def _since(sidecar: dict[str, Any] | None) -> int | None:
+    since = sidecar.get("since_ns") if isinstance(sidecar, dict) else None
+    return since if isinstance(since, int) and not isinstance(since, bool) else None
+
+
+def _load_all(
+    jobs: list[tuple[str, int, int | None]], workers: int | None
+) -> list[RankSummary | str]:
     workers = workers if workers is not None else min(8, os.cpu_count() or 1)
     if workers <= 1 or len(jobs) < 512:
         return [_load_one(j) for j in jobs]

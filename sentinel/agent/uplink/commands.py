@@ -80,6 +80,9 @@ class CommandRelay:
                 handled += 1
                 continue
             reached = self.ranks.broadcast(encode(cmd)) if self.ranks is not None else 0
+            if cmd.kind == CommandKind.FR_DUMP and self.ranks is not None:
+                # and without the GIL: a rank wedged holding it never reads the line above
+                self.ranks.ask_native_dumps()
             check_id = cmd.args.get("check_id")
             if cmd.kind == CommandKind.FR_DUMP and self.fr is not None and reached and check_id:
                 task = asyncio.create_task(
