@@ -92,6 +92,7 @@ def gather(client: Client, now: float | None = None) -> dict[str, Any]:
     incidents = [i for s in OPEN_STATES for i in client.get(f"/v1/incidents?state={s}")]
     incidents.sort(key=lambda i: i["id"])
     detailed = [client.get(f"/v1/incidents/{i['id']}") for i in incidents[-MAX_INCIDENTS:]]
+    drift = client.get("/v1/fleet/drift")
     return {
         "coordinator": client.url,
         "at": now,
@@ -106,6 +107,13 @@ def gather(client: Client, now: float | None = None) -> dict[str, Any]:
         "jobs": [_job(j, now) for j in jobs],
         "incidents": [_incident(i, now) for i in detailed],
         "incidents_open": len(incidents),
+        # nodes whose configuration differs from the fleet's majority, and in which fields
+        "drift": {
+            "nodes": drift["nodes"],
+            "drifted": {
+                d["node"]: [x["field"] for x in d["differences"]] for d in drift["drifted"]
+            },
+        },
     }
 
 
@@ -155,6 +163,12 @@ def _header(doc: dict[str, Any]) -> Text:
     verdicts = ", ".join(f"{n} {v}" for v, n in sorted(f["by_verdict"].items())) or "none"
     text = Text(f"Sentinel coordinator {doc['coordinator']}\n", style="bold")
     text.append(f"fleet: {f['nodes']} nodes ({states}); verdicts: {verdicts}\n", style="")
+    drift = doc["drift"]
+    if drift["drifted"]:
+        told = [f"{n} ({_names(fields, 3)})" for n, fields in drift["drifted"].items()]
+        text.append(f"configuration drift: {_names(told, 4)}\n", style="red")
+    elif drift["nodes"]:
+        text.append(f"configuration: {drift['nodes']} nodes alike\n", style="")
     text.append(
         f"open incidents: {doc['incidents_open']}",
         style="red" if doc["incidents_open"] else "green",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,17 @@ def test_sentinel_fleet_drift_names_the_drifted_node(coord: Coordinator, tmp_pat
     assert allowed.returncode == 0 and "allowed to differ: gpu.*.vbios" in allowed.stdout
     bad = drift_cli(coord, token, "--allow", "no spaces")
     assert bad.returncode == 2 and "--allow 'no spaces'" in bad.stderr
+    # The API judges each pattern of its list as the command does: 400, naming the bad one.
+    operator = token.read_text().strip()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        coord.call("GET", "/v1/fleet/drift?allow=gpu.*.vbios,a%2Fb", operator)
+    assert (
+        refused.value.code == 400 and "'a/b' is not a field name" in refused.value.read().decode()
+    )
+    too_long = "x" * 129  # one pattern longer than a field name can be
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        coord.call("GET", f"/v1/fleet/drift?allow={too_long}", operator)
+    assert refused.value.code == 400
 
 
 def test_the_burnin_keeps_a_drifted_node_out_before_it_measures(tmp_path: Path) -> None:

@@ -19,7 +19,13 @@ from terminal import ANSI, run_in_pty
 
 from sentinel.commands.demo_cmd import DemoDisplay
 from sentinel.live import LiveProgress
-from sentinel.protocol import EventBatch, encode
+from sentinel.protocol import (
+    AgentFingerprintEvent,
+    AgentFingerprintPayload,
+    EventBatch,
+    Source,
+    encode,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTINEL = [sys.executable, "-m", "sentinel"]
@@ -101,6 +107,17 @@ def busy(coord: Coordinator, tmp_path: Path) -> tuple[Coordinator, Path]:
     coord.call(
         "POST", "/v1/events", node, encode(EventBatch(events=[xid("node-1", 0, 79)])).encode()
     )
+    # every node's configuration fingerprint, spare-0's VBIOS older than the others'
+    admin = coord.token("--role", "admin")
+    prints = [
+        AgentFingerprintEvent(
+            source=Source(node=n),
+            ts=1.0,
+            payload=AgentFingerprintPayload(fields={"driver": "570.124.06", "gpu.0.vbios": vbios}),
+        )
+        for n, vbios in (("node-0", "96.00.A5"), ("node-1", "96.00.A5"), ("spare-0", "96.00.61"))
+    ]
+    coord.call("POST", "/v1/events", admin, encode(EventBatch(events=prints)).encode())
     token = tmp_path / "operator.token"
     token.write_text(coord.token("--role", "operator") + "\n")
     return coord, token
@@ -127,6 +144,7 @@ def test_status_as_json(busy: tuple[Coordinator, Path]) -> None:
     (inc,) = doc["incidents"]
     assert inc["target"] == "node-1" and inc["runs"][0]["playbook"] == inc["playbook"]
     assert inc["runs"][0]["steps"], inc
+    assert doc["drift"] == {"nodes": 3, "drifted": {"spare-0": ["gpu.0.vbios"]}}
 
 
 def test_status_refuses_a_bad_token_and_an_absent_coordinator(
@@ -168,6 +186,7 @@ def test_status_is_one_screen_in_a_terminal(busy: tuple[Coordinator, Path]) -> N
     assert f"Sentinel coordinator {coord.url}" in screen and "open incidents: 1" in screen
     assert "job1" in screen and "gpu_hardware" in screen and "evict_node:done" in screen
     assert "node-1 │ evicted" in screen
+    assert "configuration drift: spare-0 (gpu.0.vbios)" in screen
     assert len(screen.rstrip().splitlines()) < 40  # all of it on one 120x40 screen
 
 

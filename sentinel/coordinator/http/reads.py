@@ -3,14 +3,16 @@ audit log, as JSON made from the store's typed rows (read in the store thread)."
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import to_jsonable_python
 
+from sentinel.config import DRIFT_PATTERN
 from sentinel.coordinator.core.states import IncidentState
 from sentinel.coordinator.http.common import Refusal, query, service
 from sentinel.coordinator.store.sql import SqlStore
@@ -38,10 +40,20 @@ class DriftQuery(BaseModel):
     allow: str = Field(
         default="",
         max_length=8192,
-        pattern=r"^[A-Za-z0-9_.:*?,\[\]-]*$",  # DRIFT_PATTERN's characters, and commas
         description="fields allowed to differ, besides coordinator.drift_allowed: "
         "comma-separated fnmatch patterns (env.NCCL_DEBUG,gpu.*.inforom)",
     )
+
+    @field_validator("allow")
+    @classmethod
+    def _each_a_pattern(cls, value: str) -> str:
+        for pattern in filter(None, value.split(",")):
+            if not re.fullmatch(DRIFT_PATTERN, pattern):
+                raise ValueError(f"{pattern[:40]!r} is not a field name or an fnmatch pattern")
+        return value
+
+    def patterns(self) -> list[str]:
+        return [p for p in self.allow.split(",") if p]
 
 
 def as_json(value: Any) -> Any:
@@ -72,7 +84,7 @@ def fleet_drift(store: SqlStore, allowed: list[str]) -> dict[str, Any]:
 
 async def get_drift(request: web.Request) -> web.Response:
     svc = service(request)
-    asked = [p for p in query(request, DriftQuery).allow.split(",") if p]
+    asked = query(request, DriftQuery).patterns()
     allowed = sorted({*svc.cfg.drift_allowed, *asked})
     return web.json_response(await svc.db(fleet_drift, svc.store, allowed))
 

@@ -50,7 +50,7 @@ ROUTES: tuple[Route, ...] = (
     _listing("/v1/nodes", reads.nodes, reads.NodeListing, "Known nodes and their state"),
     Route("get", "/v1/fleet/drift", reads.get_drift,
           "Nodes whose configuration fingerprint differs from the fleet's majority, and how",
-          READERS, query=reads.DriftQuery, responses=(200, 401, 403, 422)),
+          READERS, query=reads.DriftQuery, responses=(200, 400, 401, 403)),
     _listing("/v1/jobs", reads.jobs, reads.Listing,
              "Jobs, their generation and last supervisor heartbeat"),
     _listing("/v1/incidents", reads.incidents, reads.IncidentListing,
