@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat
 import struct
 import threading
@@ -151,3 +152,44 @@ def read_beacon(path: Path, owner_uid: int | None = None) -> BeaconState | None:
         return None
     finally:
         os.close(fd)
+
+
+_LEFT = re.compile(r"^sentinel-(?:beacon|fr)-(\d+)-\d+$")
+
+
+def _exited(pid: int) -> bool:
+    """Process `pid` is gone, or a zombie waiting for its parent."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # cannot tell: leave its files
+    return text[text.rindex(")") + 2 :][:1] in ("Z", "X")
+
+
+def remove_leftovers(directory: Path = DIRECTORY) -> list[Path]:
+    """Remove the beacons and dump FIFOs that this user's rank processes left when they died
+    without closing their hooks (SIGKILL, the OOM killer): a new rank does it as it opens its
+    own beacon. Only files of the kind a rank makes, that this user owns (in a sticky /dev/shm
+    only they or root may remove them: the node's agent, another user, could not), whose
+    process has exited. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = _LEFT.match(name)
+        if m is None:
+            continue
+        path = directory / name
+        try:
+            st = os.lstat(path)
+            made = stat.S_ISFIFO if name.startswith("sentinel-fr-") else stat.S_ISREG
+            if made(st.st_mode) and st.st_uid == os.getuid() and _exited(int(m[1])):
+                path.unlink()
+                removed.append(path)
+        except OSError:
+            continue
+    return removed

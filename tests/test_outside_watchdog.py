@@ -21,7 +21,7 @@ from fake_nvml.agent import FakeNvmlAgent, wait_until
 
 from sentinel.agent.ranks.registry import Peer, RankRegistry, Watched
 from sentinel.agent.ranks.watch import OutsideWatchdog
-from sentinel.beacon import LAYOUT, Beacon, beacon_path, fr_trigger_path, read_beacon
+from sentinel.beacon import LAYOUT, Beacon, beacon_path, read_beacon, remove_leftovers
 from sentinel.protocol import RankRegistration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,6 +138,30 @@ def test_a_beacon_is_read_only_when_it_is_the_ranks_own(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def test_a_new_rank_removes_what_killed_ranks_of_its_user_left(tmp_path: Path) -> None:
+    """A rank killed without closing its hooks leaves its beacon and dump FIFO; the next rank
+    of the same user removes them as it opens its own: only a dead process's, only the kind a
+    rank makes, never through a link."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, alive = gone.pid, os.getpid()
+    (tmp_path / f"sentinel-beacon-{dead}-3").write_bytes(b"\0" * LAYOUT.size)
+    os.mkfifo(tmp_path / f"sentinel-fr-{dead}-3")
+    kept = [
+        tmp_path / f"sentinel-beacon-{alive}-1",  # its process runs
+        tmp_path / f"sentinel-fr-{dead}-4",  # not a FIFO
+        tmp_path / f"sentinel-beacon-{dead}-5",  # a link
+        tmp_path / f"other-{dead}-3",
+    ]
+    kept[0].write_bytes(b"")
+    kept[1].write_bytes(b"")
+    kept[2].symlink_to(kept[3])
+    kept[3].write_bytes(b"")
+    removed = remove_leftovers(tmp_path)
+    assert sorted(p.name for p in removed) == [f"sentinel-beacon-{dead}-3", f"sentinel-fr-{dead}-3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
+
+
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_library(tmp_path_factory.mktemp("fake-nvml"))
@@ -146,12 +170,11 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 AGENT_RANK = textwrap.dedent(
     """
     import os, signal, sys, time
-    from sentinel.beacon import Beacon, beacon_path, fr_trigger_path
+    from sentinel.beacon import Beacon, beacon_path
     from sentinel.protocol import RankRegistration, encode_registration
     from trainer_hooks.transport import AgentTransport
     from trainer_hooks.watchdog import HangWatchdog
     beacon = Beacon(beacon_path(os.getpid(), 5), 60.0)
-    os.mkfifo(fr_trigger_path(os.getpid(), 5), 0o600)  # as the hooks' dump helper makes it
     reg = RankRegistration(job="llm", rank=5, gpu=1, pid=os.getpid(), beacon=str(beacon.path))
     transport = AgentTransport(sys.argv[1], reconnect_s=0.1)
     transport.register(encode_registration(reg))
@@ -186,16 +209,8 @@ def test_the_agent_reports_a_stopped_rank_through_its_socket(tmp_path: Path, lib
 
         seconds = wait_until(lambda: hangs() == 1, timeout_s=20, what="the agent's rank.hang")
         assert seconds < 1.0 + 1.0 + 2.0  # the rank's timeout + the margin (1 s) + checks
-        # Killed, the rank removes nothing: once its process has exited, the agent removes
-        # what it left in /dev/shm.
-        left = [beacon_path(rank.pid, 5), fr_trigger_path(rank.pid, 5)]
-        assert all(p.exists() for p in left)
-        rank.kill()
-        rank.wait()
-        wait_until(lambda: not any(p.exists() for p in left), timeout_s=10, what="leftovers gone")
     finally:
         rank.kill()
         rank.wait()
         beacon_path(rank.pid, 5).unlink(missing_ok=True)
-        fr_trigger_path(rank.pid, 5).unlink(missing_ok=True)
         assert agent.stop() == 0, agent.log()

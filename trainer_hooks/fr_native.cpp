@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -27,6 +28,7 @@ using DumpFn = std::string (*)(bool include_collectives, bool include_stack_trac
 // c10d::dump_fr_trace[abi:cxx11](bool, bool, bool)
 constexpr const char* kDumpSymbol = "_ZN4c10d13dump_fr_traceB5cxx11Ebbb";
 constexpr char kQuit = 'q';  // any other byte asks for a dump
+constexpr std::chrono::seconds kMinInterval{1};
 
 struct Target {
   std::string fifo;
@@ -66,6 +68,7 @@ bool replace_file(const std::string& path, const std::string& data) {
 }
 
 void serve(Target t) {
+  auto last = std::chrono::steady_clock::time_point{};
   for (;;) {
     int fd = open(t.fifo.c_str(), O_RDONLY | O_CLOEXEC);  // waits for a writer
     if (fd < 0) {
@@ -83,7 +86,11 @@ void serve(Target t) {
         close(fd);
         return;  // the hooks closed: the next generation has a thread of its own
       }
-      // one dump for however many requests arrived together
+      // One dump for however many requests arrived together, and at most one a second: the
+      // FIFO is writable by the node's agent, which may run as another user, so by others too.
+      auto now = std::chrono::steady_clock::now();
+      if (now - last < kMinInterval) continue;
+      last = now;
       std::string dump = t.dump(true, false, false);
       if (replace_file(t.dump_path, dump)) replace_file(t.sidecar_path, t.sidecar);
     }

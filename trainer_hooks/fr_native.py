@@ -99,7 +99,10 @@ class NativeDumper:
         if lib is None:
             raise OSError(_unavailable or "the helper could not be loaded")
         fifo.unlink(missing_ok=True)  # a dead process of the same pid left it
-        os.mkfifo(fifo, 0o600)
+        os.mkfifo(fifo)
+        # The node's agent may run as a user of its own (the shipped unit's `sentinel`): it
+        # must be able to write. Anyone who can is heard at most once a second.
+        os.chmod(fifo, 0o622)
         code = lib.sentinel_fr_native_start(
             str(fifo).encode(),
             str(dump_path).encode(),

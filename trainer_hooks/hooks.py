@@ -32,7 +32,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from torch import nn
 
-from sentinel.beacon import Beacon, beacon_path, fr_trigger_path
+from sentinel.beacon import Beacon, beacon_path, fr_trigger_path, remove_leftovers
 from sentinel.protocol import (
     Command,
     CommandKind,
@@ -404,6 +404,7 @@ class SentinelHooks:
         agent listens); a host without /dev/shm goes without, said once."""
         if not (cfg.enabled and self.transport.socket_path):
             return None
+        remove_leftovers()  # what this user's ranks killed before left in /dev/shm
         try:
             return Beacon(beacon_path(os.getpid(), self.rank), cfg.hang_first_step_s)
         except OSError as e:

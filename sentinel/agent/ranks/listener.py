@@ -21,18 +21,15 @@ from pathlib import Path
 from sentinel.agent.ranks.registry import (
     Peer,
     RankRegistry,
-    Watched,
     is_registration,
     parse_registration,
 )
-from sentinel.agent.ranks.watch import remove_leftovers
 from sentinel.beacon import fr_trigger_path, poke_fr
 from sentinel.protocol import Event, ProtocolError, decode_batch, decode_event
 
 log = logging.getLogger("sentinel.agent.ranks")
 
 MAX_LINE_BYTES = 1 << 20
-LEFTOVER_TRIES = 5  # a closed connection's process is checked for having exited this often
 
 
 def peer_of(sock: socket.socket | None) -> Peer | None:
@@ -131,13 +128,6 @@ class RankSocketServer:
             for w in self.registry.watched()
         )
 
-    def _sweep(self, released: list[Watched], tries: int) -> None:
-        """Remove what released ranks' dead processes left; a process still exiting as its
-        connection closed is looked at again a second later, a few times."""
-        running = [w for w in released if remove_leftovers(w) is None]
-        if running and tries > 1:
-            asyncio.get_running_loop().call_later(1.0, self._sweep, running, tries - 1)
-
     def _drop(self, reason: str) -> None:
         self.garbage += 1
         self._warn_once("dropped a rank message", reason)
@@ -164,8 +154,6 @@ class RankSocketServer:
         except (ConnectionResetError, BrokenPipeError):
             pass
         finally:
-            # The rank is gone: so is its claim on a GPU, and, if its process died without
-            # closing its hooks, the beacon and dump FIFO it left in /dev/shm.
-            self._sweep(self.registry.release(writer), LEFTOVER_TRIES)
+            self.registry.release(writer)  # the rank is gone: so is its claim on a GPU
             self._writers.discard(writer)
             writer.close()

@@ -122,14 +122,9 @@ class RankRegistry:
                 if peer is not None and reg.beacon is not None:
                     yield Watched(reg, peer, Path(reg.beacon))
 
-    def release(self, conn: Hashable) -> list[Watched]:
-        """Forget the connection's registrations; returns those that were watched."""
-        gone: list[Watched] = []
-        peer = self._peers.pop(conn, None)
-        for reg in self._by_conn.pop(conn, []):
-            if peer is not None and reg.beacon is not None:
-                gone.append(Watched(reg, peer, Path(reg.beacon)))
-        return gone
+    def release(self, conn: Hashable) -> None:
+        self._by_conn.pop(conn, None)
+        self._peers.pop(conn, None)
 
     def __len__(self) -> int:
         return sum(len(regs) for regs in self._by_conn.values())

@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from stat import S_ISFIFO, S_ISREG
 
 from sentinel.agent.ranks.registry import Watched
-from sentinel.beacon import NONE, BeaconState, fr_trigger_path, read_beacon
+from sentinel.beacon import NONE, BeaconState, read_beacon
 from sentinel.protocol import Event, RankHangEvent, RankHangPayload, Source
 
 Clock = Callable[[], float]
@@ -52,28 +51,6 @@ def proc_stat(pid: int, proc: Path = Path("/proc")) -> ProcStat | None:
     fields = raw[raw.rindex(")") + 2 :].split()  # after the command, which may hold spaces
     ticks = os.sysconf("SC_CLK_TCK")
     return ProcStat(fields[0], (int(fields[11]) + int(fields[12])) / ticks)
-
-
-def remove_leftovers(w: Watched) -> list[Path] | None:
-    """Remove the beacon and dump FIFO a rank process left when it died without closing its
-    hooks (SIGKILL, the OOM killer), once its process has exited (a zombie waiting for its
-    parent has), and only files of the kind it made that its user owns, never through a link.
-    Returns what was removed; None while the process still runs (its hooks remove them as they
-    close, or it has yet to exit)."""
-    stat = proc_stat(w.peer.pid)
-    if stat is not None and stat.state not in ("Z", "X"):
-        return None
-    removed = []
-    made = ((w.beacon, S_ISREG), (fr_trigger_path(w.peer.pid, w.reg.rank), S_ISFIFO))
-    for path, kind in made:
-        try:
-            st = os.lstat(path)
-            if kind(st.st_mode) and st.st_uid == w.peer.uid:
-                path.unlink()
-                removed.append(path)
-        except OSError:
-            continue
-    return removed
 
 
 @dataclass
