@@ -10,7 +10,8 @@ known long pause: a blocking checkpoint), and the last step whose stall the rank
 reported. A sequence counter, odd while a write is under way, keeps a reader from taking a
 torn record.
 
-Standard library only: the hooks import it into every training process.
+Standard library only (and `sentinel.processes`, which is too): the hooks import it into
+every training process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from sentinel.processes import proc_stat
 
 MAGIC = b"SNTB"
 # magic, sequence, step, progress_at, timeout_s, reported step, paused
@@ -159,13 +162,8 @@ _LEFT = re.compile(r"^sentinel-(?:beacon|fr)-(\d+)-\d+$")
 
 def _exited(pid: int) -> bool:
     """Process `pid` is gone, or a zombie waiting for its parent."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False  # cannot tell: leave its files
-    return text[text.rindex(")") + 2 :][:1] in ("Z", "X")
+    found = proc_stat(pid)
+    return found is None or found[1] in ("Z", "X")
 
 
 def remove_leftovers(directory: Path = DIRECTORY) -> list[Path]:

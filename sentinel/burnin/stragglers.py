@@ -6,13 +6,13 @@ over `median * (1 + straggler_slowdown)` and more than `k` robust deviations (MA
 noisy fleet widens the band instead of flagging ranks at random.
 
 The measurement runs in many short rounds, all ranks at once (a barrier starts every timed
-operation): every rank times a few products or copies on its own device clock
-(`Compute.clock`; its fastest one counts), each rank's time is divided by the median of the
-round's other ranks, and a rank is scored by the median of those ratios over all rounds. The
-ranks of a round are measured under the same conditions, so load that comes and goes on the machine moves the whole round and
-cancels out; a GPU that is slow every time stays slow in every round. Ranks that share a host
-without GPUs (the simulated fleet) can measure at once because their clock is their own CPU
-time: time-sharing the cores does not count, only the work each rank did.
+operation): every rank times a few products or copies on its own device clock (`Compute.clock`;
+its fastest one counts), each rank's time is divided by the median of the round's other ranks,
+and a rank is scored by the median of those ratios over all rounds. The ranks of a round are
+measured under the same conditions, so load that comes and goes on the machine moves the whole
+round and cancels out; a GPU that is slow every time stays slow in every round. Ranks that
+share a host without GPUs (the simulated fleet) can measure at once because their clock is
+their own CPU time: time-sharing the cores does not count, only the work each rank did.
 """
 
 from __future__ import annotations

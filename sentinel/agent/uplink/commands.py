@@ -80,9 +80,10 @@ class CommandRelay:
                 handled += 1
                 continue
             reached = self.ranks.broadcast(encode(cmd)) if self.ranks is not None else 0
+            native = 0
             if cmd.kind == CommandKind.FR_DUMP and self.ranks is not None:
                 # and without the GIL: a rank wedged holding it never reads the line above
-                self.ranks.ask_native_dumps()
+                native = self.ranks.ask_native_dumps()
             check_id = cmd.args.get("check_id")
             if cmd.kind == CommandKind.FR_DUMP and self.fr is not None and reached and check_id:
                 task = asyncio.create_task(
@@ -90,7 +91,12 @@ class CommandRelay:
                 )
                 self._carrying.add(task)
                 task.add_done_callback(self._carrying.discard)
-            log.info("relayed %s to %d rank(s)", cmd.kind.value, reached, extra={"id": cmd.id})
+            log.info(
+                "relayed %s to %d rank(s)",
+                cmd.kind.value,
+                reached,
+                extra={"id": cmd.id, "native_dumps_asked": native},
+            )
             await self._ack(session, cmd, {"relayed_to_ranks": reached})
             self.relayed += 1
             handled += 1
