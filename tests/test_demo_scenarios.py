@@ -219,10 +219,16 @@ def test_hangs_that_silence_the_ranks_own_watchdog_are_seen_from_outside(
     ).fetchall()
     assert [(rank, state) for rank, state, _ in seen] == [(3, "T (stopped)"), (1, "R (running)")]
     assert seen[0][2] == 0.0 and seen[1][2] >= 0.5  # the spinning rank holds a core
-    verdicts = db.execute(
-        "SELECT json_extract(result, '$.verdict') FROM actions WHERE action = 'fr_dump'"
+    found = db.execute(
+        "SELECT json_extract(result, '$.verdict'), json_extract(result, '$.culprit_nodes') "
+        "FROM actions WHERE action = 'fr_dump' ORDER BY rowid"
     ).fetchall()
-    assert verdicts == [("seen hung from outside",)] * 2
+    assert [json.loads(nodes) for _, nodes in found] == [["node-1"], ["node-0"]]
+    # A stopped rank gives no dump: only the agent's word names it. The spinning rank's
+    # GIL-free dump (below) may reach the analysis before its agent's report does, and the
+    # analysis then names it as a hang: either way the culprit is found without the deadline.
+    assert found[0][0] == "seen hung from outside"
+    assert found[1][0] in ("seen hung from outside", "hang")
     # The rank holding the GIL still gave its flight recorder (without stacks), through its
     # GIL-free helper: the last dump of rank 1, whose process was killed in the GIL's hold.
     dumps = load_dir(tmp_path / "out" / "fr")
