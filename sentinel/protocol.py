@@ -264,6 +264,7 @@ class RankFrDumpPayload(_Strict):
     path: str
     reason: str
     entries: int | None = Field(default=None, ge=0)
+    check_id: str | None = None  # the `fr.dump` command's check, quoted back
 
 
 # A rank's answer to `stacks.dump` is bounded, so one answer fits the agent's 1 MiB line:
@@ -568,6 +569,10 @@ class CommandKind(StrEnum):
     STACKS_DUMP = "stacks.dump"  # to a node's agent: its ranks answer with `rank.stacks`
     # To a node's agent: run the validation burn-in, answer with `node.validation`.
     NODE_VALIDATE = "node.validate"
+    # To a node's agent: upload the node's evidence for an incident's bundle (its NVML
+    # snapshot, XID history, kernel-log tail, recent verdicts) as `node-evidence.json` of the
+    # check `args.check_id` (`PUT /v1/fr/{check}/{node}/node-evidence.json`).
+    NODE_EVIDENCE = "node.evidence"
 
 
 class LrScale(_Strict):

@@ -67,6 +67,16 @@ class Client:
         except ValueError:
             raise StatusError(f"{reply.url}{path}: not JSON: {reply.text()[:200]}") from None
 
+    def download(self, path: str, bad_input: tuple[int, ...] = (401, 403)) -> bytes:
+        """`GET path`'s bytes (an archive, not JSON); StatusError as `call`."""
+        reply = self._fetch("GET", path)
+        if not reply.ok:
+            raise StatusError(
+                f"{reply.url}{path}: {reply.status} {reply.error()}",
+                bad_input=reply.status in bad_input,
+            )
+        return reply.body
+
     def _fetch(self, method: str, path: str, body: dict[str, Any] | None = None) -> Reply:
         data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
         headers = self.headers | ({"Content-Type": "application/json"} if body is not None else {})

@@ -56,6 +56,7 @@ READS: dict[str, str] = (
         "status --token-file": f"status --coordinator {COORD} --token-file {{}}",
         "stacks --token-file": f"stacks j1 --coordinator {COORD} --token-file {{}}",
         "fleet drift --token-file": f"fleet drift --coordinator {COORD} --token-file {{}}",
+        "incident bundle --token-file": f"incident bundle 1 --coordinator {COORD} --token-file {{}}",
     }
     | {
         f"incident {verb} --token-file": f"incident {verb} 1 {extra} --coordinator {COORD} --token-file {{}}"
@@ -91,6 +92,7 @@ OUTPUTS: dict[str, str] = {
     "burnin --save-baseline": "burnin --sim-nodes 2 --save-baseline {}",
     "demo --out": "demo --quick --out {}",
     "dashboards burnin-textfile --out": "dashboards burnin-textfile {report} --out {}",
+    "incident bundle -o": f"incident bundle 1 --coordinator {COORD} -o {{}}",
 }
 
 

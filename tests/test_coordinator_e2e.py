@@ -148,7 +148,10 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(
     wait_for(lambda: len(acked) > 400, what="load")
     with coord.db() as db:
         wait_for(
-            lambda: db.execute("SELECT COUNT(*) FROM commands").fetchone()[0] == 1,
+            lambda: (
+                db.execute("SELECT COUNT(*) FROM commands WHERE kind = 'job.restart'").fetchone()[0]
+                == 1
+            ),
             what="resume step",
         )
     # a DBE storm on four more nodes; kill -9 while the engine works through it
@@ -178,13 +181,16 @@ def test_kill_9_loses_no_acknowledged_event_and_repeats_no_action(
         stored = {r[0] for r in db.execute("SELECT id FROM events")}
         missing = [i for i in acked if i not in stored]
         assert not missing, f"{len(missing)} acknowledged events lost"
-        repeated = "SELECT incident_id FROM commands GROUP BY incident_id HAVING COUNT(*) > 1"
+        repeated = (
+            "SELECT incident_id FROM commands WHERE kind = 'job.restart'"
+            " GROUP BY incident_id HAVING COUNT(*) > 1"
+        )
         assert db.execute(repeated).fetchall() == []
         evicted = sorted(r[0] for r in db.execute("SELECT name FROM nodes WHERE state='evicted'"))
         audited = "SELECT COUNT(*) FROM audit WHERE what='action.evict_node' AND why LIKE 'done:%'"
         assert db.execute(audited).fetchone()[0] == len(evicted) == 4  # the budget, once each
         runs = db.execute("SELECT status, step_index FROM runs ORDER BY id").fetchall()
-        assert tuple(runs[0]) == ("waiting", 3)  # continued where it stopped: still in `resume`
+        assert tuple(runs[0]) == ("waiting", 4)  # continued where it stopped: still in `resume`
         assert sorted(r[0] for r in runs) == ["escalated"] + ["waiting"] * 4
         # the supervisor never came: its job is visibly lost
         wait_for(

@@ -33,6 +33,7 @@ from sentinel.protocol import (
     GpuVerdict,
     NodeHealthPayload,
     NodeValidationPayload,
+    RankFrDumpPayload,
     RankHangPayload,
     RankLaunchPayload,
     RankSdcPayload,
@@ -703,7 +704,8 @@ def test_playbook_check_refuses_unknown_stages_and_targets_never_met(tmp_path: P
     shorter than the parts it spans; each refusal names its file and line, exit 2."""
     head = (
         "incident: {fault: x, scope: job}\ntrigger:\n  - kinds: [rank.crash]\n"
-        "steps:\n  - {action: rollback}\n  - {action: resume}\nstage_targets_s:\n"
+        "steps:\n  - {action: evidence}\n  - {action: rollback}\n  - {action: resume}\n"
+        "stage_targets_s:\n"
     )
     books = {
         "unknown": "  decide: 5\n  evict_node: 10\n",  # it evicts nothing
@@ -714,7 +716,8 @@ def test_playbook_check_refuses_unknown_stages_and_targets_never_met(tmp_path: P
         (tmp_path / f"{name}.yaml").write_text(f"name: {name}\n{head}{targets}")
     (tmp_path / "good.yaml").write_text(
         "name: good\nincident: {fault: y, scope: job}\ntrigger:\n  - kinds: [rank.crash]\n"
-        "steps:\n  - {action: resume}\nstage_targets_s: {first_step: 60, rendezvous: 10}\n"
+        "steps:\n  - {action: evidence}\n  - {action: resume}\n"
+        "stage_targets_s: {first_step: 60, rendezvous: 10}\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "sentinel", "playbooks", "check", str(tmp_path)],
@@ -723,15 +726,26 @@ def test_playbook_check_refuses_unknown_stages_and_targets_never_met(tmp_path: P
     )
     assert done.returncode == 2, done.stderr
     err = done.stderr
-    assert f"{tmp_path}/unknown.yaml:10: stage_targets_s.evict_node: unknown stage" in err
-    assert "stages: decide, rollback, resume, rendezvous, checkpoint_load, first_step" in err
-    assert f"{tmp_path}/zero.yaml:9: stage_targets_s.first_step: Input should be greater" in err
-    assert f"{tmp_path}/never.yaml:11: stage_targets_s.first_step: can never be met" in err
+    assert f"{tmp_path}/unknown.yaml:11: stage_targets_s.evict_node: unknown stage" in err
+    assert (
+        "stages: decide, evidence, rollback, resume, bundle, rendezvous, checkpoint_load,"
+        " first_step" in err
+    )
+    assert f"{tmp_path}/zero.yaml:10: stage_targets_s.first_step: Input should be greater" in err
+    assert f"{tmp_path}/never.yaml:12: stage_targets_s.first_step: can never be met" in err
     assert "whose targets add up to 35 s" in err
     assert "good.yaml" not in err and "3 error(s)" in err
     good = load_playbook(tmp_path / "good.yaml")
     assert good.stage_targets_s == {"first_step": 60, "rendezvous": 10}
-    assert good.all_stages() == ["decide", "resume", "rendezvous", "checkpoint_load", "first_step"]
+    assert good.all_stages() == [
+        "decide",
+        "evidence",
+        "resume",
+        "bundle",
+        "rendezvous",
+        "checkpoint_load",
+        "first_step",
+    ]
 
 
 def test_coordinator_and_supervisor_never_import_torch() -> None:
@@ -926,6 +940,8 @@ def test_a_node_that_keeps_being_evicted_is_a_lemon_until_a_person_clears_it(
         ingest.ingest(EventBatch(events=[job_status("j", nodes, spares[gen:], gen)]), clock())
         ingest.ingest(EventBatch(events=[xid("node-1", ts=clock())]), clock())
         engine.tick()
+        clock.t += 2.5  # node-1's agent, alive, never answers the evidence step: past its grace
+        engine.tick()
         assert one(store, "SELECT state FROM nodes WHERE name='node-1'")["state"] == "evicted"
         incident = query(store, "SELECT id FROM incidents ORDER BY id")[-1]["id"]
         body = {"node": "node-1"}
@@ -977,6 +993,11 @@ def _stacks(node: str, rank: int, request_id: str) -> Event:
     return make_event(EventKind.RANK_STACKS, Source(node=node, rank=rank, job="job1"), payload)
 
 
+def _dumped(node: str, rank: int, check_id: str) -> Event:
+    payload = RankFrDumpPayload(path=f"/fr/{rank}", reason="command", check_id=check_id)
+    return make_event(EventKind.RANK_FR_DUMP, Source(node=node, rank=rank, job="job1"), payload)
+
+
 def _hang(node: str, rank: int, **kw: object) -> Event:
     payload = RankHangPayload(step=14, waited_s=15.0, timeout_s=15.0, **kw)  # type: ignore[arg-type]
     return make_event(EventKind.RANK_HANG, Source(node=node, rank=rank, job="job1"), payload)
@@ -1004,10 +1025,14 @@ def test_a_rank_its_agent_saw_hung_is_the_culprit_without_waiting_for_its_eviden
     ingest.ingest(EventBatch(events=[late, seen]), clock())
     assert one(store, "SELECT COUNT(*) n FROM incidents")["n"] == 1  # the same hang
     clock.t += 0.5
-    engine.tick()  # the analysis is not waited for; the stacks are asked for
+    engine.tick()  # the analysis is not waited for; the evidence is asked for
     asked = query(store, "SELECT args FROM commands WHERE kind='stacks.dump'")
     (ask,) = {c["args"]["request_id"] for c in asked}
-    ingest.ingest(EventBatch(events=[_stacks(n, r, ask) for n, r in peers_of(3)]), clock())
+    kept = query(store, "SELECT args FROM commands WHERE kind='fr.dump'")
+    (check,) = {c["args"]["check_id"] for c in kept if c["args"].get("purpose") == "evidence"}
+    answers = [_stacks(n, r, ask) for n, r in peers_of(3)]
+    answers += [_dumped(n, r, check) for n, r in peers_of(3)]
+    ingest.ingest(EventBatch(events=answers), clock())
     clock.t += 0.5
     engine.tick()
     (stop,) = query(store, "SELECT id FROM commands WHERE kind='job.stop'")
@@ -1021,5 +1046,6 @@ def test_a_rank_its_agent_saw_hung_is_the_culprit_without_waiting_for_its_eviden
     steps = {r["action"]: r["result"] for r in query(store, "SELECT action, result FROM actions")}
     assert steps["fr_dump"]["culprit_nodes"] == ["node-1"]
     assert steps["fr_dump"]["silenced_ranks"] == {"3": "T (stopped), 0% of a core"}
-    assert steps["stacks"]["silenced_ranks"] == {"3": "T (stopped), 0% of a core"}
-    assert clock.t - 1_000_000.0 < 20  # neither the analysis (120 s) nor the stacks (20 s)
+    assert steps["evidence"]["silenced_ranks"] == {"3": "T (stopped), 0% of a core"}
+    assert steps["evidence"]["timed_out"] == []
+    assert clock.t - 1_000_000.0 < 10  # neither the analysis (120 s) nor the evidence (10 s)

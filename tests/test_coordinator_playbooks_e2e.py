@@ -262,16 +262,19 @@ def test_thermal_straggler_and_hang(job_factory: Any, coord: Coordinator) -> Non
     assert (coord.state / "exclude.txt").read_text().split() == ["node-0", "node-1", "spare-1"]
     audit = coord.call("GET", "/v1/audit?limit=1000", job.admin)
     assert "action.notify" in [a["what"] for a in audit]  # type: ignore[union-attr]
-    # before the repair: stacks asked for (this toy job has no agents: every rank is silent,
-    # and says so) and the gang torn down, verified, each stage timed from the hang verdict
+    # before the repair: the evidence asked for (this toy job has no agents: no rank can
+    # answer, and the record says so) and the gang torn down, verified, each stage timed from
+    # the hang verdict
     hang = coord.call("GET", f"/v1/incidents/{incidents[2]['id']}", job.admin)
     steps = {a["action"]: a["result"] for a in hang["actions"]}  # type: ignore[index]
-    assert steps["stacks"]["missing_ranks"] == "0-3" and steps["stacks"]["answered"] == 0
+    stacks = steps["evidence"]["stacks"]
+    assert stacks["missing_ranks"] == "0-3" and stacks["answered"] == 0
+    assert steps["evidence"]["timed_out"] == [] and steps["evidence"]["captured_s"] < 5
     teardown = steps["teardown"]
     assert teardown["teardown"]["verified"] and teardown["teardown"]["survivors"] == []
     stages = teardown["stages_s"]
-    assert 0 < stages["dumps_saved_s"] <= stages["stacks_saved_s"] <= stages["all_ranks_gone_s"]
-    assert stages["all_ranks_gone_s"] - stages["stacks_saved_s"] < 30
+    assert 0 < stages["dumps_saved_s"] <= stages["evidence_saved_s"] <= stages["all_ranks_gone_s"]
+    assert stages["all_ranks_gone_s"] - stages["evidence_saved_s"] < 30
 
 
 def test_killed_supervisor_leaves_the_job_visibly_lost(job_factory: Any) -> None:

@@ -74,6 +74,7 @@ def test_a_warm_restart_keeps_every_survivor_and_reads_the_checkpoint(tmp_path: 
         "incident": 4,
         "fault": "rank_crash",
         "path": "warm_restart",
+        "at": 10.0,
         "generation": 1,
         "survivor_stall_s": 3.0,
         "join_s": 2.5,
@@ -171,3 +172,29 @@ def test_a_joiner_ended_before_it_reported_read_no_checkpoint(tmp_path: Path) ->
     steps = [(9.9, 25, 0), (12.5, 21, 2)]
     live, warm = repair_costs(restarts(log, t0=0.0), steps, launches, gpus_per_node=2)
     assert (live["checkpoint_reads"], warm["checkpoint_reads"]) == (0, 4)
+
+
+def test_a_join_another_fault_cut_short_is_not_the_live_repairs_miss() -> None:
+    """The spare heals from the other replica; a hang strikes that replica 3 s later, so the
+    spare can join only through the hang's own repair, 20 s on: the live repair's entry names
+    the hang, and the judge counts no miss for it. A join past its target with no other
+    fault in its way stays a miss."""
+    from sentinel.lab.demo.result import _repair_problems
+
+    def live(join: float) -> dict[str, object]:
+        return {
+            "incident": 5,
+            "path": "live",
+            "at": 40.0,
+            "survivor_stall_s": 1.5,
+            "join_s": join,
+            "checkpoint_reads": 0,
+            "survivors_restarted": 0,
+        }
+
+    cut = live(20.0)
+    assert _repair_problems([cut], [(30.0, "xid"), (43.0, "hang")]) == []
+    assert cut["join_cut_short_by"] == "hang"
+    assert _repair_problems([live(20.0)], [(30.0, "xid"), (70.0, "hang")]) == [
+        "live repair of incident #5: the spare joined in 20.0 s (target 15 s)"
+    ]

@@ -470,6 +470,13 @@ def test_the_struck_node_may_train_until_its_repair_drains_it() -> None:
     assert res["faults"][0]["repair_problem"] == (
         "node-1 still trained after the repair (generation 3)"
     )
+    # ...unless the supervisor took that restart before the drain: it launches on the nodes it
+    # was given, and this repair's own restart follows
+    ev = evidence(sc, [inc], strikes, generations=gens)
+    ev.repairs = [{"generation": 3, "at": 34.0, "path": "warm_restart", "incident": 2}]
+    assert build_result(ev)["faults"][0]["repair_problem"] is None
+    ev.repairs = [{"generation": 3, "at": 36.0, "path": "warm_restart", "incident": 2}]
+    assert "still trained" in build_result(ev)["faults"][0]["repair_problem"]
 
 
 def test_a_live_rejoin_of_another_replica_does_not_run_the_struck_node_again() -> None:

@@ -229,6 +229,16 @@ def test_hangs_that_silence_the_ranks_own_watchdog_are_seen_from_outside(
     # analysis then names it as a hang: either way the culprit is found without the deadline.
     assert found[0][0] == "seen hung from outside"
     assert found[1][0] in ("seen hung from outside", "hang")
+    # Each repair kept its evidence first: the culprit node's own, every rank's stacks and the
+    # dumps of the ranks that could write one, sealed whole.
+    bundles = db.execute("SELECT manifest FROM bundles ORDER BY incident_id").fetchall()
+    kept = [json.loads(m) for (m,) in bundles]
+    assert [m["missing"] for m in kept] == [{}, {}]
+    assert [sorted(n for n in m["files"] if n.startswith("nodes/")) for m in kept] == [
+        ["nodes/node-1.json"],
+        ["nodes/node-0.json"],
+    ]
+    assert all("stacks.json" in m["files"] and m["capture_s"] <= 10 for m in kept)
     # The rank holding the GIL still gave its flight recorder (without stacks), through its
     # GIL-free helper: the last dump of rank 1, whose process was killed in the GIL's hold.
     dumps = load_dir(tmp_path / "out" / "fr")

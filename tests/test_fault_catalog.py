@@ -126,7 +126,7 @@ def test_a_playbook_with_an_unknown_action_is_refused_with_its_line(tmp_path: Pa
     (tmp_path / "bad.yaml").write_text(
         "name: bad\nincident: {fault: x, scope: node}\ntrigger:\n  - kinds: [node.health]\n"
         "    when:\n      - {field: payload.xids.*.xid, op: asks, value: [explode]}\n"
-        "steps:\n  - {action: resume}\n"
+        "steps:\n  - {action: evidence}\n  - {action: resume}\n"
     )
     with pytest.raises(PlaybookError, match=r"bad.yaml:6"):
         load_playbooks(tmp_path)

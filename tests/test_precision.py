@@ -111,7 +111,7 @@ def test_a_false_alarm_is_counted_against_its_playbook_and_fails_the_score(
     assert check.returncode == 0, check.stderr
     line = next(x for x in check.stdout.splitlines() if x.startswith("gpu_hardware_fault:"))
     assert "shadow: it may evict_node, and its precision on the rules corpus is 0.00" in line
-    harmless = "rank_crash: ok (2 steps, priority 20); acts: it evicts and stops nothing"
+    harmless = "rank_crash: ok (3 steps, priority 20); acts: it evicts and stops nothing"
     assert harmless in check.stdout
 
 

@@ -1,5 +1,5 @@
 """All-rank stacks without a gang: capturing this process's threads, grouping, rendering, and the
-hang playbook's `stacks` and `teardown` steps on the store (SQLite and PostgreSQL)."""
+hang playbook's `evidence` and `teardown` steps on the store (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coord_util import job_status, one, query
-from test_coordinator_logic import setup
+from test_coordinator_logic import heartbeat, setup
 
 from sentinel.coordinator.core.operator import ack_command
 from sentinel.coordinator.store import SqlStore
@@ -17,6 +17,7 @@ from sentinel.protocol import (
     EventBatch,
     EventKind,
     FrAnalysisPayload,
+    RankFrDumpPayload,
     RankHangPayload,
     RankStacksPayload,
     Source,
@@ -92,7 +93,7 @@ def test_capture_takes_every_thread_main_first_and_bounds_the_depth() -> None:
     assert len(got.model_dump_json()) < 1 << 20  # one line on the agent's socket
 
 
-def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
+def test_hang_playbook_captures_evidence_then_tears_down_with_stage_times(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
     store, ingest, engine, clock = setup(tmp_path, new_store)
@@ -106,16 +107,23 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
         Source(node="node-0", rank=0, job="job1"),
         RankHangPayload(waited_s=90.0),
     )
-    post(status, hang)
+    post(status, hang, heartbeat("node-0"), heartbeat("node-1"))  # each node's agent is up
     engine.tick()
     fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
     clock.t += 4.0
     analysis = FrAnalysisPayload(verdict="hang", culprit_ranks=[1], check_id=fr)
     post(make_event(EventKind.FR_ANALYSIS, Source(job="job1"), analysis))
-    engine.tick()  # dumps saved; the stacks are asked of both nodes' agents
+    engine.tick()  # analysed; the evidence is asked of every rank and of the culprit's node
     asked = query(store, "SELECT target, args FROM commands WHERE kind='stacks.dump' ORDER BY id")
     assert [a["target"] for a in asked] == ["node-0", "node-1"]
     rid = asked[0]["args"]["request_id"]
+    kept = query(store, "SELECT target, args FROM commands WHERE kind='fr.dump' ORDER BY id")
+    kept = [k for k in kept if not k["args"]["check_id"].startswith(fr)]
+    check = kept[0]["args"]["check_id"]
+    assert {a["args"]["purpose"] for a in kept} == {"evidence"}
+    assert [k["target"] for k in kept] == ["job1", "node-0", "node-1"]
+    node_asked = query(store, "SELECT target, args FROM commands WHERE kind='node.evidence'")
+    assert node_asked == [{"target": "node-0", "args": {"check_id": check}}]  # the culprit's
     clock.t += 1.0
     answers = [
         make_event(
@@ -127,12 +135,23 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
         )
         for r in range(4)
     ]
-    post(*answers[:3])
-    engine.tick()  # rank 3 has not answered: the step waits
+    dumps = [
+        make_event(
+            EventKind.RANK_FR_DUMP,
+            Source(node=f"node-{r // 2}", rank=r, job="job1"),
+            RankFrDumpPayload(path=f"/fr/{r}", reason="command", check_id=check),
+        )
+        for r in range(4)
+    ]
+    post(*answers, *dumps[:3])
+    engine.tick()  # rank 3 has not dumped: the step waits
     assert not query(store, "SELECT 1 FROM commands WHERE kind='job.stop'")
-    post(answers[3])
-    engine.tick()  # every rank answered: saved; the gang is told to stop
-    stacks = one(store, "SELECT result FROM actions WHERE action='stacks'")["result"]
+    post(dumps[3])
+    engine.tick()  # every rank wrote its part: captured; the gang is told to stop
+    evidence = one(store, "SELECT result FROM actions WHERE action='evidence'")["result"]
+    assert evidence["fr_dumped_ranks"] == "0-3" and evidence["timed_out"] == []
+    assert evidence["captured_s"] == 1.0
+    stacks = evidence["stacks"]
     assert stacks["missing_ranks"] == "" and [g["ranks"] for g in stacks["groups"]] == [
         "1",
         "0,2-3",
@@ -146,7 +165,7 @@ def test_hang_playbook_saves_stacks_then_tears_down_with_stage_times(
     assert done["teardown"] == teardown
     assert done["stages_s"] == {
         "dumps_saved_s": 4.0,
-        "stacks_saved_s": 5.0,
+        "evidence_saved_s": 5.0,
         "all_ranks_gone_s": 17.0,
     }
     evict = one(store, "SELECT result FROM actions WHERE action='evict_node'")
@@ -165,7 +184,8 @@ def test_a_rank_surviving_sigkill_escalates(
         Source(node="node-0", rank=0, job="job1"),
         RankHangPayload(waited_s=90.0),
     )
-    ingest.ingest(EventBatch(events=[status, hang]), clock())
+    beats = [heartbeat("node-0"), heartbeat("node-1")]  # their agents are up, and will not answer
+    ingest.ingest(EventBatch(events=[status, hang, *beats]), clock())
     engine.tick()
     fr = one(store, "SELECT id FROM commands WHERE kind='fr.dump' AND target_kind='job'")["id"]
     analysis = FrAnalysisPayload(verdict="hang", culprit_ranks=[1], check_id=fr)
@@ -174,10 +194,14 @@ def test_a_rank_surviving_sigkill_escalates(
         clock(),
     )
     engine.tick()
-    clock.t += 21.0  # no agent answers: the stacks step gives up waiting, the ranks are silent
     engine.tick()
-    stacks = one(store, "SELECT result FROM actions WHERE action='stacks'")["result"]
+    assert one(store, "SELECT state FROM actions WHERE action='evidence'")["state"] != "done"
+    clock.t += 3.0  # no agent answered the evidence commands: they relay to no rank
+    engine.tick()
+    evidence = one(store, "SELECT result FROM actions WHERE action='evidence'")["result"]
+    stacks = evidence["stacks"]
     assert stacks["missing_ranks"] == "0-3" and stacks["answered"] == 0
+    assert evidence["timed_out"] == [] and evidence["captured_s"] == 3.0
     stop = one(store, "SELECT id FROM commands WHERE kind='job.stop'")["id"]
     bad = {
         "processes": 4,

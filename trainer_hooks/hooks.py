@@ -366,7 +366,9 @@ class SentinelHooks:
                 if wrapped:
                     timing.instrument_collectives(self.timer)
 
-    def dump_flight_recorder(self, reason: str = "manual") -> Path | None:
+    def dump_flight_recorder(
+        self, reason: str = "manual", check_id: str | None = None
+    ) -> Path | None:
         if self.flight is None:
             return None
         try:
@@ -378,7 +380,11 @@ class SentinelHooks:
         self._send(
             EventKind.RANK_FR_DUMP,
             RankFrDumpPayload(
-                step=self.watchdog.last_step, path=str(path), reason=reason, entries=entries
+                step=self.watchdog.last_step,
+                path=str(path),
+                reason=reason,
+                entries=entries,
+                check_id=check_id,
             ),
         )
         return path
@@ -540,7 +546,8 @@ class SentinelHooks:
         if cmd.target.rank is not None and cmd.target.rank != self.rank:
             return
         if cmd.kind == CommandKind.FR_DUMP:
-            self.dump_flight_recorder("command")
+            check_id = cmd.args.get("check_id")
+            self.dump_flight_recorder("command", str(check_id) if check_id else None)
         elif cmd.kind == CommandKind.SDC_CHECK:
             check_id = cmd.args.get("check_id")
             self.sdc_check.requested_id = str(check_id) if check_id else None  # quoted back

@@ -16,7 +16,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sentinel.agent.health.judge import GpuHealth, HealthEvaluator, NodeHealth, XidOutcome
+from sentinel.agent.health.judge import (
+    GpuHealth,
+    HealthEvaluator,
+    NodeHealth,
+    RecentXid,
+    XidOutcome,
+)
 from sentinel.agent.health.kmsg import KernelLog, KernelXid, XidPairing, normal_bus_id
 from sentinel.agent.health.node_rules import NodeSignals, Report
 from sentinel.agent.health.sources import HOST, KMSG, SourceStates
@@ -53,6 +59,16 @@ class XidTally:
     counts: Counter[tuple[int, int]] = field(default_factory=Counter)  # (gpu, xid) -> n
     last: dict[int, int] = field(default_factory=dict)  # gpu -> last xid
     sources: Counter[str] = field(default_factory=Counter)  # "nvml" / "kmsg" -> XIDs admitted
+
+
+@dataclass(frozen=True, slots=True)
+class XidHistory:
+    """What the agent knows of this node's XIDs, read at one moment (see `xid_history`)."""
+
+    counts: dict[tuple[int, int], int]  # (gpu, xid) -> occurrences since the agent started
+    last: dict[int, int]  # gpu -> its last xid
+    sources: dict[str, int]  # "nvml" / "kmsg" -> XIDs admitted from each
+    recent: tuple[RecentXid, ...]  # inside the evaluator's window, with their arrivals
 
 
 class NodeMonitor:
@@ -156,6 +172,14 @@ class NodeMonitor:
             if self.snapshot is None or not (reports or self._stall):
                 return []
             return self._recompose()
+
+    def xid_history(self) -> XidHistory:
+        """The tally and the evaluator's window, copied under the lock the sweep thread judges
+        under: read from the event loop, a judgement half done would tear them."""
+        with self._lock:
+            t = self.xids
+            recent = tuple(self.evaluator.recent_xids())
+            return XidHistory(dict(t.counts), dict(t.last), dict(t.sources), recent)
 
     def _admit_kernel_xids(self, found: list[KernelXid]) -> list[XidEvent]:
         if not found:  # nearly every poll: no need to index the GPUs by bus

@@ -50,6 +50,7 @@ from sentinel.agent.ranks.watch import EVERY_S, OutsideWatchdog
 from sentinel.agent.systemd import Notifier
 from sentinel.agent.uplink.commands import CommandRelay
 from sentinel.agent.uplink.delivery import Deliverer
+from sentinel.agent.uplink.evidence import EvidenceGatherer
 from sentinel.agent.uplink.fr_carry import FrCarrier
 from sentinel.agent.uplink.spool import Spool
 from sentinel.agent.uplink.validation import NodeValidator
@@ -166,6 +167,7 @@ class Agent:
         )
         self.outside = OutsideWatchdog(cfg.node_id, cfg.outside_hang_margin_s)
         self.relay: CommandRelay | None = None
+        self.fingerprints: FingerprintReporter | None = None
         if cfg.coordinator_url:
             if cfg.token_file is None:  # every request would be refused, forever
                 raise InputError(
@@ -186,18 +188,10 @@ class Agent:
             fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
             gpus = cfg.sim.gpus if cfg.sim is not None else max(1, backend.gpu_count())
             validator = NodeValidator(cfg.node_id, gpus, self.emit, sim_faults)
-            self.relay = CommandRelay(
-                coordinators, token, cfg.node_id, self.rank_server, fr=fr, validator=validator
-            )
-        self.registry.register(
-            AgentCollector(cfg.node_id, self.monitor, self._extra_metrics, cfg.dcgm_names)
-        )
-        self.stopped = asyncio.Event()
-        self._sweeper = SweepThread()
-        # The node's configuration, for the coordinator's drift judgement: with no coordinator
-        # there is no one to tell (and no reason to run the job's interpreter every hour).
-        self.fingerprints = (
-            FingerprintReporter(
+            # The node's configuration, for the coordinator's drift judgement: with no
+            # coordinator there is no one to tell (and no reason to run the job's interpreter
+            # every hour).
+            self.fingerprints = FingerprintReporter(
                 self.monitor.source,
                 self._nvml_fingerprint,
                 self.emit,
@@ -205,9 +199,27 @@ class Agent:
                 job_python=cfg.job_python,
                 job_env_file=cfg.job_env_file,
             )
-            if self.deliverer is not None
-            else None
+            evidence = EvidenceGatherer(
+                cfg.node_id,
+                self.monitor,
+                self.kernel_log,
+                self.rank_server.registry if self.rank_server is not None else None,
+                self.fingerprints,
+            )
+            self.relay = CommandRelay(
+                coordinators,
+                token,
+                cfg.node_id,
+                self.rank_server,
+                fr=fr,
+                validator=validator,
+                evidence=evidence,
+            )
+        self.registry.register(
+            AgentCollector(cfg.node_id, self.monitor, self._extra_metrics, cfg.dcgm_names)
         )
+        self.stopped = asyncio.Event()
+        self._sweeper = SweepThread()
         self._urgent_sweeps: set[asyncio.Task[None]] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None

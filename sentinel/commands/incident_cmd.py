@@ -1,17 +1,23 @@
 """`sentinel incident ack|approve|resolve ID` and `sentinel incident act ID ACTION`: an
 operator's hand on an incident from the command line, through the coordinator's API (the same
-roles, rails and audit as `POST /v1/incidents/{id}/...` and `POST /v1/actions`)."""
+roles, rails and audit as `POST /v1/incidents/{id}/...` and `POST /v1/actions`); `sentinel
+incident bundle ID`: its evidence bundle, as one archive (`GET /v1/incidents/{id}/bundle`)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from sentinel.commands.jsonout import add_json_option, check_json_target, emit_json, json_to_stdout
 from sentinel.commands.status_cmd import add_coordinator_options, ask
 from sentinel.exitcodes import ExitCode, InputError
+
+if TYPE_CHECKING:
+    from sentinel.status import Client
 
 VERBS = {
     "ack": ("acknowledge", "acknowledge an incident: a person is on it"),
@@ -53,6 +59,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="an action parameter (repeatable); VALUE is read as YAML: 3, true, [a, b]",
     )
     act.add_argument("--why", required=True, help="the reason, kept in the audit trail")
+    bundle = verbs.add_parser(
+        "bundle",
+        help="write the incident's evidence bundle (one tar.gz) to a file",
+        description="Fetch the incident's evidence bundle: the ranks' flight-recorder dumps "
+        "and stacks, its nodes' evidence (NVML snapshot, XID history, kernel-log tail, "
+        "verdicts) and its timeline, with a manifest of what was captured and what was "
+        "missing. The archive is checked against the sha256 the coordinator sealed it under; "
+        "an existing file is never overwritten with other bytes.",
+    )
+    _common(bundle)
+    bundle.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="PATH",
+        help="where to write it (default: incident-ID-SHA.tar.gz here)",
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -78,6 +101,8 @@ def params_of(pairs: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     check_json_target(args)
+    if args.verb == "bundle":
+        return write_bundle(args)
     if args.verb == "act":
         body = {
             "incident": args.id,
@@ -95,4 +120,41 @@ def run(args: argparse.Namespace) -> int:
     if not json_to_stdout(args):
         told = ", ".join(f"{k} {v}" for k, v in doc.items() if k not in ("incident", "queued_at"))
         print(f"incident {args.id} {args.verb}: {told}")
+    return ExitCode.OK
+
+
+def write_bundle(args: argparse.Namespace) -> int:
+    if args.output is not None and not args.output.resolve().parent.is_dir():
+        raise InputError(f"-o {args.output}: {args.output.parent} is not a directory")
+
+    def fetch(client: Client) -> dict[str, Any]:
+        summary = client.call("GET", f"/v1/incidents/{args.id}", REFUSED).get("bundle")
+        if summary is None:
+            raise InputError(f"incident {args.id} has no evidence bundle (yet)")
+        data = client.download(f"/v1/incidents/{args.id}/bundle", REFUSED)
+        return {"summary": summary, "data": data}
+
+    got = ask(args, fetch)
+    if got is None:
+        return ExitCode.UNAVAILABLE
+    summary, data = got["summary"], got["data"]
+    sha = hashlib.sha256(data).hexdigest()
+    if sha != summary["sha256"]:
+        raise InputError(f"the bundle's bytes hash to {sha}, not {summary['sha256']} as sealed")
+    path = args.output or Path(f"incident-{args.id}-{sha[:12]}.tar.gz")
+    if path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() != sha:
+        raise InputError(f"{path} exists and holds other bytes: not overwritten")
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write it: {e.strerror or e}") from None
+    doc = {"incident": args.id, "path": str(path), **summary}
+    emit_json(args, doc)
+    if not json_to_stdout(args):
+        missing = "; ".join(f"{k}: {v}" for k, v in summary["missing"].items()) or "nothing"
+        print(
+            f"incident {args.id}: bundle {sha} ({len(data)} bytes) written to {path}\n"
+            f"  ranks' part captured in {summary['capture_s']} s, sealed in "
+            f"{summary['seal_s']} s; missing: {missing}"
+        )
     return ExitCode.OK

@@ -20,7 +20,7 @@ from typing import Any
 
 from sentinel.config import SupervisorConfig
 from sentinel.failover import Reply, Unreachable
-from sentinel.fr.dumps import dumped_ranks
+from sentinel.fr.dumps import SIDECAR_RE, dumped_ranks
 from sentinel.protocol import FrAnalysisEvent, FrAnalysisPayload, Source
 
 log = logging.getLogger("sentinel.supervisor")
@@ -63,6 +63,42 @@ class FlightAnalysis:
                 break  # a rank's sidecar lands after its dump: every dump is whole
             await asyncio.sleep(0.1)
         await self._run_analyzer(fr_dir, check_id)
+
+    async def keep(self, check_id: str, since: float, world: int) -> None:
+        """An `fr.dump` for an incident's evidence (`purpose: evidence`) with the ranks dumping
+        into `fr_dir`: carry each rank's dump and sidecar to the coordinator under the check
+        as soon as they are written (a later dump, such as the one a rank writes as it is torn
+        down, replaces them here), for the incident's bundle. No analysis: nothing waits on one."""
+        fr_dir = self.cfg.fr_dir
+        assert fr_dir is not None
+        kept: set[int] = set()
+        deadline = time.time() + self.cfg.fr_wait_s
+        while len(kept) < world and time.time() < deadline:
+            for name in sorted(written_since(fr_dir, since)):
+                sidecar = SIDECAR_RE.match(name)  # written after its dump: the dump is whole
+                if sidecar is not None and int(sidecar[1]) not in kept:
+                    kept.add(int(sidecar[1]))
+                    await self._carry(fr_dir / name, check_id)
+            await asyncio.sleep(0.1)
+        log.info("kept the dumps of %d rank(s) for %s", len(kept), check_id)
+
+    async def _carry(self, sidecar: Path, check_id: str) -> None:
+        try:
+            raw = sidecar.read_bytes()
+            meta = json.loads(raw)
+            node, dump = str(meta["node"]), sidecar.with_name(Path(str(meta["dump_file"])).name)
+            files = [(dump.name, dump.read_bytes()), (sidecar.name, raw)]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("cannot keep the dump of %s for %s: %s", sidecar.name, check_id, e)
+            return
+        for name, data in files:
+            try:
+                r = await self.call("PUT", f"/v1/fr/{check_id}/{node}/{name}", data=data)
+            except Unreachable as e:
+                log.warning("cannot keep %s for %s: %s", name, check_id, e)
+                continue
+            if r.status != 200:
+                log.warning("coordinator refused %s for %s: %s", name, check_id, r.status)
 
     async def _collect(self, check_id: str, into: Path, world: int) -> None:
         """The dumps the nodes' agents carried to the coordinator: until every rank's dump and

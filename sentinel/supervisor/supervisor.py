@@ -249,8 +249,15 @@ class Supervisor:
                 # than now).
                 since = min(cmd.ts or time.time(), time.time())
                 world = len(self.job.nodes) * self.job.gpus_per_node
-                analysis = self.flight.analyze(cmd.args.get("check_id"), since, world)
-                task = asyncio.create_task(analysis)
+                check_id = cmd.args.get("check_id")
+                if cmd.args.get("purpose") != "evidence":
+                    work = self.flight.analyze(check_id, since, world)
+                elif self.cfg.fr_dir and check_id:  # else the nodes' agents carry them
+                    work = self.flight.keep(str(check_id), since, world)
+                else:
+                    await self.report_status()
+                    return
+                task = asyncio.create_task(work)
                 self._background.add(task)
                 task.add_done_callback(self._background_done)
         await self.report_status()

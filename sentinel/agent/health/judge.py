@@ -78,6 +78,15 @@ class XidOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RecentXid:
+    """One (gpu, xid) the evaluator still remembers: its latest judgement and how long ago each
+    occurrence inside `xid_window_s` arrived, oldest first."""
+
+    outcome: XidOutcome
+    ages_s: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GpuHealth:
     gpu: int
     uuid: str | None
@@ -286,6 +295,17 @@ class HealthEvaluator:
         )
         self._last[key] = outcome
         return outcome
+
+    def recent_xids(self) -> list[RecentXid]:
+        """The XIDs inside the window, by GPU and XID: the history an incident's node evidence
+        carries (agent/uplink/evidence.py). Ages, not times: the clock is the evaluator's own."""
+        now = self._clock()
+        horizon, out = now - self._thresholds.xid_window_s, []
+        for key, seen in sorted(self._seen.items()):
+            ages = tuple(round(now - t, 3) for t in seen if t > horizon)
+            if ages and key in self._last:
+                out.append(RecentXid(self._last[key], ages))
+        return out
 
     def _expire(self, now: float) -> None:
         horizon = now - self._thresholds.xid_window_s

@@ -31,6 +31,11 @@ from sentinel.agent.health.node_rules import Report
 log = logging.getLogger("sentinel.agent.health.kmsg")
 
 MAX_RECORDS_PER_POLL = 4096
+# The last records read, kept for an incident's node evidence (agent/uplink/evidence.py): a
+# reboot or a reset is about to lose the kernel's ring, and its lines around a fault are what a
+# person reads first. Bounded in lines and in bytes per line (a kmsg record is 1 KiB at most).
+TAIL_LINES = 200
+TAIL_LINE_BYTES = 1024
 _RECORD = re.compile(rb"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})[^)]*\): (\d+)\b")
 _READ_ONLY = (
@@ -100,8 +105,9 @@ class KernelLog:
         # state (health/sources.py) logs and exports it, once a change
         self.problem: str | None = None
         self._fd: int | None = None
-        self._tail = b""
+        self._tail = b""  # a record not yet ended by its newline
         self._from_start = from_start
+        self.recent: deque[str] = deque(maxlen=TAIL_LINES)  # records read, as they came
 
     def _open(self) -> int | None:
         if self._fd is None:
@@ -154,6 +160,7 @@ class KernelLog:
     def _line(self, raw: bytes, xids: list[KernelXid], reports: list[Report]) -> None:
         if not raw.strip() or raw.startswith(b" "):  # blank, or a record's KEY=value line
             return
+        self.recent.append(raw[:TAIL_LINE_BYTES].decode("utf-8", "replace"))
         m = _RECORD.match(raw)
         if m is None:
             self._garbage("not a kmsg record", raw, reports)

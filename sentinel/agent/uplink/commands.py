@@ -1,6 +1,7 @@
 """Relay the coordinator's rank commands (dump the flight recorder, run an SDC check, checkpoint
 now) to the training ranks connected to this node's socket, and carry out the node's own
-(`node.validate`: the validation burn-in, `agent/validation.py`).
+(`node.validate`: the validation burn-in, `uplink/validation.py`; `node.evidence`: the node's
+part of an incident's evidence bundle, `uplink/evidence.py`).
 
 Long-polls `GET /v1/commands?node=ID` with the node's token; a command is acknowledged only
 after it was written to the ranks, so one lost with the agent is delivered again (at least once;
@@ -18,6 +19,7 @@ import aiohttp
 
 from sentinel.agent.ranks.listener import RankSocketServer
 from sentinel.agent.uplink.delivery import Backoff
+from sentinel.agent.uplink.evidence import EvidenceGatherer, check_id_problem
 from sentinel.agent.uplink.fr_carry import FrCarrier
 from sentinel.agent.uplink.validation import NodeValidator
 from sentinel.failover import CONNECT_TIMEOUT_S, Coordinators, Refused, Unreachable, request
@@ -36,9 +38,13 @@ class CommandRelay:
         wait_s: float = 20,
         fr: FrCarrier | None = None,
         validator: NodeValidator | None = None,
+        evidence: EvidenceGatherer | None = None,
     ) -> None:
         self.validator = validator
         self.fr = fr  # carries the ranks' flight-recorder dumps after an fr.dump
+        self.evidence = evidence  # gathers and uploads the node's evidence on node.evidence
+        # Uploads under way (dumps, evidence): held here so a task is not collected mid-way,
+        # and run beside the poll loop, which goes on taking commands meanwhile.
         self._carrying: set[asyncio.Task[int]] = set()
         self.coordinators = coordinators  # shared with the agent's other clients
         self.token = token
@@ -79,6 +85,10 @@ class CommandRelay:
                 await self._ack(session, cmd, self._validate(cmd))
                 handled += 1
                 continue
+            if cmd.kind == CommandKind.NODE_EVIDENCE:  # the node's own too
+                await self._ack(session, cmd, self._gather(session, cmd))
+                handled += 1
+                continue
             reached = self.ranks.broadcast(encode(cmd)) if self.ranks is not None else 0
             native = 0
             if cmd.kind == CommandKind.FR_DUMP and self.ranks is not None:
@@ -106,6 +116,25 @@ class CommandRelay:
         if self.validator is None:
             return {"error": "this agent runs no validations"}
         return {"validation_started": self.validator.start(cmd)}
+
+    def _gather(self, session: aiohttp.ClientSession, cmd: Command) -> dict[str, object]:
+        """Start gathering and uploading the node's evidence; acknowledged at once, so the
+        repair waiting on the ranks' part is not held by the node's (its outcome is logged,
+        and the bundle tells whether the file came)."""
+        if self.evidence is None:
+            return {"error": "this agent gathers no evidence"}
+        check_id = cmd.args.get("check_id")
+        problem = check_id_problem(check_id)
+        if problem is not None:
+            log.error("refused %s: %s", cmd.kind.value, problem, extra={"id": cmd.id})
+            return {"error": problem}
+        task = asyncio.create_task(
+            self.evidence.upload(session, self.coordinators, str(check_id)),
+            name=f"evidence {check_id}",
+        )
+        self._carrying.add(task)
+        task.add_done_callback(self._carrying.discard)
+        return {"evidence": "gathering"}
 
     async def _ack(
         self, session: aiohttp.ClientSession, cmd: Command, detail: dict[str, object]

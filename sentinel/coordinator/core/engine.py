@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sentinel.config import CoordinatorConfig
-from sentinel.coordinator.core import lifecycle
+from sentinel.coordinator.core import bundle, lifecycle
 from sentinel.coordinator.core.actions import ACTIONS, ActionContext, StepResult
 from sentinel.coordinator.core.actions import StepStatus as St
 from sentinel.coordinator.core.actions.base import PendingEviction
@@ -95,7 +95,9 @@ class Engine:
     def _advance_all(self) -> int:
         now = self.clock()
         self._check_jobs(now)
-        return sum(self._advance(run, now) for run in self.store.runs(LIVE_RUNS))
+        finished = sum(self._advance(run, now) for run in self.store.runs(LIVE_RUNS))
+        bundle.seal_due(self.store, now)  # evidence gathered beside the repairs
+        return finished
 
     # --- runs --------------------------------------------------------------------------------
 

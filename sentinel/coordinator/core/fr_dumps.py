@@ -1,7 +1,9 @@
 """Flight-recorder dumps carried from the nodes, kept for the job that asked for them.
 
 A node's agent uploads each dump file of an `fr.dump` check (`PUT /v1/fr/{check}/{node}/{name}`);
-a node token may upload only as its own node. The job's supervisor (or an operator) reads every
+a node token may upload only as its own node, a job's supervisor (which may read the ranks' dumps
+from a directory of its own) only for the nodes its job runs on. The same check holds a node's
+own evidence for an incident's bundle (`core/bundle.py`). The job's supervisor (or an operator) reads every
 file of that check (`GET /v1/fr/{check}`) and runs the analysis on them; a node token reads
 none. Files live in the store (`fr_dumps`), so every coordinator sharing it serves every upload;
 they go with the events' retention.
@@ -36,9 +38,16 @@ def upload(
     store: StateStore, who: Principal, check: str, node: str, name: str, data: bytes, now: float
 ) -> None:
     """Store one dump file of a check (an upload again replaces it)."""
-    if who.role != Role.ADMIN and not (who.role == Role.NODE and who.node == node):
+    if not may_upload(store, who, node):
         raise Refused(f"{who} may not upload dumps for node {node}")
     store.put_fr_dump(check, node, name, data, now)
+
+
+def may_upload(store: StateStore, who: Principal, node: str) -> bool:
+    if who.role == Role.ADMIN or (who.role == Role.NODE and who.node == node):
+        return True
+    job = store.job(who.job) if who.role == Role.JOB and who.job else None
+    return job is not None and node in (*job.status.nodes, *job.status.spares)
 
 
 def dumps(store: StateStore, who: Principal, check: str) -> list[tuple[str, str, bytes]]:

@@ -12,6 +12,7 @@ trigger:                       # any clause matching opens (or joins) the incide
     min_count: 1               # this many matching events from the same node ...
     window_s: 0                # ... within this window (0: within the event retention)
 steps:                         # run in order; each step's state is persisted
+  - {action: evidence}         # before a step that destroys it (evict, teardown, resume)
   - {action: evict_node, params: {reason: "GPU hardware fault"}}
   - {action: resume}
 guards: {cooldown_s: 600, require_approval: false, dry_run: false}
@@ -29,8 +30,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from types import UnionType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -47,6 +47,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from sentinel.coordinator.core.actions import ACTIONS
 from sentinel.coordinator.core.clearance import Clearance
+from sentinel.coordinator.core.event_paths import resolves
 from sentinel.coordinator.core.stages import LAUNCH_STAGES
 from sentinel.exitcodes import InputError
 from sentinel.inputs import parse_yaml, read_text
@@ -96,7 +97,7 @@ class TriggerClause(_Strict):
         """A condition's field is in the events it is asked of (a misspelt one would never
         hold, and the playbook never fire)."""
         for field in _fields(self.when):
-            if not any(_resolves(EVENT_TYPES[k], field.split(".")) for k in self.kinds):
+            if not any(resolves(EVENT_TYPES[k], field.split(".")) for k in self.kinds):
                 kinds = ", ".join(k.value for k in self.kinds)
                 raise ValueError(f"{field} is not a field of {kinds} events")
         return self
@@ -104,36 +105,6 @@ class TriggerClause(_Strict):
 
 def _fields(conditions: list[Condition]) -> list[str]:
     return [f for c in conditions for f in ([c.field] if c.field else _fields(c.any))]
-
-
-def _resolves(annotation: Any, path: list[str]) -> bool:
-    """Whether a dotted path (`*` for any element of a list) leads somewhere in a value of this
-    type; a mapping, or a value of any type, holds whatever is asked of it."""
-    if not path:
-        return True
-    head, rest = path[0], path[1:]
-    for option in _options(annotation):
-        origin = get_origin(option)
-        if option is Any or option is dict or origin is dict:
-            return True
-        if head == "*" and origin in (list, tuple, set, frozenset):
-            if any(_resolves(a, rest) for a in get_args(option) if a is not Ellipsis):
-                return True
-        elif isinstance(option, type) and issubclass(option, BaseModel):
-            field = option.model_fields.get(head)
-            if field is not None and _resolves(field.annotation, rest):
-                return True
-    return False
-
-
-def _options(annotation: Any) -> list[Any]:
-    """The types a value of `annotation` may have (Optional, unions and Annotated unwrapped)."""
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        return _options(get_args(annotation)[0])
-    if origin in (Union, UnionType):
-        return [t for a in get_args(annotation) for t in _options(a)]
-    return [annotation]
 
 
 class IncidentSpec(_Strict):
@@ -193,6 +164,21 @@ class Playbook(_Strict):
     # Set by the coordinator from the corpus's scores (`gate`); None: not gated (a replay).
     _clearance: Clearance | None = PrivateAttr(default=None)
 
+    @field_validator("steps")
+    @classmethod
+    def _evidence_first(cls, steps: list[Step]) -> list[Step]:
+        """What a repair destroys is captured before it: an `evidence` step comes before the
+        first step that ends rank processes or takes a node (`BaseAction.destroys_evidence`)."""
+        for index, step in enumerate(steps):
+            if step.action == "evidence":
+                break
+            if ACTIONS[step.action].destroys_evidence:
+                raise ValueError(
+                    f"step {index + 1} ({step.action}) destroys the ranks' flight recorders and"
+                    " stacks or the node's state: put an `evidence` step before it"
+                )
+        return steps
+
     @field_validator("stage_targets_s")
     @classmethod
     def _known_stages(cls, targets: dict[str, float], info: ValidationInfo) -> dict[str, float]:
@@ -232,8 +218,9 @@ class Playbook(_Strict):
         return list(dict.fromkeys(step.action for step in self.steps))
 
     def all_stages(self) -> list[str]:
-        """Every stage `/metrics` observes for it: `decide`, its steps' actions, and when it
-        resumes the job, the relaunch's (`rendezvous`, `checkpoint_load`, `first_step`)."""
+        """Every stage `/metrics` observes for it: `decide`, its steps' actions, `bundle` when
+        it captures evidence, and when it resumes the job, the relaunch's (`rendezvous`,
+        `checkpoint_load`, `first_step`)."""
         return _stages_of(self.steps)
 
     def runs_dry(self, store: StateStore, cfg: CoordinatorConfig) -> bool:
@@ -274,8 +261,9 @@ def _error(name: str, value: Any, message: str, **ctx: str) -> InitErrorDetails:
 
 def _stages_of(steps: list[Step]) -> list[str]:
     actions = list(dict.fromkeys(step.action for step in steps))
+    sealed = ["bundle"] if "evidence" in actions else []  # sealed beside the repair
     relaunch = list(LAUNCH_STAGES) if "resume" in actions else []
-    return ["decide", *actions, *relaunch]
+    return ["decide", *actions, *sealed, *relaunch]
 
 
 class PlaybookError(ValueError):

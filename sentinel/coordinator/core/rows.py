@@ -261,6 +261,19 @@ class PruneResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BundleRow:
+    """An incident's sealed evidence bundle (`core/bundle.py`, the `bundles` table)."""
+
+    incident_id: int
+    sha256: str
+    manifest: dict[str, Any]
+    data: bytes
+    started_at: float  # the evidence step began
+    captured_at: float  # the ranks' part was in (the repair went on)
+    sealed_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class IncidentView:
     """One incident with everything that happened to it (`GET /v1/incidents/{id}`)."""
 

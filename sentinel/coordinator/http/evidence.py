@@ -1,5 +1,6 @@
 """The evidence nodes and ranks carry to the coordinator: flight-recorder dump files
-(`core/fr_dumps.py`) and every rank's stacks (`core/stacks.py`)."""
+(`core/fr_dumps.py`), every rank's stacks (`core/stacks.py`), and an incident's sealed bundle
+(`core/bundle.py`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 
 from sentinel.coordinator.core import fr_dumps, stacks
 from sentinel.coordinator.http.common import Refusal, path_name, principal, service
+from sentinel.coordinator.http.reads import incident_id
 
 
 async def put_dump(request: web.Request) -> web.Response:
@@ -56,3 +58,23 @@ async def get_stacks(request: web.Request) -> web.Response:
     except LookupError as e:
         raise Refusal(404, str(e)) from None
     return web.json_response({"job": job, "request": rid, **grouped.as_json()})
+
+
+async def get_bundle(request: web.Request) -> web.Response:
+    number, svc = incident_id(request), service(request)
+    found = await svc.db(svc.store.bundle, number)
+    if found is None:
+        known = await svc.db(svc.store.incident, number)
+        if known is None:
+            raise Refusal(404, "no such incident")
+        raise Refusal(
+            404,
+            f"incident {number} has no evidence bundle: none of its repairs captured evidence,"
+            " or its bundle is still being gathered (sealed within a minute of the capture)",
+        )
+    name = f"incident-{number}-{found.sha256[:12]}.tar.gz"
+    headers = {
+        "X-Sentinel-Bundle-Sha256": found.sha256,
+        "Content-Disposition": f'attachment; filename="{name}"',
+    }
+    return web.Response(body=found.data, content_type="application/gzip", headers=headers)

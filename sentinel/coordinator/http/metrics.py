@@ -103,10 +103,14 @@ class IncidentHistory:
         for row in self.store.repair_stages():
             for stage, seconds in launch_stage_seconds(row).items():
                 stages.setdefault((row.playbook, stage), []).append(seconds)
+        for book, seconds in self.store.bundle_seconds():
+            stages.setdefault((book, "bundle"), []).append(max(0.0, seconds))
         yield labelled_histogram(
             f"{p}repair_stage_seconds",
             "a repair's stages per playbook: decide (run created to its first step), then each"
-            " step by its action (evict_node: the drain; resume: until the new gang runs), then"
+            " step by its action (evidence: the ranks' capture; evict_node: the drain; resume:"
+            " until the new gang runs), bundle (the capture begun to the evidence bundle sealed),"
+            " then"
             " the new gang's rendezvous and checkpoint_load, and first_step (the restart"
             " ordered to the new gang's first step done)",
             ["playbook", "stage"],

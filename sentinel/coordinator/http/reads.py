@@ -116,8 +116,20 @@ def incident(store: SqlStore, incident_id: int) -> dict[str, Any] | None:
         actions=as_json(view.actions),
         audit=as_json(view.audit),
         stages=as_json(view.stages),  # each relaunching repair's timeline (`stages.py`)
+        bundle=bundle_summary(store, incident_id),
     )
     return doc
+
+
+def bundle_summary(store: SqlStore, incident_id: int) -> dict[str, Any] | None:
+    """The incident's evidence bundle, less its bytes (`GET .../bundle` serves them)."""
+    found = store.bundle(incident_id)
+    if found is None:
+        return None
+    keys = ("capture_s", "seal_s", "missing", "started_at", "captured_at", "sealed_at")
+    return {"sha256": found.sha256, "bytes": len(found.data)} | {
+        k: found.manifest.get(k) for k in keys
+    }
 
 
 def listing(read: Callable[[SqlStore, Any], Any], model: type[Listing]) -> Callable[..., Any]:

@@ -100,6 +100,11 @@ class EventsRepo(SqlBase, ABC):
         found = _answer("node.validation", "request_id", request_id).where(events.c.node == node)
         return self._row(StoredEvent, found.order_by(events.c.received_at).limit(1))
 
+    def rank_fr_dumps(self, job: str, check_id: str) -> list[StoredEvent]:
+        """The ranks' `rank.fr_dump` reports of one `fr.dump` check."""
+        found = _answer("rank.fr_dump", "check_id", check_id).where(events.c.job == job)
+        return self._rows(StoredEvent, found)
+
     def rank_stacks(self, job: str, request_id: str) -> list[StoredEvent]:
         """The ranks' `rank.stacks` answers to one stacks request, oldest first."""
         found = _answer("rank.stacks", "request_id", request_id).where(events.c.job == job)

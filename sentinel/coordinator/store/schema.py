@@ -224,6 +224,17 @@ repair_stages = Table(
     Column("resume_step", BigInteger, nullable=False),
     Index("repair_stages_incident", "incident_id"),
 )
+# An incident's evidence bundle (`core/bundle.py`): one archive an incident, sealed once and
+# never replaced; `sha256` names its bytes, `manifest` (JSON) says what it holds.
+bundles = Table(
+    "bundles",
+    metadata,
+    Column("incident_id", ID, primary_key=True, autoincrement=False),
+    Column("sha256", Text, nullable=False),
+    Column("manifest", Text, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    *(_time(f"{m}_at") for m in ("started", "captured", "sealed")),
+)
 # An operator's switch of a playbook between shadow (its runs are dry) and acting, over what
 # its file and the coordinator's config say; one row a playbook switched.
 playbook_modes = Table(

@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 
 from sentinel.coordinator.core.states import Entity
 from sentinel.coordinator.store.base import dumps, key_ok
+from sentinel.coordinator.store.bundles import BundlesRepo
 from sentinel.coordinator.store.commands import CommandsRepo
 from sentinel.coordinator.store.effects import EffectsRepo
 from sentinel.coordinator.store.events import EventsRepo
@@ -31,7 +32,14 @@ audit_log = logging.getLogger("sentinel.coordinator.audit")
 
 
 class SqlStore(
-    ReportsRepo, EventsRepo, FleetRepo, EffectsRepo, CommandsRepo, TokensRepo, PlaybookModesRepo
+    ReportsRepo,
+    EventsRepo,
+    FleetRepo,
+    EffectsRepo,
+    CommandsRepo,
+    TokensRepo,
+    PlaybookModesRepo,
+    BundlesRepo,
 ):
     """The coordinator's durable state, on any backend."""
 

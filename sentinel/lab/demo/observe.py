@@ -14,6 +14,16 @@ from typing import Any
 
 from sentinel.lab.sim.inject import Polling
 
+BUNDLE_WAIT_S = 75.0  # the coordinator's seal deadline (60 s from the capture), and some
+
+
+def captured(detail: dict[str, Any]) -> bool:
+    """Whether the incident's repair captured evidence (a live `evidence` step done)."""
+    return any(
+        a["action"] == "evidence" and a["state"] == "done" and not a.get("dry_run")
+        for a in detail.get("actions", [])
+    )
+
 
 class CoordinatorClient:
     def __init__(self, url: str, token: str, timeout_s: float = 5.0) -> None:
@@ -74,10 +84,20 @@ class Observer(Polling):
     def tick(self) -> None:
         self.poll()
 
-    def refresh_details(self) -> None:
-        """Fetch every incident's full document once more (their final state and actions)."""
-        for iid in list(self.seen.incidents):
-            self.seen.incident_details[iid] = self.client.get(f"/v1/incidents/{iid}")
+    def refresh_details(self, bundle_wait_s: float = BUNDLE_WAIT_S) -> None:
+        """Fetch every incident's full document once more (their final state and actions),
+        and again while one whose repair captured evidence has no sealed bundle yet (the
+        coordinator seals it within a minute of the capture), `bundle_wait_s` at most."""
+        pending = list(self.seen.incidents)
+        deadline = time.monotonic() + bundle_wait_s
+        while pending:
+            for iid in pending:
+                self.seen.incident_details[iid] = self.client.get(f"/v1/incidents/{iid}")
+            details = self.seen.incident_details
+            pending = [i for i in pending if captured(details[i]) and not details[i].get("bundle")]
+            if not pending or time.monotonic() > deadline:
+                return
+            time.sleep(0.25)
 
     def poll(self) -> None:
         try:

@@ -164,6 +164,7 @@ def repair_costs(
                 "incident": r.incident,
                 "fault": r.fault,
                 "path": r.path,
+                "at": round(r.t, 2),  # the supervisor took the command (demo seconds)
                 "generation": r.generation,
                 "survivor_stall_s": _stall(steps, r.t, r.generation),
                 "join_s": round(first - r.t, 2) if first is not None else None,

@@ -22,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.coordinator.core.actions.evidence import EvidenceParams
 from sentinel.coordinator.core.stages import MILESTONES, segments
 from sentinel.faults.repairs import KIND_FAULTS
+from sentinel.lab.demo.observe import captured
 from sentinel.scenario import (
     NODE_FAULTS,
     PRELAUNCH_FAULTS,
@@ -52,6 +54,9 @@ LIVE_STALL_TARGET_S = 5.0
 LIVE_JOIN_TARGET_S = 15.0
 # A hang is detected within the watchdog's timeout plus this much.
 HANG_SLACK_S = 10.0
+# The evidence step's own deadlines, as shipped: the ranks' part, then the whole bundle.
+CAPTURE_S = float(EvidenceParams.model_fields["timeout_s"].default)
+BUNDLE_S = float(EvidenceParams.model_fields["bundle_s"].default)
 # A run repaired live ends within this much (relative) of the clean run's final loss: the
 # same samples in each step, their gradients summed in another order while a replica was
 # missing (a few fp32 ulps a step; one step on other samples moves it ~1e-2).
@@ -306,14 +311,36 @@ def repair_problem(
     if fault.kind in HARDWARE_FAULTS and node:
         # From the node's drain on (its detection where none is recorded): a repair that waits
         # for a checkpoint first keeps training on the node, and a restart another incident's
-        # repair makes meanwhile rightly takes it along.
+        # repair makes meanwhile rightly takes it along; one the supervisor took before the
+        # drain could not (it launches on the nodes it was given, and this repair's own
+        # restart follows it).
         drained = recorded_stages(inc).get("drained")
         since = detect_t if drained is None else max(detect_t, drained - ev.t0)
-        still = [g.number for g in ev.generations if g.t > since and node in g.started_on]
+        ordered = {r["generation"]: r["at"] for r in ev.repairs}
+        still = [
+            g.number
+            for g in ev.generations
+            if g.t > since and node in g.started_on and ordered.get(g.number, since) >= since
+        ]
         if still:
             gens = ", ".join(map(str, still))
             return f"{node} still trained after the repair (generation {gens})"
     return None
+
+
+def evidence_of(inc: dict[str, Any]) -> dict[str, Any] | None:
+    """What the incident's repair kept before it destroyed anything (`core/bundle.py`): the
+    seconds to capture the ranks' part, to seal the bundle, and what the bundle lacks; None
+    when its repair captured nothing (no destructive step)."""
+    if not captured(inc):
+        return None
+    bundle = inc.get("bundle") or {}
+    return {
+        "capture_s": bundle.get("capture_s"),
+        "seal_s": bundle.get("seal_s"),
+        "missing": sorted(bundle.get("missing") or {}) if bundle else ["the bundle"],
+        "sha256": bundle.get("sha256"),
+    }
 
 
 def time_checks(fault: Any, entry: dict[str, Any], timing: Timing) -> list[dict[str, Any]]:
@@ -343,6 +370,15 @@ def time_checks(fault: Any, entry: dict[str, Any], timing: Timing) -> list[dict[
         check(f"resumed within {limit:g} s of detection", entry["time_to_resume_s"], limit)
     else:
         check("resumed within 60 s of detection", entry["time_to_resume_s"], timing.resume_s)
+    kept = entry.get("evidence")
+    if kept is not None:  # a destructive repair keeps the evidence first, whole
+        whole = not kept["missing"]
+        check(f"evidence captured within {CAPTURE_S:g} s", kept["capture_s"], CAPTURE_S)
+        check(
+            f"evidence bundle whole and sealed within {BUNDLE_S:g} s",
+            kept["seal_s"] if whole else None,
+            BUNDLE_S,
+        )
     return checks
 
 
@@ -493,7 +529,12 @@ def _problems(
                 out.append(
                     f"{where}: missed '{c['target']}' (limit {c['limit']} {c['unit']}, got {got})"
                 )
-    out += _repair_problems(ev.repairs)
+    struck = [
+        (strike.t, str(ev.scenario.faults[i].kind))
+        for i, strike in ev.strikes.items()
+        if strike.t is not None
+    ]
+    out += _repair_problems(ev.repairs, struck)
     out += [f"false incident #{i['id']} {i['fault']} on {incident_target(i)}" for i in false]
     if not completed:
         out.append(
@@ -560,6 +601,7 @@ def _fault_entry(
         # the coordinator's recorded repair, segment by segment (`coordinator/stages.py`)
         "repair_stages_s": segments(recorded_stages(inc)) if inc else {},
         "repair_path": _path_of(inc, ev) if inc else None,
+        "evidence": evidence_of(inc) if inc else None,
     }
     entry["targets"] = time_checks(fault, entry, ev.timing)
     return entry
@@ -591,9 +633,12 @@ def _path_of(inc: dict[str, Any], ev: Evidence) -> str | None:
     return paths[-1] if paths else None
 
 
-def _repair_problems(repairs: list[dict[str, Any]]) -> list[str]:
+def _repair_problems(repairs: list[dict[str, Any]], struck: list[tuple[float, str]]) -> list[str]:
     """A live repair held to its targets: the survivors' stall, the spare's join, no
-    checkpoint read and no survivor restarted."""
+    checkpoint read and no survivor restarted. A join that another fault cut short (it struck
+    the job before the join's target ran out: the replica the spare heals from, hung or
+    stopped, cannot send) is not this repair's miss; the entry says which fault
+    (`join_cut_short_by`)."""
     out = []
     for r in repairs:
         if r["path"] != "live":
@@ -602,7 +647,10 @@ def _repair_problems(repairs: list[dict[str, Any]]) -> list[str]:
         stall, join = r["survivor_stall_s"], r["join_s"]
         if stall is None or stall > LIVE_STALL_TARGET_S:
             out.append(f"{where}: survivors stalled {stall} s (target {LIVE_STALL_TARGET_S:g} s)")
-        if join is None or join > LIVE_JOIN_TARGET_S:
+        cut = [kind for t, kind in struck if r["at"] < t < r["at"] + LIVE_JOIN_TARGET_S]
+        if (join is None or join > LIVE_JOIN_TARGET_S) and cut:
+            r["join_cut_short_by"] = cut[0]
+        elif join is None or join > LIVE_JOIN_TARGET_S:
             out.append(f"{where}: the spare joined in {join} s (target {LIVE_JOIN_TARGET_S:g} s)")
         if r["checkpoint_reads"]:
             out.append(f"{where}: {r['checkpoint_reads']} checkpoint read(s)")

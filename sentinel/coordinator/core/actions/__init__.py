@@ -13,6 +13,7 @@ from sentinel.coordinator.core.actions.base import (
 )
 from sentinel.coordinator.core.actions.diagnose import FrDump, SdcRecompute
 from sentinel.coordinator.core.actions.eviction import EvictNode, SwapSpare
+from sentinel.coordinator.core.actions.evidence import Evidence
 from sentinel.coordinator.core.actions.job import (
     LrScale,
     Notify,
@@ -23,7 +24,6 @@ from sentinel.coordinator.core.actions.job import (
     WaitCheckpoint,
 )
 from sentinel.coordinator.core.actions.restore import ReturnNode
-from sentinel.coordinator.core.actions.stacks import CollectStacks
 from sentinel.coordinator.core.actions.teardown import Teardown
 
 ACTIONS: dict[str, BaseAction[Any]] = {
@@ -41,7 +41,7 @@ ACTIONS: dict[str, BaseAction[Any]] = {
         SdcRecompute(),
         FrDump(),
         ReturnNode(),
-        CollectStacks(),
+        Evidence(),
         Teardown(),
     )
 }

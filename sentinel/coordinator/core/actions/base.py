@@ -140,13 +140,19 @@ class BaseAction(ABC, Generic[P]):
     # What a dry run reports instead of acting; None: `act` reads `ctx.dry_run` itself (it has
     # something to show first, such as the nodes it would evict).
     dry_run: ClassVar[str | None]
+    # It ends rank processes or takes a node away, and with them the evidence of what happened:
+    # a playbook runs `evidence` before its first such step (`playbooks.py` checks).
+    destroys_evidence: ClassVar[bool]
 
-    def __init_subclass__(cls, *, name: str, dry_run: str | None = None, **kw: Any) -> None:
+    def __init_subclass__(
+        cls, *, name: str, dry_run: str | None = None, destroys: bool = False, **kw: Any
+    ) -> None:
         super().__init_subclass__(**kw)
         params = [get_args(b)[0] for b in cls.__dict__.get("__orig_bases__", ()) if _is_base(b)]
         if len(params) != 1:
             raise TypeError(f"{cls.__name__}: name its parameters model, BaseAction[ParamsModel]")
         cls.name, cls.Params, cls.dry_run = name, params[0], dry_run
+        cls.destroys_evidence = destroys
 
     def run(self, ctx: ActionContext, params: P) -> StepResult:
         """The engine's entry: a dry run of an action that only acts stops at its note."""

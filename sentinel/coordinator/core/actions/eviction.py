@@ -110,7 +110,7 @@ def _replacement_refusal(ctx: ActionContext, node: str) -> str | None:
     return None
 
 
-class EvictNode(BaseAction[EvictParams], name="evict_node"):
+class EvictNode(BaseAction[EvictParams], name="evict_node", destroys=True):
     """Take the node out of service through the eviction backend (budgeted)."""
 
     def act(self, ctx: ActionContext, params: EvictParams) -> StepResult:

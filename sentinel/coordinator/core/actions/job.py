@@ -22,6 +22,7 @@ from sentinel.coordinator.core.actions.base import (
 )
 from sentinel.coordinator.core.actions.together import close_taken, take_along
 from sentinel.coordinator.core.effects import EffectKind
+from sentinel.coordinator.core.rows import JobRow
 from sentinel.coordinator.core.states import EffectState
 from sentinel.faults.repairs import repair
 from sentinel.protocol import CommandKind, JobState, Recovery
@@ -32,7 +33,7 @@ class StopParams(ActionParams):
     reason: str = "sentinel playbook"
 
 
-class StopJob(BaseAction[StopParams], name="stop_job", dry_run="would stop the job"):
+class StopJob(BaseAction[StopParams], name="stop_job", dry_run="would stop the job", destroys=True):
     """Stop the job's gang (the supervisor stays up and waits for a restart)."""
 
     def act(self, ctx: ActionContext, params: StopParams) -> StepResult:
@@ -101,7 +102,7 @@ class ResumeParams(WaitParams):
     budget: int | None = Field(default=None, ge=1)
 
 
-class Resume(BaseAction[ResumeParams], name="resume"):
+class Resume(BaseAction[ResumeParams], name="resume", destroys=True):
     """Restart the gang with the plan (exclusions, spares, checkpoint, skips, LR), within the
     restart budget: a job that keeps failing for one cause without committing a checkpoint
     (a poison batch, a code bug) is stopped and handed to a person with its history."""
@@ -130,13 +131,14 @@ class Resume(BaseAction[ResumeParams], name="resume"):
         cid = ctx.issue_command(CommandKind.JOB_RESTART, ctx.plan.model_dump(mode="json"))
         if not restarted:
             close_taken(ctx, cid)
-        if job.generation > before:  # restarted; a new failure is a new incident
+        generation = restarted_by(ctx, cid, job, before)
+        if generation is not None:  # restarted; a new failure is a new incident
             # The newest checkpoint the coordinator knows once the new gang runs: when the
             # restart was decided, the supervisor may not have reported the one committed just
             # before the crash yet. A later crash with no newer one made no progress since.
             return StepResult(
                 StepStatus.DONE,
-                {"command": cid, "generation": job.generation, "newest_checkpoint": newest},
+                {"command": cid, "generation": generation, "newest_checkpoint": newest},
             )
         if job.state == JobState.FAILED:  # the supervisor could not form the gang and gave up
             return StepResult(
@@ -148,6 +150,22 @@ class Resume(BaseAction[ResumeParams], name="resume"):
                 StepStatus.FAILED, {"error": "the job did not come back", "command": cid}
             )
         return StepResult(StepStatus.WAIT, {"command": cid})
+
+
+def restarted_by(ctx: ActionContext, cid: str, job: JobRow, before: int) -> int | None:
+    """The generation this step's restart brought up; None while it has not. The supervisor's
+    acknowledgement names it; until that arrives, a newer generation than `before` counts only
+    without the nodes this plan takes out: one another repair's restart launched, ordered
+    before this one, is not this repair's."""
+    row = ctx.store.command(cid)
+    if row is not None and row.acked_at is not None:
+        acked = (row.result or {}).get("generation")
+        if isinstance(acked, int) and acked > before:
+            return acked
+    leaving = {*ctx.plan.exclude, *ctx.plan.spare_map}
+    if job.generation > before and not leaving & set(job.status.nodes):
+        return job.generation
+    return None
 
 
 def _plan_the_path(ctx: ActionContext) -> None:

@@ -24,7 +24,7 @@ from sentinel.coordinator.core.actions.base import (
 from sentinel.protocol import CommandKind, StopPlan
 
 # Earlier steps whose end is a stage of the hang's repair, by the stage's name.
-STAGE_STEPS = {"fr_dump": "dumps_saved_s", "stacks": "stacks_saved_s"}
+STAGE_STEPS = {"fr_dump": "dumps_saved_s", "evidence": "evidence_saved_s"}
 
 
 class TeardownParams(WaitParams):
@@ -44,7 +44,9 @@ def stages(ctx: ActionContext, gone_at: float) -> dict[str, float]:
     return out
 
 
-class Teardown(BaseAction[TeardownParams], name="teardown", dry_run="would stop the gang"):
+class Teardown(
+    BaseAction[TeardownParams], name="teardown", dry_run="would stop the gang", destroys=True
+):
     """Stop the gang (signal, grace, SIGKILL) and wait until no rank survives."""
 
     def act(self, ctx: ActionContext, params: TeardownParams) -> StepResult:

@@ -1,0 +1,148 @@
+"""An incident's evidence bundle: what its `evidence` step captured (`actions/evidence.py`),
+sealed into one archive that is never replaced.
+
+The archive (a tar.gz) holds:
+- `fr/<node>/<file>`: the ranks' flight-recorder dumps and sidecars carried under the step's
+  check (`PUT /v1/fr/{check}/...`, by the nodes' agents or the job's supervisor);
+- `nodes/<node>.json`: each node's own evidence (`node.evidence`: NVML snapshot, XID history,
+  kernel-log tail, verdicts), carried under the same check;
+- `stacks.json`: every rank's Python stacks, grouped (`coordinator/stacks.py`);
+- `incident.json`: the incident's timeline as it stood at sealing (its events, runs, steps,
+  audit and repair stages);
+- `manifest.json`: what it holds (each file's bytes and sha256), what is missing and why, and
+  when the capture began, when the ranks' part was in, when it was sealed.
+The engine seals an incident's bundle once every part asked for is in, or `bundle_s` after the
+evidence step began, whichever comes first; what is missing then is named, never waited for.
+The archive's bytes are reproducible from its files (fixed order, owner and times), and its
+sha256 names it: `GET /v1/incidents/{id}/bundle`, `sentinel incident bundle ID`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import logging
+import tarfile
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from sentinel.coordinator.core.rows import BundleRow, StepRow
+from sentinel.coordinator.core.stacks import answers
+from sentinel.coordinator.core.store import StateStore
+from sentinel.fr.dumps import dumped_ranks
+
+log = logging.getLogger("sentinel.coordinator.bundle")
+
+FORMAT = "sentinel-bundle/1"
+NODE_FILE = "node-evidence.json"  # a node's own evidence, among its check's files
+SEAL_BATCH = 16  # bundles considered per engine tick
+TIMELINE_EVENTS = 1000  # the incident's events kept in its timeline at most
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(to_jsonable_python(value), indent=1, sort_keys=True).encode()
+
+
+def parts(store: StateStore, step: StepRow) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The files the bundle holds so far, by archive name, and what is still missing, why."""
+    result = step.result
+    check = str(result.get("check", ""))
+    files: dict[str, bytes] = {}
+    missing: dict[str, str] = {}
+    carried = store.fr_dumps(check) if check else []
+    for node, name, data in carried:
+        files[f"nodes/{node}.json" if name == NODE_FILE else f"fr/{node}/{name}"] = data
+    for node in result.get("nodes", []):
+        if f"nodes/{node}.json" not in files:
+            missing[f"nodes/{node}.json"] = "its agent has sent no node evidence"
+    dumped = int(result.get("fr_dumps", 0))
+    written = len(dumped_ranks(name for _, name, _ in carried if name != NODE_FILE))
+    if written < dumped:
+        missing["fr"] = f"{dumped} rank(s) dumped, the files of {written} reached the coordinator"
+    for part in result.get("timed_out", []):
+        missing.setdefault(part, "the ranks' capture deadline passed first")
+    stacks = result.get("stacks")
+    if isinstance(stacks, dict) and step.incident_id is not None:
+        incident = store.incident(step.incident_id)
+        job = incident.job if incident is not None else None
+        try:
+            grouped = answers(store, job, str(stacks.get("request"))) if job else None
+        except LookupError:
+            grouped = None
+        if grouped is not None:
+            files["stacks.json"] = _json(grouped.as_json())
+    return files, missing
+
+
+def archive(files: dict[str, bytes], mtime: int) -> bytes:
+    """A tar.gz of `files` whose bytes depend on the files only (and `mtime`): sorted names,
+    no owner, fixed modes."""
+    raw = io.BytesIO()
+    with (
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=mtime) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar,
+    ):
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(files[name]), mtime, 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    return raw.getvalue()
+
+
+def seal(store: StateStore, step: StepRow, now: float) -> BundleRow | None:
+    """The incident's bundle, sealed now if every part is in or its time is up; None: not
+    yet (or the incident has one already)."""
+    assert step.incident_id is not None and step.done_at is not None  # an incident's done step
+    files, missing = parts(store, step)
+    deadline = step.started_at + float(step.result.get("bundle_s", 60.0))
+    if missing and now < deadline:
+        return None
+    view = store.incident_view(step.incident_id, TIMELINE_EVENTS)
+    files["incident.json"] = _json(view)
+    manifest = {
+        "format": FORMAT,
+        "incident": step.incident_id,
+        "check": step.result.get("check"),
+        "files": {
+            name: {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            for name, data in sorted(files.items())
+        },
+        "missing": missing,
+        "started_at": step.started_at,
+        "captured_at": step.done_at,
+        "sealed_at": now,
+        "capture_s": round(step.done_at - step.started_at, 3),
+        "seal_s": round(now - step.started_at, 3),
+    }
+    files["manifest.json"] = _json(manifest)
+    data = archive(files, int(step.started_at))
+    row = BundleRow(
+        incident_id=step.incident_id,
+        sha256=hashlib.sha256(data).hexdigest(),
+        manifest=manifest,
+        data=data,
+        started_at=step.started_at,
+        captured_at=step.done_at,
+        sealed_at=now,
+    )
+    return row if store.insert_bundle(row) else None
+
+
+def seal_due(store: StateStore, now: float) -> list[BundleRow]:
+    """Seal the bundles that are ready (the engine's tick)."""
+    sealed = []
+    for step in store.unsealed_evidence(SEAL_BATCH):
+        row = seal(store, step, now)
+        if row is not None:
+            log.info(
+                "incident %s: evidence bundle sealed (%d bytes, sha256 %s, missing %s)",
+                row.incident_id,
+                len(row.data),
+                row.sha256[:12],
+                sorted(row.manifest["missing"]) or "nothing",
+            )
+            sealed.append(row)
+    return sealed
