@@ -257,8 +257,15 @@ class RankLaunchPayload(_Strict):
         return self
 
 
+# The reason of a rank's second dump for an incident's evidence: its buffer again, each entry
+# with the stack it was issued from, in the file named as the plain dump plus this suffix.
+WITH_STACKS = "command, with stack traces"
+WITH_STACKS_SUFFIX = ".stacks"
+
+
 class RankFrDumpPayload(_Strict):
-    """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual."""
+    """A rank wrote its flight-recorder buffer; `reason` is command, hang, signal or manual
+    (or `WITH_STACKS`)."""
 
     step: int | None = Field(default=None, ge=0)
     path: str

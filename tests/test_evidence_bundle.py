@@ -63,16 +63,18 @@ def _members(data: bytes) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
 
 
-def test_a_crash_is_captured_from_the_ranks_still_alive_and_sealed_once_whole(
+def test_the_struck_nodes_ranks_alive_are_captured_and_the_bundle_sealed_once_whole(
     tmp_path: Path, new_store: Callable[[], SqlStore]
 ) -> None:
+    """An ECC error on node-0, whose rank 0 had already ended: the repair waits only for the
+    ranks it ends (node-0's) that its agent reached; the rest comes beside it."""
     store, ingest, engine, clock = setup(tmp_path, new_store)
 
     def post(*events: Any) -> None:
         ingest.ingest(EventBatch(events=list(events)), clock())
 
     status = job_status("job1", ["node-0", "node-1"], ["spare-0"], checkpoints=[10])
-    post(status, heartbeat("node-0"), heartbeat("node-1"), crash("node-0", 0))
+    post(status, heartbeat("node-0"), heartbeat("node-1"), xid("node-0"))
     engine.tick()
     assert one(store, "SELECT state FROM actions WHERE action='evidence'")["state"] != "done"
     check = one(store, "SELECT args FROM commands WHERE kind='fr.dump' AND target='node-0'")[
@@ -81,15 +83,18 @@ def test_a_crash_is_captured_from_the_ranks_still_alive_and_sealed_once_whole(
     rid = one(store, "SELECT args FROM commands WHERE kind='stacks.dump' AND target='node-0'")[
         "args"
     ]["request_id"]
-    # Rank 0 crashed: node-0's agent reached one rank, node-1's two.
+    # Rank 0's process is gone: node-0's agent reached one rank, node-1's two.
     for node, reached in (("node-0", 1), ("node-1", 2)):
         for command in (f"{check}@{node}", f"{rid}@{node}"):
             ack_command(
                 store, command, True, {"relayed_to_ranks": reached}, f"node:{node}", clock()
             )
     clock.t += 0.5
-    post(*[_dumped(r, check) for r in (1, 2, 3)], *[_stacks(r, rid) for r in (1, 2, 3)])
-    engine.tick()  # the three ranks alive wrote their part: captured, the repair goes on
+    post(*[_dumped(r, check) for r in (2, 3)], *[_stacks(r, rid) for r in (1, 2, 3)])
+    engine.tick()  # node-1's ranks keep their processes; node-0's rank 1 has not dumped yet
+    assert one(store, "SELECT state FROM actions WHERE action='evidence'")["state"] != "done"
+    post(_dumped(1, check))
+    engine.tick()  # every rank the repair ends wrote its part: captured, the repair goes on
     done = one(store, "SELECT result, state FROM actions WHERE action='evidence'")
     assert done["state"] == "done" and done["result"]["timed_out"] == []
     assert done["result"]["fr_dumped_ranks"] == "1-3" and done["result"]["captured_s"] == 0.5
@@ -101,18 +106,28 @@ def test_a_crash_is_captured_from_the_ranks_still_alive_and_sealed_once_whole(
         node = f"node-{r // 2}"
         store.put_fr_dump(check, node, f"fr_trace_rank_{r}", b"dump %d" % r, clock())
         store.put_fr_dump(check, node, f"sentinel_fr_meta.{r}.json", b'{"rank": %d}' % r, clock())
+    for r in (1, 3):  # rank 2's dump with stack traces never comes (its GIL held, say)
+        node = f"node-{r // 2}"
+        store.put_fr_dump(check, node, f"fr_trace_rank_{r}.stacks", b"stacks %d" % r, clock())
     clock.t += 1.0
     engine.tick()
     assert store.bundle(1) is None
     node_doc = json.dumps({"format": "sentinel-node-evidence/1", "node": "node-0"}).encode()
     store.put_fr_dump(check, "node-0", bundle.NODE_FILE, node_doc, clock())
     clock.t += 1.0
+    engine.tick()  # only a dump with stack traces lacks: waited for until its own deadline
+    assert store.bundle(1) is None
+    clock.t += 8.0  # 10.5 s since the capture began
     engine.tick()
     sealed = store.bundle(1)
     assert sealed is not None and sealed.manifest["missing"] == {}
+    assert sealed.manifest["timed_out"] == {
+        "fr with stack traces": "2 of the 3 rank(s) that dumped wrote theirs with stack traces"
+    }
     assert sealed.sha256 == hashlib.sha256(sealed.data).hexdigest()
-    assert sealed.manifest["capture_s"] == 0.5 and sealed.manifest["seal_s"] == 2.5
+    assert sealed.manifest["capture_s"] == 0.5 and sealed.manifest["seal_s"] == 10.5
     files = _members(sealed.data)
+    assert files["fr/node-0/fr_trace_rank_1.stacks"] == b"stacks 1"
     assert (
         files["nodes/node-0.json"] == node_doc and files["fr/node-1/fr_trace_rank_3"] == b"dump 3"
     )
@@ -121,7 +136,7 @@ def test_a_crash_is_captured_from_the_ranks_still_alive_and_sealed_once_whole(
     for name, entry in manifest["files"].items():
         assert entry["sha256"] == hashlib.sha256(files[name]).hexdigest()
     timeline = json.loads(files["incident.json"])
-    assert [e["kind"] for e in timeline["events"]] == ["rank.crash"]
+    assert timeline["events"][0]["kind"] == "node.health"  # and the symptoms it absorbed
     assert "evidence" in [a["action"] for a in timeline["actions"]]
 
     # Reproducible from its files, and never replaced.
@@ -131,6 +146,22 @@ def test_a_crash_is_captured_from_the_ranks_still_alive_and_sealed_once_whole(
     clock.t += 120
     engine.tick()
     assert store.bundle(1) == sealed
+
+
+def test_a_warm_repair_ends_no_rank_and_waits_for_none(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """A crash repaired warm keeps every other rank's process, and its recorder: the capture is
+    asked for and the repair goes on at once."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    status = job_status("job1", ["node-0", "node-1"], ["spare-0"], checkpoints=[10])
+    beats = [heartbeat("node-0"), heartbeat("node-1")]
+    ingest.ingest(EventBatch(events=[status, *beats, crash("node-0", 0)]), clock())
+    engine.tick()
+    done = one(store, "SELECT result, state FROM actions WHERE action='evidence'")
+    assert done["state"] == "done" and done["result"]["captured_s"] == 0.0
+    assert one(store, "SELECT 1 FROM commands WHERE kind='stacks.dump'") is not None
+    assert one(store, "SELECT 1 FROM commands WHERE kind='job.restart'") is not None
 
 
 def test_a_part_that_never_comes_is_named_and_the_bundle_sealed_at_its_deadline(

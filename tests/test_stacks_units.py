@@ -143,11 +143,11 @@ def test_hang_playbook_captures_evidence_then_tears_down_with_stage_times(
         )
         for r in range(4)
     ]
-    post(*answers, *dumps[:3])
-    engine.tick()  # rank 3 has not dumped: the step waits
+    post(*answers, *dumps[1:])
+    engine.tick()  # rank 0, on the culprit's node, has not dumped: the step waits
     assert not query(store, "SELECT 1 FROM commands WHERE kind='job.stop'")
-    post(dumps[3])
-    engine.tick()  # every rank wrote its part: captured; the gang is told to stop
+    post(dumps[0])
+    engine.tick()  # every rank the repair ends wrote its part: captured; the gang is told to stop
     evidence = one(store, "SELECT result FROM actions WHERE action='evidence'")["result"]
     assert evidence["fr_dumped_ranks"] == "0-3" and evidence["timed_out"] == []
     assert evidence["captured_s"] == 1.0

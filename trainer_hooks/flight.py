@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sentinel.protocol import WITH_STACKS_SUFFIX
 from sentinel.ranks.current import began_ns
 from trainer_hooks.fr_native import NativeDumper, library
 
@@ -84,14 +85,25 @@ class FlightRecorder:
     def path(self) -> Path:
         return self.dump_dir / f"{self.prefix}{self.rank}"
 
-    def dump(self, reason: str, step: int | None = None) -> tuple[Path, int]:
-        """Write this rank's buffer and sidecar; returns (dump path, number of entries)."""
+    @property
+    def stacks_path(self) -> Path:
+        """The dump with stack traces, beside the plain one (`sentinel fr analyze` reads the
+        plain one; a person reads where each collective was issued from here)."""
+        return self.path.with_name(self.path.name + WITH_STACKS_SUFFIX)
+
+    def dump(
+        self, reason: str, step: int | None = None, with_stacks: bool = False
+    ) -> tuple[Path, int]:
+        """Write this rank's buffer and sidecar; returns (dump path, number of entries).
+        `with_stacks`: each entry with the stack it was issued from, into `stacks_path` and no
+        sidecar (the plain dump's describes the rank). Symbolizing those stacks needs the GIL
+        and may take long: a caller that must not wait runs it on a thread of its own."""
         import pickle
 
         import torch
 
         raw = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
-            includeCollectives=True, includeStackTraces=False, onlyActive=False
+            includeCollectives=True, includeStackTraces=with_stacks, onlyActive=False
         )
         trace = pickle.loads(raw)  # our own bytes, just produced
         since = began_ns()
@@ -103,6 +115,9 @@ class FlightRecorder:
         entries = len(trace.get("entries", []))
         with self._lock:
             self.dump_dir.mkdir(parents=True, exist_ok=True)
+            if with_stacks:
+                _atomic_write(self.stacks_path, raw)
+                return self.stacks_path, entries
             _atomic_write(self.path, raw)
             _atomic_write(self.sidecar_path, self._sidecar(reason, step, time.time()).encode())
             self.dumps += 1

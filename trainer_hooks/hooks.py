@@ -34,6 +34,7 @@ from torch import nn
 
 from sentinel.beacon import Beacon, beacon_path, fr_trigger_path, remove_leftovers
 from sentinel.protocol import (
+    WITH_STACKS,
     Command,
     CommandKind,
     EventKind,
@@ -367,12 +368,12 @@ class SentinelHooks:
                     timing.instrument_collectives(self.timer)
 
     def dump_flight_recorder(
-        self, reason: str = "manual", check_id: str | None = None
+        self, reason: str = "manual", check_id: str | None = None, with_stacks: bool = False
     ) -> Path | None:
         if self.flight is None:
             return None
         try:
-            path, entries = self.flight.dump(reason, self.watchdog.last_step)
+            path, entries = self.flight.dump(reason, self.watchdog.last_step, with_stacks)
         except Exception:
             self.errors += 1
             log.exception("flight recorder dump failed")
@@ -546,8 +547,17 @@ class SentinelHooks:
         if cmd.target.rank is not None and cmd.target.rank != self.rank:
             return
         if cmd.kind == CommandKind.FR_DUMP:
-            check_id = cmd.args.get("check_id")
-            self.dump_flight_recorder("command", str(check_id) if check_id else None)
+            check = str(cmd.args["check_id"]) if cmd.args.get("check_id") else None
+            self.dump_flight_recorder("command", check)
+            if cmd.args.get("purpose") == "evidence":  # then with stacks, on a thread: the
+                # symbolizing needs the GIL and may never finish; the coordinator's deadline
+                # bounds the wait for it, and nothing here waits
+                threading.Thread(
+                    target=self.dump_flight_recorder,
+                    args=(WITH_STACKS, check, True),
+                    name="sentinel-fr-stacks",
+                    daemon=True,
+                ).start()
         elif cmd.kind == CommandKind.SDC_CHECK:
             check_id = cmd.args.get("check_id")
             self.sdc_check.requested_id = str(check_id) if check_id else None  # quoted back

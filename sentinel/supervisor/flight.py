@@ -21,7 +21,7 @@ from typing import Any
 from sentinel.config import SupervisorConfig
 from sentinel.failover import Reply, Unreachable
 from sentinel.fr.dumps import SIDECAR_RE, dumped_ranks
-from sentinel.protocol import FrAnalysisEvent, FrAnalysisPayload, Source
+from sentinel.protocol import WITH_STACKS_SUFFIX, FrAnalysisEvent, FrAnalysisPayload, Source
 
 log = logging.getLogger("sentinel.supervisor")
 
@@ -68,37 +68,51 @@ class FlightAnalysis:
         """An `fr.dump` for an incident's evidence (`purpose: evidence`) with the ranks dumping
         into `fr_dir`: carry each rank's dump and sidecar to the coordinator under the check
         as soon as they are written (a later dump, such as the one a rank writes as it is torn
-        down, replaces them here), for the incident's bundle. No analysis: nothing waits on one."""
+        down, replaces them here), then its dump with stack traces when that comes, for the
+        incident's bundle. No analysis: nothing waits on one."""
         fr_dir = self.cfg.fr_dir
         assert fr_dir is not None
-        kept: set[int] = set()
+        nodes: dict[str, str] = {}  # dump file -> its rank's node, from the sidecar
+        sidecars: set[str] = set()
+        stacks: set[str] = set()
         deadline = time.time() + self.cfg.fr_wait_s
-        while len(kept) < world and time.time() < deadline:
+        while (len(sidecars) < world or len(stacks) < len(nodes)) and time.time() < deadline:
             for name in sorted(written_since(fr_dir, since)):
-                sidecar = SIDECAR_RE.match(name)  # written after its dump: the dump is whole
-                if sidecar is not None and int(sidecar[1]) not in kept:
-                    kept.add(int(sidecar[1]))
-                    await self._carry(fr_dir / name, check_id)
+                if SIDECAR_RE.match(name) and name not in sidecars:
+                    sidecars.add(name)
+                    found = await self._carry_dump(fr_dir / name, check_id)
+                    if found is not None:
+                        nodes[found[0]] = found[1]
+                base = name.removesuffix(WITH_STACKS_SUFFIX)
+                if base != name and base in nodes and name not in stacks:
+                    stacks.add(name)
+                    await self._put(check_id, nodes[base], name, fr_dir / name)
             await asyncio.sleep(0.1)
-        log.info("kept the dumps of %d rank(s) for %s", len(kept), check_id)
+        log.info(
+            "kept %d rank(s)' dumps, %d with stacks, for %s", len(nodes), len(stacks), check_id
+        )
 
-    async def _carry(self, sidecar: Path, check_id: str) -> None:
+    async def _carry_dump(self, sidecar: Path, check_id: str) -> tuple[str, str] | None:
+        """Carry a rank's dump and sidecar; (its dump's file name, its node)."""
         try:
-            raw = sidecar.read_bytes()
-            meta = json.loads(raw)
+            meta = json.loads(sidecar.read_bytes())
             node, dump = str(meta["node"]), sidecar.with_name(Path(str(meta["dump_file"])).name)
-            files = [(dump.name, dump.read_bytes()), (sidecar.name, raw)]
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("cannot keep the dump of %s for %s: %s", sidecar.name, check_id, e)
+            return None
+        await self._put(check_id, node, dump.name, dump)
+        await self._put(check_id, node, sidecar.name, sidecar)
+        return dump.name, node
+
+    async def _put(self, check_id: str, node: str, name: str, path: Path) -> None:
+        try:
+            data = path.read_bytes()
+            r = await self.call("PUT", f"/v1/fr/{check_id}/{node}/{name}", data=data)
+        except (OSError, Unreachable) as e:
+            log.warning("cannot keep %s for %s: %s", name, check_id, e)
             return
-        for name, data in files:
-            try:
-                r = await self.call("PUT", f"/v1/fr/{check_id}/{node}/{name}", data=data)
-            except Unreachable as e:
-                log.warning("cannot keep %s for %s: %s", name, check_id, e)
-                continue
-            if r.status != 200:
-                log.warning("coordinator refused %s for %s: %s", name, check_id, r.status)
+        if r.status != 200:
+            log.warning("coordinator refused %s for %s: %s", name, check_id, r.status)
 
     async def _collect(self, check_id: str, into: Path, world: int) -> None:
         """The dumps the nodes' agents carried to the coordinator: until every rank's dump and

@@ -3,14 +3,16 @@ sealed into one archive that is never replaced.
 
 The archive (a tar.gz) holds:
 - `fr/<node>/<file>`: the ranks' flight-recorder dumps and sidecars carried under the step's
-  check (`PUT /v1/fr/{check}/...`, by the nodes' agents or the job's supervisor);
+  check (`PUT /v1/fr/{check}/...`, by the nodes' agents or the job's supervisor), and their
+  dumps with stack traces (`<dump>.stacks`);
 - `nodes/<node>.json`: each node's own evidence (`node.evidence`: NVML snapshot, XID history,
   kernel-log tail, verdicts), carried under the same check;
 - `stacks.json`: every rank's Python stacks, grouped (`coordinator/stacks.py`);
 - `incident.json`: the incident's timeline as it stood at sealing (its events, runs, steps,
   audit and repair stages);
-- `manifest.json`: what it holds (each file's bytes and sha256), what is missing and why, and
-  when the capture began, when the ranks' part was in, when it was sealed.
+- `manifest.json`: what it holds (each file's bytes and sha256), what is missing and why, what
+  timed out (the dumps with stack traces, past their own deadline), and when the capture
+  began, when the ranks' part was in, when it was sealed.
 The engine seals an incident's bundle once every part asked for is in, or `bundle_s` after the
 evidence step began, whichever comes first; what is missing then is named, never waited for.
 The archive's bytes are reproducible from its files (fixed order, owner and times), and its
@@ -33,11 +35,15 @@ from sentinel.coordinator.core.rows import BundleRow, StepRow
 from sentinel.coordinator.core.stacks import answers
 from sentinel.coordinator.core.store import StateStore
 from sentinel.fr.dumps import dumped_ranks
+from sentinel.protocol import WITH_STACKS_SUFFIX
 
 log = logging.getLogger("sentinel.coordinator.bundle")
 
 FORMAT = "sentinel-bundle/1"
 NODE_FILE = "node-evidence.json"  # a node's own evidence, among its check's files
+# The ranks' dumps with stack traces: best effort under their own deadline (`timed_out` in
+# the manifest when they do not all come), never what holds the bundle back past it.
+WITH_STACKS_PART = "fr with stack traces"
 SEAL_BATCH = 16  # bundles considered per engine tick
 TIMELINE_EVENTS = 1000  # the incident's events kept in its timeline at most
 
@@ -64,6 +70,11 @@ def parts(store: StateStore, step: StepRow) -> tuple[dict[str, bytes], dict[str,
         missing["fr"] = f"{dumped} rank(s) dumped, the files of {written} reached the coordinator"
     for part in result.get("timed_out", []):
         missing.setdefault(part, "the ranks' capture deadline passed first")
+    with_stacks = sum(name.endswith(WITH_STACKS_SUFFIX) for _, name, _ in carried)
+    if with_stacks < dumped:
+        missing[WITH_STACKS_PART] = (
+            f"{with_stacks} of the {dumped} rank(s) that dumped wrote theirs with stack traces"
+        )
     stacks = result.get("stacks")
     if isinstance(stacks, dict) and step.incident_id is not None:
         incident = store.incident(step.incident_id)
@@ -97,9 +108,15 @@ def seal(store: StateStore, step: StepRow, now: float) -> BundleRow | None:
     yet (or the incident has one already)."""
     assert step.incident_id is not None and step.done_at is not None  # an incident's done step
     files, missing = parts(store, step)
-    deadline = step.started_at + float(step.result.get("bundle_s", 60.0))
-    if missing and now < deadline:
-        return None
+    if missing and now < step.started_at + float(step.result.get("bundle_s", 60.0)):
+        # The dumps with stack traces are waited for only until their own deadline: a rank
+        # holding the GIL, or torn down, never writes one; then they are timed out, not lost.
+        stacks_by = step.started_at + float(step.result.get("with_stacks_s", 10.0))
+        if set(missing) != {WITH_STACKS_PART} or now < stacks_by:
+            return None
+    timed_out = (
+        {WITH_STACKS_PART: missing.pop(WITH_STACKS_PART)} if WITH_STACKS_PART in missing else {}
+    )
     view = store.incident_view(step.incident_id, TIMELINE_EVENTS)
     files["incident.json"] = _json(view)
     manifest = {
@@ -111,6 +128,7 @@ def seal(store: StateStore, step: StepRow, now: float) -> BundleRow | None:
             for name, data in sorted(files.items())
         },
         "missing": missing,
+        "timed_out": timed_out,
         "started_at": step.started_at,
         "captured_at": step.done_at,
         "sealed_at": now,
