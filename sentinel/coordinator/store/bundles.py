@@ -36,6 +36,7 @@ class BundlesRepo(SqlBase):
         found = select(*STEP).where(
             actions.c.action == "evidence",
             actions.c.state == "done",
+            actions.c.done_at.is_not(None),  # a step its run's close ended unfinished: none
             actions.c.dry_run == 0,
             actions.c.incident_id.not_in(sealed),
         )
