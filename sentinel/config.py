@@ -132,6 +132,35 @@ class HealthThresholds(StrictModel):
         return holds
 
 
+class NodeValidationConfig(StrictModel):
+    """Where the agent runs the validation burn-in a node's return asks for
+    (agent/uplink/validation.py; docs/deploy.md)."""
+
+    # "process": a child of the agent, under the agent's own limits (a development node, the
+    # simulated fleet). "systemd": the shipped template unit sentinel-validate@.service, with
+    # the node's limits and its GPU devices. "slurm": a job step on this node, inside the
+    # maintenance reservation the coordinator's Slurm backend holds the node in.
+    launcher: Literal["process", "systemd", "slurm"] = "process"
+    # The interpreter with Sentinel's torch extra ("process", "slurm"); None: job_python,
+    # else the agent's own. The systemd unit names its own.
+    python: str | None = Field(default=None, min_length=1)
+    # Where each request's files are written (baseline in, verdict out). None: the system's
+    # temporary directory, which a job or unit outside the agent's sandbox cannot see.
+    workdir: Path | None = None
+    srun: str = Field(default="srun", min_length=1)
+    systemctl: str = Field(default="systemctl", min_length=1)
+
+    @model_validator(mode="after")
+    def _a_job_sees_the_files(self) -> NodeValidationConfig:
+        if self.launcher != "process" and self.workdir is None:
+            raise ValueError(
+                f"the {self.launcher} launcher runs the burn-in outside the agent's private"
+                " /tmp: set workdir to a directory the agent writes (the shipped unit:"
+                " /var/lib/sentinel/validate)"
+            )
+        return self
+
+
 class SimConfig(StrictModel):
     gpus: int = Field(default=8, ge=1, le=64)
     model: str = "NVIDIA H100 80GB HBM3"
@@ -205,6 +234,7 @@ class AgentConfig(StrictModel):
     # added to the probe's so that its NCCL_* and FI_* fields are the ranks'. Its values are
     # never logged.
     job_env_file: Path | None = None
+    validation: NodeValidationConfig = NodeValidationConfig()
 
     @model_validator(mode="after")
     def _env_file_needs_the_probe(self) -> AgentConfig:
@@ -276,6 +306,10 @@ class CoordinatorConfig(StrictModel):
     scontrol: str = "scontrol"
     # One `scontrol update`, controller down included (scontrol retries MessageTimeout).
     scontrol_timeout_s: float = Field(default=30.0, gt=0)
+    # Slurm runs no job on a drained node: a node being returned is validated inside a
+    # maintenance reservation (`sentinel-validate-NODE`) that admits this user alone, the one
+    # the nodes' agents run as (they launch the validation as a job step there).
+    slurm_validation_user: str = Field(default="sentinel", pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
     kubernetes_api: str = "https://kubernetes.default.svc"
     kubernetes_token_file: Path | None = None
     kubernetes_taint_key: str = "sentinel.dev/evicted"

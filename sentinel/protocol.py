@@ -375,6 +375,9 @@ class NodeValidationPayload(_Strict):
     checks: list[ValidationCheck] = Field(default_factory=list, max_length=64)
     reason: str = Field(default="", max_length=4000)  # why it failed, for the incident
     seconds: float = Field(default=0.0, ge=0)
+    # Where the burn-in ran: the agent's launcher (a process, a systemd unit, a Slurm job step)
+    # and the host that answered.
+    ran: str = Field(default="", max_length=200)
 
 
 class FrAnalysisPayload(_Strict):

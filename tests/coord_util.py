@@ -113,11 +113,18 @@ def job_status(
 
 class Coordinator:
     def __init__(
-        self, state: Path, host: str = "127.0.0.1", store: str | None = None, ingest: bool = False
+        self,
+        state: Path,
+        host: str = "127.0.0.1",
+        store: str | None = None,
+        ingest: bool = False,
+        env: dict[str, str] | None = None,
     ) -> None:
         """`store`: a PostgreSQL URL (the password through PGPASSFILE); None: SQLite in
-        `state`. `ingest`: serve the ingest listener too, on a port of its own (`ingest_url`)."""
+        `state`. `ingest`: serve the ingest listener too, on a port of its own (`ingest_url`).
+        `env`: more of its environment (its config, as SENTINEL_COORDINATOR__ variables)."""
         self.state = state
+        self.env = env or {}
         self.store = store
         self.host = host
         self.port = free_port()
@@ -133,6 +140,7 @@ class Coordinator:
             "SENTINEL_COORDINATOR__JOB_HEARTBEAT_TIMEOUT_S": "3",
             "SENTINEL_COORDINATOR__ENGINE_TICK_S": "0.1",
             "SENTINEL_COORDINATOR__EVICTION__MAX_PER_WINDOW": "4",
+            **self.env,
         }
         self.proc = subprocess.Popen(
             [
@@ -192,6 +200,63 @@ class Coordinator:
         conn = sqlite3.connect(self.state / "coordinator.db")
         conn.row_factory = sqlite3.Row
         return conn
+
+
+def record_validation_baseline(path: Path) -> dict[str, Any]:
+    """A healthy node's validation figures, recorded by the real command on one simulated GPU
+    (this machine's CPU) at the shipped tolerances; the file's `validation` section."""
+    argv = [sys.executable, "-m", "sentinel", "burnin", "--validate", "--gpus", "1"]
+    subprocess.run(
+        [*argv, "--save-baseline", str(path)], check=True, capture_output=True, timeout=120
+    )
+    return dict(json.loads(path.read_text())["validation"])
+
+
+def sim_agent(
+    tmp: Path, coord: Coordinator, node: str, faults: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A real agent for `node` on one simulated GPU (its faults in `faults`), with a node token,
+    reporting to `coord` every half second; its log in tmp/agent.log."""
+    token = tmp / "node.token"
+    token.write_text(coord.token("--role", "node", "--node", node))
+    base = {
+        "SENTINEL_AGENT__TOKEN_FILE": str(token),
+        "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
+        "SENTINEL_AGENT__SPOOL_DIR": str(tmp / "spool"),
+    }
+    argv = [sys.executable, "-m", "sentinel", "agent", "--sim", "--gpus", "1", "--node-id", node]
+    argv += ["--listen", f"127.0.0.1:{free_port()}", "--interval", "0.5"]
+    argv += ["--coordinator", coord.url, "--rank-socket", str(tmp / "r.sock")]
+    return subprocess.Popen(
+        [*argv, "--sim-faults", str(faults)],
+        env={**os.environ, **base, **(env or {})},
+        stderr=open(tmp / "agent.log", "ab"),
+    )
+
+
+@contextmanager
+def returning_node(
+    tmp: Path,
+    node: str,
+    faults: Path,
+    baseline: Path,
+    coordinator_env: dict[str, str] | None = None,
+    agent_env: dict[str, str] | None = None,
+) -> Iterator[Coordinator]:
+    """A real coordinator whose validation gate judges by `baseline` (a 2 s hold-down, answers
+    within 120 s), and a real agent for `node` on a simulated GPU with `faults`: a node to evict
+    and return."""
+    gate = {"BASELINE": str(baseline), "HOLD_DOWN_S": "2", "STALE_S": "3", "TIMEOUT_S": "120"}
+    env = {f"SENTINEL_COORDINATOR__VALIDATION__{k}": v for k, v in gate.items()}
+    (tmp / "state").mkdir()
+    coord = Coordinator(tmp / "state", env={**env, **(coordinator_env or {})})
+    coord.start()
+    agent = sim_agent(tmp, coord, node, faults, agent_env)
+    try:
+        yield coord
+    finally:
+        stop_process(agent, 10.0)
+        coord.stop()
 
 
 @contextmanager

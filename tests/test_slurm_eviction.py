@@ -40,6 +40,8 @@ def slurm_coord(
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         monkeypatch.setenv("SENTINEL_COORDINATOR__EVICTION_BACKEND", "slurm")
         monkeypatch.setenv("SENTINEL_COORDINATOR__SCONTROL_TIMEOUT_S", "20")
+        # a returned node is held for its validation in a reservation admitting this user
+        monkeypatch.setenv("SENTINEL_COORDINATOR__SLURM_VALIDATION_USER", "root")
         baseline = tmp_path / "baseline.json"  # node-1's validation is answered by the test
         save_validation_baseline(
             baseline,

@@ -13,18 +13,21 @@ repaired too, the same request returns it. No return without a pass, at the ship
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from coord_util import Coordinator, job_status, wait_for, xid
+from coord_util import (
+    Coordinator,
+    job_status,
+    record_validation_baseline,
+    returning_node,
+    wait_for,
+    xid,
+)
 
 from sentinel.agent.nvml.sim import inject
-from sentinel.processes import free_port, stop_process
 from sentinel.protocol import EventBatch, encode
 
 pytestmark = pytest.mark.slow
@@ -35,81 +38,18 @@ NODE = "node-1"
 def baseline(tmp_path: Path) -> Path:
     """A healthy node's figures, recorded by the real command, with the shipped tolerances."""
     path = tmp_path / "baseline.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sentinel",
-            "burnin",
-            "--validate",
-            "--gpus",
-            "1",
-            "--save-baseline",
-            str(path),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    doc = json.loads(path.read_text())["validation"]
+    doc = record_validation_baseline(path)
     assert (doc["gemm_tolerance"], doc["loopback_tolerance"]) == (0.2, 0.5)
     return path
 
 
 @pytest.fixture
-def fleet(
-    tmp_path: Path, baseline: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Coordinator, Path]]:
-    for name, value in {
-        "BASELINE": str(baseline),
-        "HOLD_DOWN_S": "2",
-        "STALE_S": "3",
-        "TIMEOUT_S": "120",
-    }.items():
-        monkeypatch.setenv(f"SENTINEL_COORDINATOR__VALIDATION__{name}", value)
-    (tmp_path / "state").mkdir()
-    coord = Coordinator(tmp_path / "state")
-    coord.start()
-    token = tmp_path / "node.token"
-    token.write_text(coord.token("--role", "node", "--node", NODE))
+def fleet(tmp_path: Path, baseline: Path) -> Iterator[tuple[Coordinator, Path]]:
     faults = tmp_path / "faults.jsonl"
     inject(faults, {"kind": "sdc", "gpu": 0})
     inject(faults, {"kind": "slow", "gpu": 0, "slowdown": 1.25})
-    env = {
-        "SENTINEL_AGENT__TOKEN_FILE": str(token),
-        "SENTINEL_AGENT__HEARTBEAT_S": "0.5",
-        "SENTINEL_AGENT__SPOOL_DIR": str(tmp_path / "spool"),
-    }
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sentinel",
-            "agent",
-            "--sim",
-            "--gpus",
-            "1",
-            "--node-id",
-            NODE,
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--interval",
-            "0.5",
-            "--coordinator",
-            coord.url,
-            "--rank-socket",
-            str(tmp_path / "r.sock"),
-            "--sim-faults",
-            str(faults),
-        ],
-        env={**os.environ, **env},
-        stderr=open(tmp_path / "agent.log", "ab"),  # noqa: SIM115
-    )
-    try:
+    with returning_node(tmp_path, NODE, faults, baseline) as coord:
         yield coord, faults
-    finally:
-        stop_process(agent, 10.0)
-        coord.stop()
 
 
 def _node(coord: Coordinator) -> tuple[str, str]:

@@ -1,7 +1,8 @@
 """Validation before return, without processes: the hold-down read from the coordinator's own
 record, the judgement of a node's figures against the baseline, the gate's moves through the
-engine on a fake clock (fail -> evicted with the reason; pass -> returned; silence -> out), and
-`playbooks check` refusing a return with no baseline, with its file and line."""
+engine on a fake clock (fail -> evicted with the reason; pass -> returned; silence -> out), the
+node held for its validation where the scheduler would run nothing and released when it stays
+out, and `playbooks check` refusing a return with no baseline, with its file and line."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sentinel.burnin.baseline import Measured, ValidationBaseline, judge, save_v
 from sentinel.config import ValidationConfig
 from sentinel.coordinator.backends import make_backend
 from sentinel.coordinator.core import operator as queries
+from sentinel.coordinator.core.effects import EvictionBackend, EvictionError
 from sentinel.coordinator.core.engine import Engine
 from sentinel.coordinator.core.ingest import Ingestor
 from sentinel.coordinator.core.playbooks import PlaybookError, load_playbooks
@@ -242,3 +244,87 @@ def test_no_baseline_or_a_silent_agent_keeps_the_node_out(
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
     held = query(store, "SELECT result FROM actions WHERE state='escalated'")
     assert any("was not healthy for 0 s in a row" in h["result"]["reason"] for h in held)
+
+
+class _Scheduler(EvictionBackend):
+    """A scheduler that runs nothing on a drained node (as Slurm): the gate holds the node for
+    its validation. It records every call; `refuse` makes the hold fail."""
+
+    name = "recording"
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.refuse = refuse
+
+    def evict(self, node: str, reason: str) -> str:
+        self.calls.append(("evict", node))
+        return f"drained {node}"
+
+    def restore(self, node: str, reason: str) -> str:
+        self.calls.append(("restore", node))
+        return f"resumed {node}"
+
+    def hold_for_validation(self, node: str) -> tuple[str, dict[str, str]]:
+        self.calls.append(("hold", node))
+        if self.refuse:
+            raise EvictionError("Requested reservation is invalid")
+        return f"held {node}", {"reservation": f"validate-{node}"}
+
+    def release_validation(self, node: str, reason: str) -> str:
+        self.calls.append(("release", node, reason))
+        return f"released {node}"
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["held", "refused"])
+def test_the_node_is_held_for_its_validation_and_released_when_it_stays_out(
+    tmp_path: Path, new_store: Callable[[], SqlStore], refuse: bool
+) -> None:
+    """Held before the burn-in is asked for, with the hold's launch details in the command; a
+    failed validation (or a hold the scheduler refused) releases the node, and a pass returns
+    it through the scheduler with no release."""
+    base = tmp_path / "base.json"
+    save_validation_baseline(base, BASE)
+    c = cfg(tmp_path, validation=ValidationConfig(baseline=base, hold_down_s=0, stale_s=20))
+    store, clock, scheduler = new_store(), _Clock(), _Scheduler(refuse)
+    ingest, engine = Ingestor(store, PLAYBOOKS, c), Engine(store, PLAYBOOKS, c, scheduler, clock)
+
+    def feed(*events: object) -> None:
+        ingest.ingest(EventBatch(events=list(events)), clock())  # type: ignore[arg-type]
+
+    def ask() -> list[dict[str, object]]:
+        clock.t += 1
+        feed(_beat("node-1"))
+        queries.run_action(
+            store, False, incident, "return_node", {"node": "node-1"}, "x", "operator:o", clock()
+        )
+        for _ in range(3):
+            engine.tick()
+        return query(store, "SELECT id, args FROM commands WHERE kind='node.validate' ORDER BY id")
+
+    feed(job_status("j", ["node-0", "node-1"], ["spare-0"]), xid("node-1", ts=clock()))
+    engine.tick()
+    incident = query(store, "SELECT id FROM incidents")[-1]["id"]
+    asked = ask()
+    assert scheduler.calls[:2] == [("evict", "node-1"), ("hold", "node-1")]
+    if refuse:  # never asked to validate: out again, released, with the scheduler's word
+        assert asked == [] and store.node("node-1").state == "evicted"  # type: ignore[union-attr]
+        reason = store.node("node-1").reason or ""  # type: ignore[union-attr]
+        assert (
+            "could not hold it for its validation" in reason and "reservation is invalid" in reason
+        )
+        assert scheduler.calls[-1][:2] == ("release", "node-1")
+        return
+    (command,) = asked
+    assert command["args"]["launch"] == {"reservation": "validate-node-1"}  # type: ignore[index]
+    feed(_answer("node-1", str(command["id"]), False, "sdc: GPU 0: recompute differs"))
+    engine.tick()
+    assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
+    release = scheduler.calls[-1]
+    assert release[:2] == ("release", "node-1") and f"[incident {incident}]" in release[2]
+
+    command = ask()[-1]
+    feed(_answer("node-1", str(command["id"]), True))
+    engine.tick()
+    engine.tick()
+    assert store.node("node-1").state == "returned"  # type: ignore[union-attr]
+    assert [c[0] for c in scheduler.calls[-2:]] == ["hold", "restore"]

@@ -187,7 +187,14 @@ class Agent:
             self.deliverer = Deliverer(self.spool, coordinators, token, cfg.batch_max_events)
             fr = FrCarrier(cfg.fr_dir, cfg.node_id) if cfg.fr_dir is not None else None
             gpus = cfg.sim.gpus if cfg.sim is not None else max(1, backend.gpu_count())
-            validator = NodeValidator(cfg.node_id, gpus, self.emit, sim_faults)
+            validator = NodeValidator(
+                cfg.node_id,
+                gpus,
+                self.emit,
+                sim_faults,
+                cfg.validation,
+                cfg.job_python,
+            )
             # The node's configuration, for the coordinator's drift judgement: with no
             # coordinator there is no one to tell (and no reason to run the job's interpreter
             # every hour).

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -254,6 +255,7 @@ def run_validate(args: argparse.Namespace) -> int:
         "checks": [c.model_dump(mode="json") for c in checks],
         "reason": reason(checks),
         "seconds": round(time.monotonic() - t0, 3),
+        "host": socket.gethostname(),  # the node that measured (a launcher may run it afar)
     }
     emit_json(args, doc)
     out = sys.stderr if json_to_stdout(args) else sys.stdout

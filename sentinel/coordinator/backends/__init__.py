@@ -13,7 +13,7 @@ from sentinel.coordinator.core.effects import EvictionBackend
 def make_backend(cfg: CoordinatorConfig) -> EvictionBackend:
     """The backend `coordinator.eviction_backend` names."""
     if cfg.eviction_backend == "slurm":
-        return SlurmBackend(cfg.scontrol, cfg.scontrol_timeout_s)
+        return SlurmBackend(cfg.scontrol, cfg.scontrol_timeout_s, cfg.slurm_validation_user)
     if cfg.eviction_backend == "kubernetes":
         token = cfg.kubernetes_token_file.read_text().strip() if cfg.kubernetes_token_file else None
         return KubernetesBackend(cfg.kubernetes_api, token, cfg.kubernetes_taint_key)

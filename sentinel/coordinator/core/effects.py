@@ -8,7 +8,8 @@ person) records an `effects` row in its own transaction and waits. Then, in thre
    of its own with a timeout while the store thread goes on acknowledging events;
 3. `settle` records the outcome and moves what it decided (the node: draining -> evicted, or
    back to active when the scheduler refused; an operator's return: validating -> returned,
-   or back to evicted).
+   or back to evicted). Holding a node for its validation, and releasing it, moves nothing:
+   the return's step reads their outcome.
 
 A coordinator killed between 1 and 3 leaves the effect `intended` with attempts above zero.
 The next `perform` of it asks the backend first (`is_evicted`): a drain the scheduler already
@@ -50,6 +51,17 @@ class EvictionBackend(ABC):
         """Put an evicted node back in service (an operator's decision); idempotent."""
         raise EvictionError(f"the {self.name} backend cannot return nodes; do it by hand")
 
+    def hold_for_validation(self, node: str) -> tuple[str, dict[str, str]]:
+        """Let an evicted node run its validation burn-in and nothing else, where the scheduler
+        would run nothing there (Slurm runs no job on a drained node); idempotent. What was
+        done, and what the node's agent needs to launch the burn-in there. By default the
+        burn-in runs beside the scheduler, and nothing needs doing."""
+        return f"{node} needs no hold for its validation ({self.name})", {}
+
+    def release_validation(self, node: str, reason: str) -> str:
+        """Undo `hold_for_validation` for a node that stays out: out of service again."""
+        return f"{node} was not held ({self.name})"
+
     def is_evicted(self, node: str) -> bool:
         """Whether the scheduler holds `node` out of service now: what a coordinator that
         crashed during an eviction asks before asking again. False when it cannot tell."""
@@ -60,6 +72,8 @@ class EffectKind(StrEnum):
     EVICT = "evict"  # target: a node; args: {"reason"}
     NOTIFY = "notify"  # target: the incident; args: {"message", "severity"}
     RESTORE = "restore"  # target: a node an operator returns; args: {"reason"}
+    HOLD = "hold"  # target: a node to validate; result: {"did", "launch"}
+    RELEASE = "release"  # target: a held node that stays out; args: {"reason"}
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,12 @@ class Effects:
             return Outcome(
                 True, {"did": self.backend.restore(effect.target, effect.args["reason"])}
             )
+        if effect.kind == EffectKind.HOLD:  # idempotent: asked every time
+            did, launch = self.backend.hold_for_validation(effect.target)
+            return Outcome(True, {"did": did, "launch": launch})
+        if effect.kind == EffectKind.RELEASE:
+            reason = str(effect.args["reason"])
+            return Outcome(True, {"did": self.backend.release_validation(effect.target, reason)})
         if effect.kind == EffectKind.NOTIFY:
             log.warning(
                 "notify: %s",

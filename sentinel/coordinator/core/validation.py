@@ -6,7 +6,9 @@ after tick, where its gate stands:
 1. hold-down: the coordinator's own record says the node's agent reported `healthy`, with no
    other verdict and no silence longer than `stale_s`, for `hold_down_s` up to now. An agent
    that is silent now is not healthy (the record is what arrived, never what was last said).
-2. validation: a `node.validate` command to that node's agent, carrying the baseline's figures;
+2. validation: the node held for it where the scheduler must (an effect: `hold_for_validation`
+   of the eviction backend), then a `node.validate` command to that node's agent, carrying the
+   baseline's figures and what the hold says the launch needs;
    the agent runs `sentinel burnin --validate` on the node and answers with a `node.validation`
    event, which only the node's own token may send. The command's id is derived from the step's
    key and the moment the node entered `validating`, so a coordinator that restarts finds the
@@ -90,9 +92,12 @@ def ask(
     timeout_s: float,
     now: float,
     incident_id: int | None,
+    launch: dict[str, str],
 ) -> float:
-    """Queue the `node.validate` (idempotent by its id); when it was queued."""
-    args = {"request_id": rid, "baseline": baseline.model_dump(mode="json"), "timeout_s": timeout_s}
+    """Queue the `node.validate` (idempotent by its id); when it was queued. `launch`: what the
+    node's hold says its agent needs to launch the burn-in (a Slurm reservation)."""
+    baseline_doc = baseline.model_dump(mode="json")
+    args = {"request_id": rid, "baseline": baseline_doc, "timeout_s": timeout_s, "launch": launch}
     kind = CommandKind.NODE_VALIDATE.value
     store.insert_commands([NewCommand(rid, "node", node, kind, args, now, incident_id)])
     row = store.command(rid)

@@ -11,6 +11,7 @@ Evictions drain the node in Slurm (`scontrol`), with the incident's id in the re
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import re
 import subprocess
 import sys
@@ -50,6 +51,8 @@ class SlurmDemo(Demo):
         env = {
             "SLURM_CONF": str(self.cluster.conf),
             "SENTINEL_COORDINATOR__EVICTION_BACKEND": "slurm",
+            # the agents run as this user: their validation reservations admit it
+            "SENTINEL_COORDINATOR__SLURM_VALIDATION_USER": getpass.getuser(),
         }
         return CoordinatorProcess(
             self.out / "coordinator",

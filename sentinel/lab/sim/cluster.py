@@ -24,7 +24,14 @@ class ClusterFleet(SimFleet):
         return self.cluster.on_node(a.node_id, self.command(a))
 
     def agent_env(self, a: AgentProcess) -> dict[str, str]:
-        return {"SENTINEL_AGENT__FR_DIR": str(node_fr_dir(self.workdir.parent, a.node_id))}
+        node = self.workdir.parent / "nodes" / a.node_id
+        return {
+            "SENTINEL_AGENT__FR_DIR": str(node_fr_dir(self.workdir.parent, a.node_id)),
+            # a returned node is validated as a Slurm job step in its reservation
+            "SENTINEL_AGENT__VALIDATION__LAUNCHER": "slurm",
+            "SENTINEL_AGENT__VALIDATION__WORKDIR": str(node / "validate"),
+            "SLURM_CONF": str(self.cluster.conf),
+        }
 
 
 def node_fr_dir(out: Path, node: str) -> Path:

@@ -3,8 +3,10 @@
 It runs only as a manual run (`POST /v1/actions` with the incident that evicted the node, which
 audits who asked and why). The node moves to `validating` and passes the gate of
 `coordinator/validation.py` first: its agent healthy for the hold-down, then the validation
-burn-in on the node against the fleet baseline. A node that fails (or whose agent stays silent)
-goes back to `evicted` with the reason, and the step escalates. Like a drain, the scheduler is
+burn-in on the node against the fleet baseline, where the scheduler lets it run (the eviction
+backend holds the node for it: on Slurm a maintenance reservation of its own, whose name the
+agent's command carries). A node that fails (or whose agent stays silent) goes back to
+`evicted` with the reason, is released from its hold, and the step escalates. Like a drain, the scheduler is
 then told through an effect (`scontrol update State=RESUME`, the exclude file, ...); once the
 scheduler took it the node is `returned`, free to serve as a job's spare again, and a scheduler
 that refused leaves it `evicted` and escalates.
@@ -123,25 +125,40 @@ class ReturnNode(BaseAction[ReturnParams], name="return_node"):
             _move(ctx, node, NodeState.VALIDATING, why)
             row = ctx.store.node(node)
         since = row.state_changed_at if row and row.state_changed_at else ctx.now
+        rid = validation.request_id(ctx.command_id(), since)
+        hold_key, release = f"{key}/hold:{rid}", f"{key}/release:{rid}"
+        hold = ctx.store.effect(hold_key)
         held = validation.hold_down(ctx.store, node, ctx.now, cfg)
-        if not held.done:
+        if not held.done:  # (again, when its agent stopped being healthy during the burn-in)
             if ctx.now - since > cfg.hold_down_s + cfg.timeout_s:
                 why = f"its agent was not healthy for {cfg.hold_down_s:g} s in a row"
-                return _keep_out(ctx, node, why, {"healthy_since": held.healthy_since})
+                detail: dict[str, object] = {"healthy_since": held.healthy_since}
+                return _keep_out(ctx, node, why, detail, release if hold else None)
             return StepResult(StepStatus.WAIT, {"node": node, "hold_down_left_s": held.left_s})
-        rid = validation.request_id(ctx.command_id(), since)
+        if hold is None:  # where the scheduler would run nothing there, let the burn-in run
+            why, incident, now = f"validating {node}", ctx.incident.id, ctx.now
+            lifecycle.intend_effect(
+                ctx.store, hold_key, EffectKind.HOLD, node, {"reason": why}, incident, now
+            )
+        if hold is None or hold.state == EffectState.INTENDED:
+            return StepResult(StepStatus.WAIT, {"node": node, "holding": rid})
+        if hold.state == EffectState.FAILED:
+            error = str(hold.result.get("error", "it failed"))
+            why = f"the scheduler could not hold it for its validation: {error}"
+            return _keep_out(ctx, node, why, {"request": rid}, release)
+        launch = dict(hold.result.get("launch") or {})
         asked = validation.ask(
-            ctx.store, node, rid, baseline, cfg.timeout_s, ctx.now, ctx.incident.id
+            ctx.store, node, rid, baseline, cfg.timeout_s, ctx.now, ctx.incident.id, launch
         )
         got = validation.answer(ctx.store, node, rid)
         if got is None:
             if ctx.now - asked > cfg.timeout_s:
                 why = f"its agent did not answer the validation within {cfg.timeout_s:g} s"
-                return _keep_out(ctx, node, why, {"request": rid})
+                return _keep_out(ctx, node, why, {"request": rid}, release)
             return StepResult(StepStatus.WAIT, {"node": node, "validating": rid})
         result = got.model_dump(mode="json")
         if not got.passed:
-            return _keep_out(ctx, node, f"it failed validation: {got.reason}", result)
+            return _keep_out(ctx, node, f"it failed validation: {got.reason}", result, release)
         why = f"returned by {who}: passed validation"
         args = {"reason": why, "validation": result}
         incident, now = ctx.incident.id, ctx.now
@@ -156,8 +173,20 @@ def _move(ctx: ActionContext, node: str, state: NodeState, why: str) -> None:
     )
 
 
-def _keep_out(ctx: ActionContext, node: str, why: str, detail: dict[str, object]) -> StepResult:
-    """Back to evicted, with the reason on the node and in the step: a person looks."""
+def _keep_out(
+    ctx: ActionContext,
+    node: str,
+    why: str,
+    detail: dict[str, object],
+    release: str | None = None,
+) -> StepResult:
+    """Back to evicted, with the reason on the node and in the step: a person looks. A node
+    held for its validation is released by the effect keyed `release` (out of service again
+    where the scheduler looks)."""
     reason = f"{node} stays out of service: {why}"
     _move(ctx, node, NodeState.EVICTED, reason)
+    if release is not None:
+        incident, now = ctx.incident.id, ctx.now
+        args = {"reason": f"sentinel: {why[:160]} [incident {incident}]"}
+        lifecycle.intend_effect(ctx.store, release, EffectKind.RELEASE, node, args, incident, now)
     return StepResult(StepStatus.ESCALATE, {"node": node, "reason": reason, "validation": detail})
