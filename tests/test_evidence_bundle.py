@@ -186,6 +186,30 @@ def test_a_part_that_never_comes_is_named_and_the_bundle_sealed_at_its_deadline(
     assert set(_members(sealed.data)) == {"incident.json", "manifest.json"}
 
 
+def test_a_bundle_whose_parts_cannot_be_gathered_is_sealed_saying_so_and_the_engine_goes_on(
+    tmp_path: Path, new_store: Callable[[], SqlStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+
+    def broken(*_: object) -> dict[str, bytes]:
+        raise RuntimeError("a carried file cannot be read")
+
+    monkeypatch.setattr(bundle, "files_of", broken)
+    monkeypatch.setattr(bundle, "missing_parts", lambda *_: {})  # every part is in
+    ingest.ingest(EventBatch(events=[xid("node-3")]), clock())
+    engine.tick()  # the tick that seals it does not fail
+    sealed = store.bundle(1)
+    assert sealed is not None
+    assert sealed.manifest["missing"] == {
+        "parts": "gathering them failed: RuntimeError: a carried file cannot be read"
+    }
+    assert set(_members(sealed.data)) == {"incident.json", "manifest.json"}
+    clock.t += 1.0
+    ingest.ingest(EventBatch(events=[xid("node-5")]), clock())
+    engine.tick()  # the next incident is handled as ever
+    assert store.bundle(2) is not None
+
+
 def test_a_playbook_cannot_destroy_before_it_captures(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(

@@ -3,6 +3,7 @@ only that node may put them and the job's supervisor reads them back."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 import urllib.error
@@ -54,3 +55,30 @@ async def test_the_agent_carries_fresh_dumps_once_settled(
     admin = coord.token("--role", "admin")
     names = sorted(f["name"] for f in coord.call("GET", "/v1/fr/chk-2", admin)["files"])  # type: ignore[index]
     assert names == ["fr_2", "fr_2.json", "fr_3", "fr_3.json"]
+
+
+async def test_a_later_dump_under_the_same_name_never_replaces_the_one_asked_for(
+    coord: Coordinator, tmp_path: Path
+) -> None:
+    """A repair's teardown makes each rank dump again as it exits, under the same names: the
+    evidence the command asked for is the one carried."""
+    fr = tmp_path / "fr"
+    fr.mkdir()
+    since = time.time() - 0.01
+    for name in ("fr_2", "fr_2.json"):
+        (fr / name).write_bytes(b"evidence " + name.encode())
+    token = coord.token("--role", "node", "--node", "node-1")
+    carrier = FrCarrier(fr, "node-1", wait_s=10, settle_s=1.0)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as s:
+        carrying = asyncio.create_task(
+            carrier.carry(s, Coordinators(coord.url), "chk-3", since, ranks=1)
+        )
+        await asyncio.sleep(0.7)  # both read whole; the carrier waits for more to settle
+        (fr / "fr_2").write_bytes(b"teardown dump")
+        assert await carrying == 2
+    admin = coord.token("--role", "admin")
+    files = {
+        f["name"]: base64.b64decode(f["data"])
+        for f in coord.call("GET", "/v1/fr/chk-3", admin)["files"]
+    }  # type: ignore[index]
+    assert files == {"fr_2": b"evidence fr_2", "fr_2.json": b"evidence fr_2.json"}

@@ -1,9 +1,11 @@
 """Carry this node's flight-recorder dumps to the coordinator after an `fr.dump` command.
 
-Ranks dump into a node-local directory (`agent.fr_dir`); nothing is shared between nodes. Once
-the ranks this agent relayed the command to have written (no new file for `settle_s`, or
-`wait_s` at most), each file newer than the command goes to
-`PUT /v1/fr/{check_id}/{node}/{name}`, where the job's supervisor collects them for analysis.
+Ranks dump into a node-local directory (`agent.fr_dir`); nothing is shared between nodes. Each
+file newer than the command is read as soon as it is whole, so a later dump under its name (a
+teardown's, as the repair ends the rank) cannot replace it. Once the ranks this agent relayed
+the command to have written (no new file for `settle_s`, or `wait_s` at most), the files go to
+`PUT /v1/fr/{check_id}/{node}/{name}`, where the job's supervisor collects them for analysis
+and the incident's evidence bundle keeps them.
 """
 
 from __future__ import annotations
@@ -37,18 +39,36 @@ class FrCarrier:
             if p.is_file() and not p.name.startswith(".") and p.stat().st_mtime >= since
         )
 
-    async def settle(self, since: float, ranks: int) -> list[Path]:
-        """Wait until every relayed rank dumped (a dump and its sidecar each) and nothing new
-        came for `settle_s`, or until `wait_s`."""
-        deadline, last = time.monotonic() + self.wait_s, (-1, time.monotonic())
+    async def settle(self, since: float, ranks: int) -> dict[str, bytes]:
+        """Each file's bytes as first seen whole (its size and time unchanged over one poll),
+        until every relayed rank dumped (a dump and its sidecar each) and nothing new came for
+        `settle_s`, or until `wait_s`. A later dump under a name already kept (a teardown's
+        dump before exit) never replaces the one this command asked for."""
+        deadline, changed = time.monotonic() + self.wait_s, time.monotonic()
+        seen: dict[str, tuple[int, float]] = {}  # each file's (size, mtime) at the last poll
+        kept: dict[str, bytes] = {}
         while time.monotonic() < deadline:
-            files = self.fresh(since)
-            if len(files) != last[0]:
-                last = (len(files), time.monotonic())
-            elif files and len(files) >= ranks and time.monotonic() - last[1] >= self.settle_s:
-                return files
+            for path in self.fresh(since):
+                if path.name in kept:
+                    continue
+                try:
+                    stat = path.stat()
+                    if seen.get(path.name) == (stat.st_size, stat.st_mtime):
+                        kept[path.name], changed = path.read_bytes(), time.monotonic()
+                    else:
+                        seen[path.name] = (stat.st_size, stat.st_mtime)
+                except OSError:  # removed or replaced between the listing and the read
+                    continue
+            if len(kept) >= max(ranks, 1) and time.monotonic() - changed >= self.settle_s:
+                return kept
             await asyncio.sleep(0.25)
-        return self.fresh(since)
+        for path in self.fresh(since):  # past the wait: what is there now
+            if path.name not in kept:
+                try:
+                    kept[path.name] = path.read_bytes()
+                except OSError:
+                    continue
+        return kept
 
     async def carry(
         self,
@@ -59,17 +79,15 @@ class FrCarrier:
         ranks: int,
     ) -> int:
         sent = 0
-        for path in await self.settle(since, ranks):
-            url = f"/v1/fr/{check_id}/{self.node}/{path.name}"
+        for name, data in sorted((await self.settle(since, ranks)).items()):
+            url = f"/v1/fr/{check_id}/{self.node}/{name}"
             try:
-                reply = await request(session, coordinators, "PUT", url, data=path.read_bytes())
+                reply = await request(session, coordinators, "PUT", url, data=data)
             except (Unreachable, OSError) as e:
-                log.error("cannot carry dump %s: %s", path.name, e)
+                log.error("cannot carry dump %s: %s", name, e)
                 continue
             if reply.status != 200:
-                log.error(
-                    "coordinator refused dump %s: %s %s", path.name, reply.status, reply.error()
-                )
+                log.error("coordinator refused dump %s: %s %s", name, reply.status, reply.error())
                 continue
             sent += 1
         log.info("carried %d flight-recorder file(s) for %s", sent, check_id)

@@ -33,7 +33,7 @@ from pydantic_core import to_jsonable_python
 
 from sentinel.coordinator.core.rows import BundleRow, StepRow
 from sentinel.coordinator.core.stacks import answers
-from sentinel.coordinator.core.store import StateStore
+from sentinel.coordinator.core.store import Fenced, StateStore, StoreUnavailable
 from sentinel.fr.dumps import dumped_ranks
 from sentinel.protocol import WITH_STACKS_SUFFIX
 
@@ -52,30 +52,35 @@ def _json(value: Any) -> bytes:
     return json.dumps(to_jsonable_python(value), indent=1, sort_keys=True).encode()
 
 
-def parts(store: StateStore, step: StepRow) -> tuple[dict[str, bytes], dict[str, str]]:
-    """The files the bundle holds so far, by archive name, and what is still missing, why."""
+def missing_parts(step: StepRow, carried: list[tuple[str, str]]) -> dict[str, str]:
+    """What the bundle still lacks, and why, given the (node, file) names carried so far: what
+    the engine checks each tick while it waits (names only; the bytes are read to seal)."""
     result = step.result
-    check = str(result.get("check", ""))
-    files: dict[str, bytes] = {}
     missing: dict[str, str] = {}
-    carried = store.fr_dumps(check) if check else []
-    for node, name, data in carried:
-        files[f"nodes/{node}.json" if name == NODE_FILE else f"fr/{node}/{name}"] = data
+    names = {f"{node}/{name}" for node, name in carried}
     for node in result.get("nodes", []):
-        if f"nodes/{node}.json" not in files:
+        if f"{node}/{NODE_FILE}" not in names:
             missing[f"nodes/{node}.json"] = "its agent has sent no node evidence"
     dumped = int(result.get("fr_dumps", 0))
-    written = len(dumped_ranks(name for _, name, _ in carried if name != NODE_FILE))
+    written = len(dumped_ranks(name for _, name in carried if name != NODE_FILE))
     if written < dumped:
         missing["fr"] = f"{dumped} rank(s) dumped, the files of {written} reached the coordinator"
     for part in result.get("timed_out", []):
         missing.setdefault(part, "the ranks' capture deadline passed first")
-    with_stacks = sum(name.endswith(WITH_STACKS_SUFFIX) for _, name, _ in carried)
+    with_stacks = sum(name.endswith(WITH_STACKS_SUFFIX) for _, name in carried)
     if with_stacks < dumped:
         missing[WITH_STACKS_PART] = (
             f"{with_stacks} of the {dumped} rank(s) that dumped wrote theirs with stack traces"
         )
-    stacks = result.get("stacks")
+    return missing
+
+
+def files_of(store: StateStore, step: StepRow, check: str) -> dict[str, bytes]:
+    """The files the bundle holds, by archive name: the carried ones and the ranks' stacks."""
+    files: dict[str, bytes] = {}
+    for node, name, data in store.fr_dumps(check) if check else []:
+        files[f"nodes/{node}.json" if name == NODE_FILE else f"fr/{node}/{name}"] = data
+    stacks = step.result.get("stacks")
     if isinstance(stacks, dict) and step.incident_id is not None:
         incident = store.incident(step.incident_id)
         job = incident.job if incident is not None else None
@@ -85,7 +90,7 @@ def parts(store: StateStore, step: StepRow) -> tuple[dict[str, bytes], dict[str,
             grouped = None
         if grouped is not None:
             files["stacks.json"] = _json(grouped.as_json())
-    return files, missing
+    return files
 
 
 def archive(files: dict[str, bytes], mtime: int) -> bytes:
@@ -103,17 +108,25 @@ def archive(files: dict[str, bytes], mtime: int) -> bytes:
     return raw.getvalue()
 
 
-def seal(store: StateStore, step: StepRow, now: float) -> BundleRow | None:
+def seal(
+    store: StateStore, step: StepRow, now: float, failed: str | None = None
+) -> BundleRow | None:
     """The incident's bundle, sealed now if every part is in or its time is up; None: not
-    yet (or the incident has one already)."""
+    yet (or the incident has one already). `failed`: gathering the parts failed so; the
+    bundle is sealed at once with its timeline, and says so."""
     assert step.incident_id is not None and step.done_at is not None  # an incident's done step
-    files, missing = parts(store, step)
-    if missing and now < step.started_at + float(step.result.get("bundle_s", 60.0)):
-        # The dumps with stack traces are waited for only until their own deadline: a rank
-        # holding the GIL, or torn down, never writes one; then they are timed out, not lost.
-        stacks_by = step.started_at + float(step.result.get("with_stacks_s", 10.0))
-        if set(missing) != {WITH_STACKS_PART} or now < stacks_by:
-            return None
+    check = str(step.result.get("check", ""))
+    if failed is not None:
+        files, missing = {}, {"parts": f"gathering them failed: {failed}"}
+    else:
+        missing = missing_parts(step, store.fr_dump_names(check) if check else [])
+        if missing and now < step.started_at + float(step.result.get("bundle_s", 60.0)):
+            # The dumps with stack traces are waited for only until their own deadline: a rank
+            # holding the GIL, or torn down, never writes one; then they are timed out.
+            stacks_by = step.started_at + float(step.result.get("with_stacks_s", 10.0))
+            if set(missing) != {WITH_STACKS_PART} or now < stacks_by:
+                return None
+        files = files_of(store, step, check)
     timed_out = (
         {WITH_STACKS_PART: missing.pop(WITH_STACKS_PART)} if WITH_STACKS_PART in missing else {}
     )
@@ -153,7 +166,15 @@ def seal_due(store: StateStore, now: float) -> list[BundleRow]:
     """Seal the bundles that are ready (the engine's tick)."""
     sealed = []
     for step in store.unsealed_evidence(SEAL_BATCH):
-        row = seal(store, step, now)
+        try:
+            with store.tx():
+                row = seal(store, step, now)
+        except (StoreUnavailable, Fenced):
+            raise  # the engine's loop says so once
+        except Exception as e:  # one incident's bundle never stops the engine's tick
+            log.exception("incident %s: gathering its evidence bundle failed", step.incident_id)
+            with store.tx():
+                row = seal(store, step, now, failed=f"{type(e).__name__}: {e}"[:500])
         if row is not None:
             log.info(
                 "incident %s: evidence bundle sealed (%d bytes, sha256 %s, missing %s)",

@@ -157,6 +157,12 @@ class ReportsRepo(IncidentsRepo):
         )
         return [(str(n), str(f), bytes(d)) for n, f, d in self._x(found)]
 
+    def fr_dump_names(self, check_id: str) -> list[tuple[str, str]]:
+        """(node, file name) of every dump file of a check, by node and name: no bytes."""
+        found = select(fr_dumps.c.node, fr_dumps.c.name).where(fr_dumps.c.check_id == check_id)
+        found = found.order_by(fr_dumps.c.node, fr_dumps.c.name)
+        return [(str(n), str(f)) for n, f in self._x(found)]
+
     def prune_fr_dumps(self, cutoff: float) -> int:
         """Delete dumps stored before `cutoff` (the events' retention)."""
         return max(int(self._x(delete(fr_dumps).where(fr_dumps.c.stored_at < cutoff))), 0)

@@ -157,7 +157,6 @@ class Evidence(
         rid = ctx.command_id("-stacks")
         try:  # idempotent: the commands' ids derive from the step's key
             job_nodes = ask(ctx.store, ctx.job_id, rid, ctx.now, ctx.incident.id)
-            grouped = answers(ctx.store, ctx.job_id, rid)
         except LookupError as e:  # the job runs on no node: nothing to ask, the repair goes on
             return StepResult(
                 StepStatus.DONE, self._detail(ctx, params, check, nodes, {"error": str(e)})
@@ -180,7 +179,7 @@ class Evidence(
         if late and not ctx.waited_past(params.timeout_s):
             return StepResult(StepStatus.WAIT, {"waiting_for": late})
         ranks = {
-            "stacks": record(grouped, rid),
+            "stacks": record(answers(ctx.store, ctx.job_id, rid), rid),  # grouped once, at the end
             "fr_dumps": len(dumped),
             "fr_dumped_ranks": rank_ranges(sorted(dumped)),
             "timed_out": late,
