@@ -310,6 +310,11 @@ class CoordinatorConfig(StrictModel):
     # maintenance reservation (`sentinel-validate-NODE`) that admits this user alone, the one
     # the nodes' agents run as (they launch the validation as a job step there).
     slurm_validation_user: str = Field(default="sentinel", pattern=r"^[a-z_][a-z0-9_.-]{0,31}$")
+    # The scheduler bridge (coordinator/core/scheduler.py): how often the leader reads every
+    # node's state where the scheduler looks (Slurm: `scontrol show node`), to see drains by
+    # others and nodes resumed without validation. 0: never. Backends that cannot tell (the
+    # exclude file, Kubernetes) are not polled.
+    scheduler_poll_s: float = Field(default=10.0, ge=0)
     kubernetes_api: str = "https://kubernetes.default.svc"
     kubernetes_token_file: Path | None = None
     kubernetes_taint_key: str = "sentinel.dev/evicted"

@@ -380,6 +380,22 @@ class NodeValidationPayload(_Strict):
     ran: str = Field(default="", max_length=200)
 
 
+class SchedulerDrainPayload(_Strict):
+    """The scheduler holds the node out of service, and Sentinel did not take it out (an
+    administrator, a health-check script, a prolog): seen by the coordinator's scheduler
+    bridge (`coordinator/core/scheduler.py`)."""
+
+    state: str = Field(min_length=1, max_length=64)  # the scheduler's word: "DRAIN", "DOWN"...
+    reason: str = Field(default="", max_length=500)  # the scheduler's reason, as it says it
+
+
+class SchedulerResumePayload(_Strict):
+    """A node Sentinel took out is back in service where the scheduler looks, without passing
+    Sentinel's validation gate (someone resumed it): seen by the scheduler bridge."""
+
+    state: str = Field(min_length=1, max_length=64)
+
+
 class FrAnalysisPayload(_Strict):
     """Result of a flight-recorder dump analysis (`sentinel fr analyze`) for a job."""
 
@@ -406,6 +422,9 @@ class EventKind(StrEnum):
     RANK_STACKS = "rank.stacks"
     RANK_LAUNCH = "rank.launch"
     NODE_VALIDATION = "node.validation"
+    # The coordinator's own view of the scheduler (its scheduler bridge), never a sender's.
+    SCHEDULER_DRAIN = "scheduler.drain"
+    SCHEDULER_RESUME = "scheduler.resume"
 
 
 # --- envelopes -------------------------------------------------------------------------------
@@ -535,6 +554,16 @@ class NodeValidationEvent(EventBase):
     payload: NodeValidationPayload
 
 
+class SchedulerDrainEvent(EventBase):
+    kind: Literal[EventKind.SCHEDULER_DRAIN] = EventKind.SCHEDULER_DRAIN
+    payload: SchedulerDrainPayload
+
+
+class SchedulerResumeEvent(EventBase):
+    kind: Literal[EventKind.SCHEDULER_RESUME] = EventKind.SCHEDULER_RESUME
+    payload: SchedulerResumePayload
+
+
 # Any event: the class its `kind` names. The one decoder of events (see `decode_event`).
 Event = Annotated[
     NodeHealthEvent
@@ -552,9 +581,15 @@ Event = Annotated[
     | RankCheckpointEvent
     | RankStacksEvent
     | RankLaunchEvent
-    | NodeValidationEvent,
+    | NodeValidationEvent
+    | SchedulerDrainEvent
+    | SchedulerResumeEvent,
     Field(discriminator="kind"),
 ]
+
+# What the coordinator itself observes (its scheduler bridge): no token may report them, bar
+# an administrator's (a replay, a test).
+COORDINATOR_EVENTS = frozenset({EventKind.SCHEDULER_DRAIN, EventKind.SCHEDULER_RESUME})
 
 EVENT_TYPES: dict[EventKind, type[EventBase]] = {
     cls.model_fields["kind"].default: cls for cls in get_args(get_args(Event)[0])

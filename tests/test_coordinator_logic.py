@@ -610,7 +610,7 @@ def test_slurm_backend_against_a_stand_in_scontrol(
     ingest.ingest(EventBatch(events=[job_status("j", fleet, ["spare-0"]), xid("node-7")]), clock())
     engine.tick()
     assert record.read_text().strip() == (
-        "update NodeName=node-7 State=DRAIN Reason=sentinel: GPU hardware fault [incident 1]"
+        "update NodeName=node-7 State=DRAIN Reason=sentinel:1 GPU hardware fault"
     )
 
 

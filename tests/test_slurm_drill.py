@@ -66,7 +66,7 @@ def test_slurm_drill_repairs_three_faults_each_on_its_path(tmp_path: Path) -> No
     assert sorted(res["evicted_nodes"]) == ["node-2", "node-3"]
     for node in ("node-2", "node-3"):
         st = res["slurm_nodes"][node]
-        assert st["state"] in {"drained", "draining"} and "[incident " in st["reason"]
+        assert st["state"] in {"drained", "draining"} and re.match(r"sentinel:\d+ ", st["reason"])
     paths = {k: f["repair_path"] for k, f in faults.items()}
     assert paths == {"ecc_dbe": "live", "crash": "warm_restart", "hang": "warm_restart"}, paths
     assert all(r["survivors_restarted"] == 0 for r in res["repairs"]), res["repairs"]

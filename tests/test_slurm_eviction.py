@@ -105,9 +105,7 @@ def test_drain_in_sinfo_and_an_audited_return(
         what="node-1 drained in Slurm",
     )
     inc = _incident(coord, operator, "node-1")
-    assert cluster.node_states()["node-1"].reason == (
-        f"sentinel: GPU hardware fault [incident {inc['id']}]"
-    )
+    assert cluster.node_states()["node-1"].reason == (f"sentinel:{inc['id']} GPU hardware fault")
     assert {n: s.state for n, s in cluster.node_states().items() if n != "node-1"} == dict.fromkeys(
         ["node-0", "node-2", "spare-0"], "idle"
     )
@@ -180,4 +178,4 @@ def test_unreachable_controller_escalates_and_loses_nothing(
         timeout=60,
         what="node-2 drained after the retry",
     )
-    assert f"[incident {inc['id']}]" in cluster.node_states()["node-2"].reason  # type: ignore[index]
+    assert cluster.node_states()["node-2"].reason.startswith(f"sentinel:{inc['id']} ")  # type: ignore[index]

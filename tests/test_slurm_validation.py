@@ -99,7 +99,7 @@ def test_a_returned_node_is_validated_by_a_job_step_in_its_own_reservation(
     wait_for(lambda: not _reserved(cluster), what="the reservation ended")
     slurm = cluster.node_states()[NODE]
     assert slurm.state == "drained" and "failed validation" in slurm.reason, slurm
-    assert f"[incident {incident['id']}]" in slurm.reason
+    assert slurm.reason.startswith(f"sentinel:{incident['id']} ")
 
     inject(faults, {"kind": "clear", "gpu": 0})  # the GPU repaired
     coord.call("POST", "/v1/actions", operator, ask)

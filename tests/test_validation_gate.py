@@ -320,7 +320,7 @@ def test_the_node_is_held_for_its_validation_and_released_when_it_stays_out(
     engine.tick()
     assert store.node("node-1").state == "evicted"  # type: ignore[union-attr]
     release = scheduler.calls[-1]
-    assert release[:2] == ("release", "node-1") and f"[incident {incident}]" in release[2]
+    assert release[:2] == ("release", "node-1") and release[2].startswith(f"sentinel:{incident} ")
 
     command = ask()[-1]
     feed(_answer("node-1", str(command["id"]), True))

@@ -24,8 +24,9 @@ from typing import Any, NamedTuple, TypeVar
 
 from sentinel.config import CoordinatorConfig
 from sentinel.coordinator.backends import make_backend
+from sentinel.coordinator.core import scheduler
 from sentinel.coordinator.core.auth import TokenStore
-from sentinel.coordinator.core.effects import Outcome
+from sentinel.coordinator.core.effects import EvictionError, Outcome, SchedulerNode
 from sentinel.coordinator.core.engine import Engine
 from sentinel.coordinator.core.ingest import Ingestor, IngestResult
 from sentinel.coordinator.core.playbooks import (
@@ -85,6 +86,11 @@ class Service:
         self._kick = asyncio.Event()
         self.commands_changed = asyncio.Condition()
         self._engine_task: asyncio.Task[None] | None = None
+        self._scheduler_task: asyncio.Task[None] | None = None
+        # The scheduler bridge's last poll: None before the first (or with no scheduler to
+        # read), then whether it was read; and how many polls failed.
+        self.scheduler_up: bool | None = None
+        self.scheduler_failures = 0
         # (events accepted, duplicates) of each group commit: the API's counters
         self.on_ingest: Callable[[int, int], None] = lambda _a, _d: None
 
@@ -97,12 +103,17 @@ class Service:
         await self.db(self.store.start_background)
         await asyncio.get_running_loop().run_in_executor(None, self.leadership.start)
         self._engine_task = asyncio.create_task(self._engine_loop(), name="sentinel-engine")
+        if self.cfg.scheduler_poll_s > 0 and self.engine.effects.backend.polls_scheduler:
+            self._scheduler_task = asyncio.create_task(
+                self._scheduler_loop(), name="sentinel-scheduler"
+            )
         return admin
 
     async def stop(self) -> None:
-        if self._engine_task is not None:
-            self._engine_task.cancel()
-            await asyncio.gather(self._engine_task, return_exceptions=True)
+        for task in (self._engine_task, self._scheduler_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         # An effect cut short here stays intended; the next start reconciles it.
         for task in list(self._effects_in_flight.values()):
             task.cancel()
@@ -234,6 +245,52 @@ class Service:
             self._effects_in_flight.pop(effect.key, None)
         self.kick()
 
+    async def _scheduler_loop(self) -> None:
+        """The scheduler bridge (`core/scheduler.py`), on the leader: read every node's state
+        where the scheduler looks, off the store's thread with the effects' timeout; ingest the
+        disagreements it finds. A read that fails changes nothing (the last state stands) and
+        is counted, said once when it starts failing and once when it is read again."""
+        backend = self.engine.effects.backend
+        while True:
+            await asyncio.sleep(self.cfg.scheduler_poll_s)
+            if not self.leadership.leads():
+                continue
+            try:
+                seen = await asyncio.wait_for(
+                    _off_thread(backend.scheduler_nodes), self.cfg.effect_timeout_s
+                )
+                if seen is None:
+                    raise EvictionError(f"the {backend.name} backend reports no node states")
+            except Exception as e:  # EvictionError, a timeout: never an empty answer
+                self.scheduler_failures += 1
+                if self.scheduler_up is not False:
+                    why = str(e) or type(e).__name__
+                    log.error("cannot read the scheduler (%s): its last state stands", why)
+                self.scheduler_up = False
+                continue
+            if self.scheduler_up is False:
+                log.warning("the scheduler is read again")
+            self.scheduler_up = True
+            try:
+                opened = await self.db(self._as_leader, self._observe_scheduler, seen)
+            except (StoreUnavailable, Fenced):
+                continue  # the engine's loop says so
+            except Exception:
+                log.exception("the scheduler's node states could not be compared")
+                continue
+            if opened:
+                self.kick()
+
+    def _observe_scheduler(self, seen: dict[str, SchedulerNode]) -> bool:
+        """Ingest what the scheduler says that Sentinel does not know; whether that opened or
+        joined an incident."""
+        now = self.clock()
+        events = scheduler.disagreements(seen, self.store.nodes(scheduler.MAX_NODES), now)
+        if not events:
+            return False
+        result = self.ingestor.ingest(EventBatch(events=events), now)
+        return bool(result.opened) or result.linked > 0
+
     def _as_leader(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` with every write fenced by our epoch: refused by the store (and we
         follow) once another replica holds a newer one."""
@@ -272,14 +329,23 @@ def _off_thread(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
 
-    def settle(value: T) -> None:
-        if not fut.done():
-            fut.set_result(value)
+    def settle(value: T | None, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)  # type: ignore[arg-type]
 
     def work() -> None:
-        value = fn(*args)
+        value: T | None = None
+        error: BaseException | None = None
+        try:
+            value = fn(*args)
+        except Exception as e:  # the caller's to handle, as if the call ran in its own task
+            error = e
         with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
-            loop.call_soon_threadsafe(settle, value)
+            loop.call_soon_threadsafe(settle, value, error)
 
     threading.Thread(target=work, name="sentinel-effect", daemon=True).start()
     return fut

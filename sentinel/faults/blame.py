@@ -22,8 +22,9 @@ LOW_CONFIDENCE = 0.25
 DAY_S = 86400.0
 
 # Incident classes (playbook `incident.fault`) whose blame rests on circumstance, not on a reading
-# of the node's own hardware. Every other class that evicts a node names it by its own evidence.
-CIRCUMSTANTIAL = frozenset({"collective_hang", "rank_crash_repeat"})
+# of the node's own hardware, or on someone else's word (a drain in the scheduler). Every other
+# class that evicts a node names it by its own evidence.
+CIRCUMSTANTIAL = frozenset({"collective_hang", "rank_crash_repeat", "scheduler_drain"})
 
 
 def confidence(fault: str) -> float:

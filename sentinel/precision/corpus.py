@@ -13,6 +13,7 @@ whether anything should be repaired at all:
       - {t: 10, node: node-1, kind: xid, gpu: 3, xid: 13}
       - {t: 30, node: node-2, kind: agent_restart}
       - {t: 40, kind: coordinator_restart}
+      - {t: 50, node: node-3, kind: scheduler_drain, reason: "fan replaced"}
     expect: []                    # the incidents that must open, e.g.
                                   # [{fault: gpu_hardware, target: node-1}, {fault:
                                   # rank_crash, target: job}]; any other is false
@@ -44,12 +45,15 @@ MIN_PRECISION = 0.99
 MIN_RECALL = 0.95
 # What happens to a process rather than to a GPU.
 PROCESS_EVENTS = frozenset({"agent_restart", "coordinator_restart"})
+# What someone else does in the scheduler (an administrator drains a node, with `reason`, or
+# resumes one), seen by the coordinator's scheduler bridge.
+SCHEDULER_EVENTS = frozenset({"scheduler_drain", "scheduler_resume"})
 # What a rank or the job's supervisor says (`kind: event`, with `event`, `rank` and `payload`).
 RANK_EVENT = "event"
 RANK_EVENTS = frozenset(
     k.value for k in EventKind if k.value.startswith("rank.") and k != EventKind.RANK_LAUNCH
 )
-KINDS = FAULT_KINDS | PROCESS_EVENTS | {RANK_EVENT}
+KINDS = FAULT_KINDS | PROCESS_EVENTS | SCHEDULER_EVENTS | {RANK_EVENT}
 
 
 class _Strict(BaseModel):
@@ -117,7 +121,7 @@ class Happening(BaseModel):
             if extra.get("event") not in RANK_EVENTS:
                 raise ValueError(f"event: one of {sorted(RANK_EVENTS)}, not {extra.get('event')!r}")
             self.rank_event("job", 0.0)  # a ValidationError names the payload's field
-        elif self.kind not in PROCESS_EVENTS:
+        elif self.kind not in PROCESS_EVENTS | SCHEDULER_EVENTS:
             try:
                 parse_fault(self.fault_line())
             except InputError as e:

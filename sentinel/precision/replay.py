@@ -6,8 +6,9 @@ the health rules (`HealthEvaluator` with the shipped thresholds) and the monitor
 their verdicts into events (`NodeMonitor`), swept every shipped agent interval. Their events,
 the agents' heartbeats, the stream's rank events and the job's status go into the
 coordinator's own ingest and engine (`Ingestor`, `Engine`) with the shipped playbooks and
-configuration, on a SQLite store, its evictions made by the exclude-file backend in the
-replay's directory. The job's side is the supervisor's own record of its job, changed by the
+configuration, on a SQLite store. Its evictions go to a simulated scheduler (`_Scheduler`),
+which the stream's own scheduler happenings change too (an administrator's drain, a resume),
+and which the coordinator's scheduler bridge reads every shipped poll interval. The job's side is the supervisor's own record of its job, changed by the
 coordinator's commands at once (`_Supervisor`: no ranks are launched). One simulated clock
 drives agents and coordinator alike, so a two-minute stream replays in about a second, and
 the same stream replays the same way every time.
@@ -30,8 +31,9 @@ from sentinel.agent.health.judge import HealthEvaluator
 from sentinel.agent.monitor import NodeMonitor
 from sentinel.agent.nvml.sim import SimulatedGpus, inject
 from sentinel.config import AgentConfig, CoordinatorConfig, SupervisorConfig
-from sentinel.coordinator.backends.exclude_file import ExcludeFileBackend
+from sentinel.coordinator.core import scheduler
 from sentinel.coordinator.core.clearance import DESTRUCTIVE_ACTIONS
+from sentinel.coordinator.core.effects import EvictionBackend, SchedulerNode
 from sentinel.coordinator.core.engine import Engine
 from sentinel.coordinator.core.ingest import Ingestor
 from sentinel.coordinator.core.operator import ack_command
@@ -156,6 +158,40 @@ class _Supervisor:
         return changed
 
 
+class _Scheduler(EvictionBackend):
+    """The fleet's scheduler: every node in service until a drain (Sentinel's, with its
+    reason, or an administrator's happening) takes it out, until a resume."""
+
+    name = "simulated scheduler"
+    polls_scheduler = True
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.known = list(nodes)
+        self.out: dict[str, str] = {}  # node -> the drain's reason
+
+    def evict(self, node: str, reason: str) -> str:
+        self.out[node] = reason
+        return f"{node} drained"
+
+    def restore(self, node: str, reason: str) -> str:
+        self.out.pop(node, None)
+        return f"{node} resumed"
+
+    def release_validation(self, node: str, reason: str) -> str:
+        return self.evict(node, reason)
+
+    def is_evicted(self, node: str) -> bool:
+        return node in self.out
+
+    def scheduler_nodes(self) -> dict[str, SchedulerNode]:
+        return {
+            n: SchedulerNode(
+                "DRAIN" if n in self.out else "IDLE", self.out.get(n, ""), n in self.out
+            )
+            for n in self.known
+        }
+
+
 class Replay:
     def __init__(self, stream: Stream, playbooks: list[Playbook], work: Path) -> None:
         self.stream, self.playbooks, self.work = stream, playbooks, work
@@ -163,9 +199,9 @@ class Replay:
         self.start = self.clock.t
         self.cfg = CoordinatorConfig(state_dir=work / "state")
         self.store = SqliteStore(work / "state" / "coordinator.db")
-        self.backend = ExcludeFileBackend(work / "exclude.txt")
-        self._start_coordinator()
         fleet = stream.fleet
+        self.backend = _Scheduler(fleet.node_names() + fleet.spare_names())
+        self._start_coordinator()
         self.nodes, self.spares = fleet.job_nodes(), fleet.spare_names()
         self.agents = {n: self._agent(n) for n in self.nodes + self.spares}
         self.joining = fleet.joining_names()
@@ -186,6 +222,7 @@ class Replay:
         interval = float(AGENT["interval_s"].default)
         agent_beat = float(AGENT["heartbeat_s"].default)
         job_beat = float(SupervisorConfig.model_fields["heartbeat_s"].default)
+        poll = self.cfg.scheduler_poll_s
         todo = sorted(self.stream.events, key=lambda h: h.t)
         ticks = int(self.stream.duration_s / interval) + 1
         for i in range(ticks):
@@ -203,6 +240,11 @@ class Replay:
                 events += agent.sweep()
                 if _due(elapsed, agent_beat, interval):
                     events.append(agent.heartbeat())
+            if poll and _due(elapsed, poll, interval):  # the scheduler bridge
+                seen = self.backend.scheduler_nodes()
+                events += scheduler.disagreements(
+                    seen, self.store.nodes(scheduler.MAX_NODES), self.clock.t
+                )
             self._note_firings(events, elapsed)
             if events:
                 self.ingestor.ingest(EventBatch(events=events), self.clock.t)
@@ -216,6 +258,11 @@ class Replay:
             return [h.rank_event(JOB, self.clock.t)]
         if h.kind == "coordinator_restart":
             self._start_coordinator()
+        elif h.kind == "scheduler_drain":
+            assert h.node is not None
+            self.backend.out[h.node] = str((h.model_extra or {}).get("reason", "drained by hand"))
+        elif h.kind == "scheduler_resume":
+            self.backend.out.pop(str(h.node), None)
         elif h.kind == "agent_restart" and h.node in self.agents:
             self.agents[h.node] = self._agent(h.node)
         else:  # a GPU fault: a node not yet joined finds it when its agent starts

@@ -14,7 +14,13 @@ import re
 import subprocess
 import time
 
-from sentinel.coordinator.core.effects import EvictionBackend, EvictionError
+from sentinel.coordinator.core.effects import EvictionBackend, EvictionError, SchedulerNode
+
+_FIELD = {key: re.compile(rf"\b{key}=(\S+)") for key in ("NodeName", "State")}
+# The reason runs to the next key (`Key=`) or the line's end; it may hold spaces.
+_REASON = re.compile(r"\bReason=(.*?)(?=\s+[A-Za-z]+=|$)")
+# The state flags that hold a node out of service: drained or draining, down, failing.
+_OUT = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING"})
 
 
 def reservation_of(node: str) -> str:
@@ -23,6 +29,7 @@ def reservation_of(node: str) -> str:
 
 class SlurmBackend(EvictionBackend):
     name = "slurm"
+    polls_scheduler = True
 
     def __init__(
         self, scontrol: str = "scontrol", timeout_s: float = 30.0, validation_user: str = "sentinel"
@@ -98,6 +105,22 @@ class SlurmBackend(EvictionBackend):
         if "not found" in said or "invalid" in said or "no reservations" in said:
             return False
         raise EvictionError(f"{self.scontrol} show reservation: {said.strip()[:300]}")
+
+    def scheduler_nodes(self) -> dict[str, SchedulerNode]:
+        """`scontrol show node --oneliner`: every node's state and reason, in one call."""
+        seen: dict[str, SchedulerNode] = {}
+        for line in self._scontrol("show", "node", "--oneliner").splitlines():
+            name, state = _FIELD["NodeName"].search(line), _FIELD["State"].search(line)
+            if name is None or state is None:
+                continue
+            reason = _REASON.search(line)
+            flags = {f.rstrip("*~#!%$@^-") for f in state.group(1).upper().split("+")}
+            seen[name.group(1)] = SchedulerNode(
+                state=state.group(1),
+                reason=reason.group(1).strip() if reason else "",
+                out=bool(flags & _OUT),
+            )
+        return seen
 
     def is_evicted(self, node: str) -> bool:
         """`scontrol show node`'s State holds DRAIN (draining or drained) for a drained node."""

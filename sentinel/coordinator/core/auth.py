@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sentinel.coordinator.core.rows import TokenRow
 from sentinel.coordinator.core.store import StateStore
-from sentinel.protocol import Event
+from sentinel.protocol import COORDINATOR_EVENTS, Event
 
 ADMIN_TOKEN_FILE = "admin.token"
 
@@ -45,6 +45,8 @@ class Principal:
         """None when allowed, else why not (the 403 message)."""
         if self.role == Role.ADMIN:
             return None
+        if event.kind in COORDINATOR_EVENTS:
+            return f"event {event.id}: {event.kind} is the coordinator's own observation"
         if self.role == Role.NODE:
             mine, said, scope = self.node, event.source.node, "as node"
         elif self.role == Role.JOB:
@@ -61,10 +63,14 @@ class Principal:
             return None
         if self.role == Role.NODE:
             node = self.node
-            bad = next((e for e in events if e.source.node != node), None)
+            bad = next(
+                (e for e in events if e.source.node != node or e.kind in COORDINATOR_EVENTS), None
+            )
         elif self.role == Role.JOB:
             job = self.job
-            bad = next((e for e in events if e.source.job != job), None)
+            bad = next(
+                (e for e in events if e.source.job != job or e.kind in COORDINATOR_EVENTS), None
+            )
         else:
             bad = events[0] if events else None
         return None if bad is None else self.may_report(bad)

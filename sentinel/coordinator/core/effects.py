@@ -38,10 +38,21 @@ class EvictionError(RuntimeError):
     """The scheduler could not be told (its command failed, timed out, or is missing)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerNode:
+    """A node as the scheduler sees it: its own word for the state, its reason, and whether
+    that holds the node out of service (drained, down)."""
+
+    state: str
+    reason: str
+    out: bool
+
+
 class EvictionBackend(ABC):
     """Takes a node out of service where the scheduler looks (exclude file, Slurm, Kubernetes)."""
 
     name: ClassVar[str]
+    polls_scheduler: ClassVar[bool] = False  # whether `scheduler_nodes` can tell
 
     @abstractmethod
     def evict(self, node: str, reason: str) -> str:
@@ -62,6 +73,12 @@ class EvictionBackend(ABC):
         """Undo `hold_for_validation` for a node that stays out: out of service again."""
         return f"{node} was not held ({self.name})"
 
+    def scheduler_nodes(self) -> dict[str, SchedulerNode] | None:
+        """Every node the scheduler knows, as it sees it (the scheduler bridge's poll,
+        `core/scheduler.py`); None: this backend cannot tell, and there is nothing to poll.
+        Raises EvictionError when the scheduler cannot be read: never an empty answer."""
+        return None
+
     def is_evicted(self, node: str) -> bool:
         """Whether the scheduler holds `node` out of service now: what a coordinator that
         crashed during an eviction asks before asking again. False when it cannot tell."""
@@ -69,7 +86,7 @@ class EvictionBackend(ABC):
 
 
 class EffectKind(StrEnum):
-    EVICT = "evict"  # target: a node; args: {"reason"}
+    EVICT = "evict"  # target: a node; args: {"reason", "adopt"}
     NOTIFY = "notify"  # target: the incident; args: {"message", "severity"}
     RESTORE = "restore"  # target: a node an operator returns; args: {"reason"}
     HOLD = "hold"  # target: a node to validate; result: {"did", "launch"}
@@ -155,6 +172,9 @@ class Effects:
             if reconcile and self.backend.is_evicted(node):
                 did = f"{node} found out of service ({self.backend.name}); not asked again"
                 return Outcome(True, {"did": did, "reconciled": True})
+            if effect.args.get("adopt") and self.backend.is_evicted(node):
+                did = f"{node} already out of service ({self.backend.name}): its reason kept"
+                return Outcome(True, {"did": did, "adopted": True})
             return Outcome(True, {"did": self.backend.evict(node, str(effect.args["reason"]))})
         if effect.kind == EffectKind.RESTORE:  # an operator's return: asked every time
             return Outcome(

@@ -17,6 +17,7 @@ from sentinel.coordinator.core.playbooks import Playbook
 from sentinel.coordinator.core.states import Entity, NodeState
 from sentinel.coordinator.core.store import StateStore
 from sentinel.protocol import (
+    COORDINATOR_EVENTS,
     AgentHeartbeatEvent,
     Event,
     EventBatch,
@@ -77,7 +78,7 @@ class Ingestor:
                     continue
                 new.discard(ev.id)
                 result.accepted += 1
-                if ev.source.node is not None:
+                if ev.source.node is not None and ev.kind not in COORDINATOR_EVENTS:
                     nodes[ev.source.node] = _verdict(ev) or nodes.get(ev.source.node)
                 if isinstance(ev, JobStatusEvent):
                     self._track_job(ev, now)
@@ -118,7 +119,7 @@ class Ingestor:
                         new.discard(ev.id)
                         result.accepted += 1
                         node = ev.source.node
-                        if node is not None:
+                        if node is not None and ev.kind not in COORDINATOR_EVENTS:
                             nodes[node] = _verdict(ev) or nodes.get(node)
                     results.append(result)
                 self.store.touch_nodes(nodes, now)

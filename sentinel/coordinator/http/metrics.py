@@ -248,6 +248,14 @@ class Metrics:
         self.epoch = gauge(
             f"{p}leader_epoch", "the leadership epoch this replica leads at (0: follows)"
         )
+        said = "the scheduler bridge's last poll of every node's state"
+        self.scheduler_up = gauge(
+            f"{p}scheduler_up", f"1 when {said} read the scheduler, 0 when it failed", ["scheduler"]
+        )
+        self.scheduler_failed = counter(
+            f"{p}scheduler_poll_failures", "polls of the scheduler that failed", ["scheduler"]
+        )
+        self._scheduler_failures = 0
         self.history = IncidentHistory()
         r.register(self.history)
         self.gc_pauses = GcPauses()
@@ -295,6 +303,12 @@ class Metrics:
         budget = service.cfg.eviction
         spent = store.count_nodes(OUT_OF_SERVICE, changed_since=now - budget.window_s)
         self.budget.set(max(0, budget.max_per_window - spent))
+        if service.scheduler_up is not None:  # this replica polls (or polled) a scheduler
+            name = service.engine.effects.backend.name
+            self.scheduler_up.labels(scheduler=name).set(1 if service.scheduler_up else 0)
+            failed = service.scheduler_failures - self._scheduler_failures
+            self.scheduler_failed.labels(scheduler=name).inc(failed)
+            self._scheduler_failures = service.scheduler_failures
         for file, size in store.file_sizes().items():
             self.store_bytes.labels(file=file).set(size)
         return generate_latest(self.registry)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from sentinel.coordinator.core import scheduler
 from sentinel.lab.demo.observe import Observer
 from sentinel.lab.demo.procs import SENTINEL, CoordinatorProcess
 from sentinel.lab.demo.run import AGENT_INTERVAL_S, BURNIN_PHASES, Demo
@@ -28,7 +28,6 @@ from sentinel.lab.sim.fleet import SimFleet
 from sentinel.lab.slurm.cluster import NodeState, SlurmCluster
 from sentinel.processes import free_rendezvous_port
 
-_INCIDENT = re.compile(r"\[incident (\d+)\]")
 # The simulated cluster network's line rate: every gang node's link is held to it, so a
 # degraded link's `factor` is a fraction of a known speed (veth alone runs as fast as the CPUs).
 LINE_RATE_MBIT = 1000.0
@@ -181,9 +180,9 @@ def drained_by_incident(states: Mapping[str, NodeState]) -> dict[int, str]:
     """Which node each incident drained, from the reasons Slurm holds."""
     out = {}
     for node, st in states.items():
-        m = _INCIDENT.search(st.reason)
-        if m and st.state in {"drained", "draining"}:
-            out[int(m.group(1))] = node
+        incident = scheduler.incident_of(st.reason)
+        if incident is not None and st.state in {"drained", "draining"}:
+            out[incident] = node
     return out
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from sentinel.coordinator.core import lifecycle
+from sentinel.coordinator.core import lifecycle, scheduler
 from sentinel.coordinator.core.actions.base import (
     ActionContext,
     ActionParams,
@@ -33,6 +33,10 @@ class EvictParams(ActionParams):
     # incident: the incident's node(s); culprits: nodes a diagnosis step put in the context.
     target: Literal["incident", "culprits"] = "incident"
     reason: str = "sentinel playbook"
+    # The scheduler already holds the node out (someone else drained it: `scheduler.drain`):
+    # record it out without draining it again, so the scheduler keeps its own reason. The
+    # eviction budget and the spare rail do not apply: Sentinel takes nothing out.
+    adopt: bool = False
 
 
 def nodes_of(incident: IncidentRow) -> list[str]:
@@ -151,7 +155,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node", destroys=True):
                 if row is not None and row.state == NodeState.EVICTED:  # an earlier repair's
                     did = f"{node} already evicted"
                 else:
-                    refusal = self.start(ctx, key, node, params.reason)
+                    refusal = self.start(ctx, key, node, params.reason, params.adopt)
                     if refusal:
                         return StepResult(StepStatus.ESCALATE, {"node": node, "reason": refusal})
                     continue
@@ -175,11 +179,13 @@ class EvictNode(BaseAction[EvictParams], name="evict_node", destroys=True):
         )
 
     @staticmethod
-    def start(ctx: ActionContext, key: str, node: str, reason: str) -> str | None:
+    def start(
+        ctx: ActionContext, key: str, node: str, reason: str, adopt: bool = False
+    ) -> str | None:
         """Record the drain of `node` (effect `key`), or why the rails refuse it. The scheduler
-        is told why and by which incident."""
+        is told why and by which incident (`scheduler.drain_reason`)."""
         row = ctx.store.node(node)
-        if row is None or row.state != NodeState.DRAINING:
+        if not adopt and (row is None or row.state != NodeState.DRAINING):
             refusal = _budget_refusal(ctx, node) or _replacement_refusal(ctx, node)
             if refusal:
                 return refusal
@@ -201,7 +207,7 @@ class EvictNode(BaseAction[EvictParams], name="evict_node", destroys=True):
             key,
             EffectKind.EVICT,
             node,
-            {"reason": f"{reason} [incident {ctx.incident.id}]"},
+            {"reason": scheduler.drain_reason(ctx.incident.id, reason), "adopt": adopt},
             ctx.incident.id,
             ctx.now,
         )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from sentinel.coordinator.core import lifecycle, validation
+from sentinel.coordinator.core import lifecycle, scheduler, validation
 from sentinel.coordinator.core.actions.base import (
     ActionContext,
     ActionParams,
@@ -187,6 +187,6 @@ def _keep_out(
     _move(ctx, node, NodeState.EVICTED, reason)
     if release is not None:
         incident, now = ctx.incident.id, ctx.now
-        args = {"reason": f"sentinel: {why[:160]} [incident {incident}]"}
+        args = {"reason": scheduler.drain_reason(incident, why[:160])}
         lifecycle.intend_effect(ctx.store, release, EffectKind.RELEASE, node, args, incident, now)
     return StepResult(StepStatus.ESCALATE, {"node": node, "reason": reason, "validation": detail})
