@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from coord_util import ROOT, cfg, job_status, query
+from coord_util import ROOT, cfg, job_status, query, xid
+from test_coordinator_logic import heartbeat
+from test_evidence_bundle import _dumped, _stacks
 
 from sentinel.coordinator.backends import make_backend
 from sentinel.coordinator.core.engine import Engine
@@ -150,3 +152,38 @@ def test_a_restart_waits_for_an_older_repair_that_is_evicting_its_node(
     assert all("node-2" not in (r["exclude"] or []) for r in restarts()[1:])
     second = restarts()[1]
     assert second["spare_map"] == {} and second["exclude"] == [], second
+
+
+def test_a_restart_waits_for_another_repairs_capture_before_taking_its_node_along(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """Two GPU faults moments apart, each repair capturing its node's ranks first. The first
+    reaches its restart while the second still waits for node-2's ranks' dumps: taking node-2
+    along now would end the very ranks it captures. It waits for that capture, which is whole;
+    only then is a restart sent."""
+    store, clock, engine, feed = _coordinator(tmp_path, new_store)
+
+    def rows(sql: str) -> list[dict[str, object]]:
+        return query(store, sql)
+
+    feed(job_status("job1", NODES, SPARES, checkpoints=[10]), *[heartbeat(n) for n in NODES])
+    feed(xid("node-1"), xid("node-2"))
+    first, second = (int(str(r["id"])) for r in rows("SELECT id FROM runs ORDER BY incident_id"))
+    for rank in (2, 3):  # node-1's ranks answer the first capture
+        feed(_dumped(rank, f"run{first}-step0-evidence"), _stacks(rank, f"run{first}-step0-stacks"))
+    clock.t += 0.5
+    engine.tick()
+    resume = rows(f"SELECT result FROM actions WHERE run_id={first} AND action='resume'")
+    assert resume and resume[0]["result"] == {"after_capture_of": second}  # type: ignore[comparison-overlap]
+    assert rows("SELECT id FROM commands WHERE kind='job.restart'") == []
+    for rank in (4, 5):  # node-2's ranks answer the second
+        feed(
+            _dumped(rank, f"run{second}-step0-evidence"),
+            _stacks(rank, f"run{second}-step0-stacks"),
+        )
+    for _ in range(4):
+        clock.t += 0.2
+        engine.tick()
+    assert rows("SELECT id FROM commands WHERE kind='job.restart'")
+    captured = rows(f"SELECT result FROM actions WHERE run_id={second} AND action='evidence'")
+    assert captured[0]["result"]["fr_dumped_ranks"] == "4-5"  # type: ignore[index]

@@ -20,10 +20,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from coord_util import cfg, crash, job_status, one, xid
 from test_coordinator_logic import heartbeat, setup
 
-from sentinel.coordinator.core import bundle
-from sentinel.coordinator.core.auth import Role
+from sentinel.coordinator.core import bundle, fr_dumps, lifecycle
+from sentinel.coordinator.core.auth import Principal, Role
 from sentinel.coordinator.core.operator import ack_command
 from sentinel.coordinator.core.playbooks import PlaybookError, load_playbook
+from sentinel.coordinator.core.states import Entity, StepState
 from sentinel.coordinator.http.app import build_app
 from sentinel.coordinator.http.common import SERVICE
 from sentinel.coordinator.store import SqlStore
@@ -309,3 +310,50 @@ async def test_the_bundle_through_the_api_and_the_command(tmp_path: Path) -> Non
         assert (tmp_path / "taken").read_bytes() == b"something else"
         code, _, err = await command("99")
         assert code == 2 and "no such incident" in err
+
+
+def test_a_jobs_supervisor_uploads_the_evidence_of_a_node_the_repair_took_out(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """The supervisor carries its ranks' dumps as they are written; the repair may take their
+    node out of the job before the upload lands. It may still upload for a node whose ranks
+    dumped for that check, and for no other."""
+    store, ingest, _, clock = setup(tmp_path, new_store)
+    ingest.ingest(
+        EventBatch(
+            events=[job_status("job1", ["node-0", "node-1"], ["spare-0"]), _dumped(0, "c1")]
+        ),
+        clock(),
+    )
+    job = Principal("t", Role.JOB, job="job1")
+    assert fr_dumps.may_upload(store, job, "node-0", "c1")
+    swapped = job_status("job1", ["spare-0", "node-1"], [], generation=1)
+    ingest.ingest(EventBatch(events=[swapped]), clock())
+    assert fr_dumps.may_upload(store, job, "node-0", "c1")  # its ranks dumped for c1
+    assert not fr_dumps.may_upload(store, job, "node-0", "c2")  # not for another check
+    assert not fr_dumps.may_upload(store, job, "node-9", "c1")  # never the job's
+    assert not fr_dumps.may_upload(store, Principal("u", Role.JOB, job="k"), "node-0", "c1")
+
+
+def test_a_capture_its_runs_close_cut_short_is_sealed_at_once_saying_so(
+    tmp_path: Path, new_store: Callable[[], SqlStore]
+) -> None:
+    """A run closed while its `evidence` step still waits (the step is done, never finished):
+    its incident still gets a bundle, sealed on the next tick with what came, `capture` named
+    among the missing."""
+    store, ingest, engine, clock = setup(tmp_path, new_store)
+    events = [job_status("job1", ["node-0", "node-1"], ["spare-0"]), heartbeat("node-1")]
+    ingest.ingest(EventBatch(events=[*events, xid("node-1")]), clock())
+    engine.tick()
+    step = one(store, "SELECT key, result FROM actions WHERE action='evidence'")
+    assert step is not None and step["result"]["waiting_for"] == ["fr_dumps", "stacks"]
+    check = step["result"]["check"]
+    ingest.ingest(EventBatch(events=[_dumped(2, check)]), clock())  # one of node-1's two ranks
+    with store.tx():  # as a run's close moves the step it waits on
+        lifecycle.move(store, Entity.STEP, step["key"], StepState.DONE, clock(), "test", "closed")
+    clock.t += 0.1
+    engine.tick()
+    sealed = store.bundle(1)
+    assert sealed is not None and sealed.manifest["capture_s"] is None
+    assert sealed.manifest["missing"]["capture"] == bundle.CUT_SHORT
+    assert sealed.manifest["missing"]["nodes/node-1.json"] == "its agent has sent no node evidence"

@@ -14,7 +14,9 @@ The archive (a tar.gz) holds:
   timed out (the dumps with stack traces, past their own deadline), and when the capture
   began, when the ranks' part was in, when it was sealed.
 The engine seals an incident's bundle once every part asked for is in, or `bundle_s` after the
-evidence step began, whichever comes first; what is missing then is named, never waited for.
+evidence step began, whichever comes first; what is missing then is named, never waited for. A
+capture its run's close cut short (an operator resolved the incident mid-capture) is sealed at
+once with what came, `capture` named among the missing.
 The archive's bytes are reproducible from its files (fixed order, owner and times), and its
 sha256 names it: `GET /v1/incidents/{id}/bundle`, `sentinel incident bundle ID`.
 """
@@ -45,6 +47,7 @@ NODE_FILE = "node-evidence.json"  # a node's own evidence, among its check's fil
 # the manifest when they do not all come), never what holds the bundle back past it.
 WITH_STACKS_PART = "fr with stack traces"
 SEAL_BATCH = 16  # bundles considered per engine tick
+CUT_SHORT = "cut short: the repair's run was closed before the capture finished"
 TIMELINE_EVENTS = 1000  # the incident's events kept in its timeline at most
 
 
@@ -114,10 +117,14 @@ def seal(
     """The incident's bundle, sealed now if every part is in or its time is up; None: not
     yet (or the incident has one already). `failed`: gathering the parts failed so; the
     bundle is sealed at once with its timeline, and says so."""
-    assert step.incident_id is not None and step.done_at is not None  # an incident's done step
+    assert step.incident_id is not None  # an incident's step
     check = str(step.result.get("check", ""))
     if failed is not None:
         files, missing = {}, {"parts": f"gathering them failed: {failed}"}
+    elif step.done_at is None:  # its run was closed mid-capture: sealed at once, with what came
+        names = store.fr_dump_names(check) if check else []
+        files, missing = files_of(store, step, check), {"capture": CUT_SHORT}
+        missing |= missing_parts(step, names)
     else:
         missing = missing_parts(step, store.fr_dump_names(check) if check else [])
         if missing and now < step.started_at + float(step.result.get("bundle_s", 60.0)):
@@ -145,7 +152,7 @@ def seal(
         "started_at": step.started_at,
         "captured_at": step.done_at,
         "sealed_at": now,
-        "capture_s": round(step.done_at - step.started_at, 3),
+        "capture_s": None if step.done_at is None else round(step.done_at - step.started_at, 3),
         "seal_s": round(now - step.started_at, 3),
     }
     files["manifest.json"] = _json(manifest)
@@ -156,7 +163,7 @@ def seal(
         manifest=manifest,
         data=data,
         started_at=step.started_at,
-        captured_at=step.done_at,
+        captured_at=now if step.done_at is None else step.done_at,
         sealed_at=now,
     )
     return row if store.insert_bundle(row) else None

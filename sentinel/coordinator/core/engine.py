@@ -338,7 +338,8 @@ class Engine:
                 continue
             if theirs.job is not None and theirs.job == incident.job:
                 nodes = tuple(nodes_of(theirs))
-                found.append(PendingEviction(other.id, theirs.id, nodes, evicting))
+                capturing = bool(here) and here[0].action == "evidence"
+                found.append(PendingEviction(other.id, theirs.id, nodes, evicting, capturing))
         return found
 
     # --- jobs --------------------------------------------------------------------------------

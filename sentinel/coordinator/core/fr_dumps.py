@@ -2,7 +2,8 @@
 
 A node's agent uploads each dump file of an `fr.dump` check (`PUT /v1/fr/{check}/{node}/{name}`);
 a node token may upload only as its own node, a job's supervisor (which may read the ranks' dumps
-from a directory of its own) only for the nodes its job runs on. The same check holds a node's
+from a directory of its own) only for the nodes its job runs on, or ran on when their ranks dumped
+for that check. The same check holds a node's
 own evidence for an incident's bundle (`core/bundle.py`). The job's supervisor (or an operator) reads every
 file of that check (`GET /v1/fr/{check}`) and runs the analysis on them; a node token reads
 none. Files live in the store (`fr_dumps`), so every coordinator sharing it serves every upload;
@@ -38,16 +39,23 @@ def upload(
     store: StateStore, who: Principal, check: str, node: str, name: str, data: bytes, now: float
 ) -> None:
     """Store one dump file of a check (an upload again replaces it)."""
-    if not may_upload(store, who, node):
+    if not may_upload(store, who, node, check):
         raise Refused(f"{who} may not upload dumps for node {node}")
     store.put_fr_dump(check, node, name, data, now)
 
 
-def may_upload(store: StateStore, who: Principal, node: str) -> bool:
+def may_upload(store: StateStore, who: Principal, node: str, check: str) -> bool:
+    """A node as itself; a job's supervisor for the nodes its job runs on, or ran on when its
+    ranks there dumped for this check (a repair may have taken the node out of the job since:
+    its evidence is what the incident's bundle needs most)."""
     if who.role == Role.ADMIN or (who.role == Role.NODE and who.node == node):
         return True
     job = store.job(who.job) if who.role == Role.JOB and who.job else None
-    return job is not None and node in (*job.status.nodes, *job.status.spares)
+    if job is None or who.job is None:
+        return False
+    if node in (*job.status.nodes, *job.status.spares):
+        return True
+    return any(ev.node == node for ev in store.rank_fr_dumps(who.job, check))
 
 
 def dumps(store: StateStore, who: Principal, check: str) -> list[tuple[str, str, bytes]]:

@@ -31,12 +31,12 @@ class BundlesRepo(SqlBase):
         return dataclasses.replace(row, data=bytes(row.data))  # a driver's buffer, as bytes
 
     def unsealed_evidence(self, limit: int) -> list[StepRow]:
-        """Live evidence steps done whose incident has no bundle yet, oldest first."""
+        """Live evidence steps done (or ended unfinished by their run's close: no `done_at`)
+        whose incident has no bundle yet, oldest first."""
         sealed = select(bundles.c.incident_id)
         found = select(*STEP).where(
             actions.c.action == "evidence",
             actions.c.state == "done",
-            actions.c.done_at.is_not(None),  # a step its run's close ended unfinished: none
             actions.c.dry_run == 0,
             actions.c.incident_id.not_in(sealed),
         )

@@ -71,6 +71,7 @@ class PendingEviction:
     incident_id: int
     nodes: tuple[str, ...]
     evicting: bool = False
+    capturing: bool = False  # its `evidence` step is under way: its nodes' ranks still dump
 
 
 @dataclass

@@ -177,7 +177,10 @@ class Evidence(
             < expected(ctx, command, ending, job.status.gpus_per_node) - len(stuck)
         ]
         if late and not ctx.waited_past(params.timeout_s):
-            return StepResult(StepStatus.WAIT, {"waiting_for": late})
+            # what a bundle of a capture cut short here still names (`core/bundle.py`)
+            return StepResult(
+                StepStatus.WAIT, {"waiting_for": late, "check": check, "nodes": nodes}
+            )
         ranks = {
             "stacks": record(answers(ctx.store, ctx.job_id, rid), rid),  # grouped once, at the end
             "fr_dumps": len(dumped),

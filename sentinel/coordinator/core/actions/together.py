@@ -6,7 +6,9 @@ moments later for it. So a restart takes along every node another open repair of
 has decided to evict but does not evict yet (its playbook evicts its incident's node after the
 step it is on, before a resume still ahead of it): the node is drained here, under this step, with the same rails, and leaves with this
 restart, mapped to a free spare. The other repair's work is then done: it is closed as done by
-this restart, audited with the reason, its incident mitigated.
+this restart, audited with the reason, its incident mitigated. A repair still capturing its
+evidence (`evidence` under way) is waited for first: the restart would end the very ranks whose
+flight recorders it is collecting.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def take_along(ctx: ActionContext) -> StepResult | None:
     for other in ctx.others():
         if other.evicting:  # an older repair evicting its node now: its restart goes first
             return StepResult(StepStatus.WAIT, {"after_incident": other.incident_id})
+        if other.capturing:  # taking its node now would end the ranks it is capturing
+            return StepResult(StepStatus.WAIT, {"after_capture_of": other.incident_id})
         for node in other.nodes:
             if node in ctx.plan.exclude:
                 continue
