@@ -3,7 +3,7 @@ fleet's majority, and in which fields.
 
 A fingerprint is a flat map of named fields to strings. The node agent reports its node's from
 NVML and the host (driver and CUDA versions, each GPU's VBIOS, InfoROM, persistence and ECC
-modes, the kernel) and from the job's runtime (`runtime_fields`: the Python, torch and NCCL
+modes, the kernel, and the node's NVLink domain, which is its identity and never drift) and from the job's runtime (`runtime_fields`: the Python, torch and NCCL
 versions and the `NCCL_*` and `FI_*` environment the ranks are given); the burn-in's ranks
 read the runtime fields in their own processes. `drift` is the one judgement both use
 (`sentinel fleet drift`, and the burn-in before it measures anything).
@@ -28,6 +28,9 @@ from sentinel.protocol import FINGERPRINT_FIELD, MAX_FINGERPRINT_FIELDS, MAX_FIN
 # The environment a rank is given that changes how its collectives run.
 ENV_PREFIXES = ("NCCL_", "FI_")
 MISSING = "(missing)"
+# Fields that name where a node is, not how it is set up: reported with the fingerprint, never
+# judged as drift (each NVLink domain differs from the others by design).
+IDENTITY = frozenset({"nvlink_domain"})
 _FIELD = re.compile(FINGERPRINT_FIELD)
 
 Fingerprint = Mapping[str, str]
@@ -114,7 +117,9 @@ def drift(prints: Mapping[str, Fingerprint], allow: Iterable[str] = ()) -> list[
     nodes = sorted(prints)
     if len(nodes) < 3:
         return []
-    fields = sorted({f for fp in prints.values() for f in fp if not allowed(f, patterns)})
+    fields = sorted(
+        {f for fp in prints.values() for f in fp if f not in IDENTITY and not allowed(f, patterns)}
+    )
     found: dict[str, list[Difference]] = {}
     for field in fields:
         values = {n: prints[n].get(field, MISSING) for n in nodes}

@@ -110,6 +110,10 @@ def gather(client: Client, now: float | None = None) -> dict[str, Any]:
             "nodes": len(nodes),
             "by_state": dict(Counter(n["state"] for n in nodes)),
             "by_verdict": dict(Counter(n.get("verdict") or "unknown" for n in nodes)),
+            # the nodes of each NVLink domain (an NVL72 rack's): a fault there may take them all
+            "nvlink_domains": dict(
+                Counter(n["nvlink_domain"] for n in nodes if n.get("nvlink_domain"))
+            ),
         },
         "attention": [
             n for n in nodes if n["state"] != "active" or n.get("verdict") not in (None, "healthy")
@@ -173,6 +177,11 @@ def _header(doc: dict[str, Any]) -> Text:
     verdicts = ", ".join(f"{n} {v}" for v, n in sorted(f["by_verdict"].items())) or "none"
     text = Text(f"Sentinel coordinator {doc['coordinator']}\n", style="bold")
     text.append(f"fleet: {f['nodes']} nodes ({states}); verdicts: {verdicts}\n", style="")
+    if f.get("nvlink_domains"):  # each by its cluster's first digits and its clique
+        sizes = [
+            f"{d[:8]}/{d.rsplit('/', 1)[-1]}: {n}" for d, n in sorted(f["nvlink_domains"].items())
+        ]
+        text.append(f"NVLink domains: {len(sizes)} (nodes in each: {_names(sizes, 4)})\n", style="")
     drift = doc["drift"]
     if drift["drifted"]:
         told = [f"{n} ({_names(fields, 3)})" for n, fields in drift["drifted"].items()]

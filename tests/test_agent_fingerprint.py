@@ -33,6 +33,7 @@ from sentinel.agent.fingerprint import (
     probe_runtime,
     read_env_file,
 )
+from sentinel.fingerprint import drift
 from sentinel.processes import free_port
 from sentinel.protocol import AgentFingerprintEvent, Event, Source
 
@@ -120,6 +121,50 @@ def test_the_backend_reports_what_the_library_serves(
     assert got["cuda_driver"] == "12.4" and got["gpu.1.ecc_pending"] == "off"
     assert "gpu.0.ecc_pending" not in got  # only while a change waits
     assert got["gpu.0.persistence"] == "on" and got["gpu.1.persistence"] == "off"
+
+
+CLUSTER = "3c5b9a01-77e2-4f0d-a8c1-5d2e6f7a8b9c"
+
+
+@pytest.mark.parametrize(
+    "oldest, old_driver",
+    [(False, False), (True, False), (False, True)],
+    ids=["pynvml", "oldest-pynvml", "old-driver"],
+)
+def test_the_nodes_nvlink_domain_is_read_from_its_fabric_and_never_judged_as_drift(
+    lib: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    oldest: bool,
+    old_driver: bool,
+) -> None:
+    """An NVL72-like node: its GPUs' fabric cluster and clique, once the fabric manager has
+    registered them, are the node's `nvlink_domain` (through the versioned call, or the first
+    one where this pynvml or driver lacks it). A GPU on no fabric, or not registered, adds
+    none; and nodes of two domains are not drift."""
+    gpus = [FakeGpu(index=i, fabric_cluster=CLUSTER, fabric_clique=7) for i in range(2)]
+    config = tmp_path / "fake-nvml.conf"
+    write_config(config, gpus)
+    library = build_library(tmp_path_factory.mktemp("old"), old_driver=True) if old_driver else lib
+    proc = BackendProcess(
+        library, config, tmp_path / "backend.log", OLDEST_PYNVML if oldest else None
+    )
+    try:
+        got = proc.ask("fingerprint")["fingerprint"]
+    finally:
+        proc.close()
+    assert got["nvlink_domain"] == f"{CLUSTER}/7" and got == expected_fingerprint(gpus)
+    # a node on no fabric; one whose fabric manager has not registered it yet (in progress)
+    for fabric in ({"fabric_cluster": ""}, {"fabric_cluster": CLUSTER, "fabric_state": 2}):
+        write_config(config, [FakeGpu(index=0, **fabric)])  # type: ignore[arg-type]
+        proc = BackendProcess(lib, config, tmp_path / "backend.log")
+        try:
+            assert "nvlink_domain" not in proc.ask("fingerprint")["fingerprint"]
+        finally:
+            proc.close()
+    same = {"driver": "570.124.06"}
+    prints = {f"node-{i}": same | {"nvlink_domain": f"{CLUSTER}/{i // 2}"} for i in range(5)}
+    assert drift(prints) == []
 
 
 def test_a_field_nvml_cannot_answer_is_left_out(

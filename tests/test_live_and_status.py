@@ -97,6 +97,10 @@ def test_benchmarks_show_their_progress_under_a_pseudo_terminal() -> None:
 # --- sentinel status ---------------------------------------------------------------------------
 
 
+DOMAIN_A = "3c5b9a01-77e2-4f0d-a8c1-5d2e6f7a8b9c/7"  # an NVL72's fabric cluster and clique
+DOMAIN_B = "3c5b9a01-77e2-4f0d-a8c1-5d2e6f7a8b9c/8"
+
+
 @pytest.fixture
 def busy(coord: Coordinator, tmp_path: Path) -> tuple[Coordinator, Path]:
     """A coordinator with a job and an open incident (a fatal XID on node-1)."""
@@ -107,15 +111,22 @@ def busy(coord: Coordinator, tmp_path: Path) -> tuple[Coordinator, Path]:
     coord.call(
         "POST", "/v1/events", node, encode(EventBatch(events=[xid("node-1", 0, 79)])).encode()
     )
-    # every node's configuration fingerprint, spare-0's VBIOS older than the others'
+    # every node's configuration fingerprint, spare-0's VBIOS older than the others', and in
+    # another NVLink domain (its identity, not drift)
     admin = coord.token("--role", "admin")
     prints = [
         AgentFingerprintEvent(
             source=Source(node=n),
             ts=1.0,
-            payload=AgentFingerprintPayload(fields={"driver": "570.124.06", "gpu.0.vbios": vbios}),
+            payload=AgentFingerprintPayload(
+                fields={"driver": "570.124.06", "gpu.0.vbios": vbios, "nvlink_domain": domain}
+            ),
         )
-        for n, vbios in (("node-0", "96.00.A5"), ("node-1", "96.00.A5"), ("spare-0", "96.00.61"))
+        for n, vbios, domain in (
+            ("node-0", "96.00.A5", DOMAIN_A),
+            ("node-1", "96.00.A5", DOMAIN_A),
+            ("spare-0", "96.00.61", DOMAIN_B),
+        )
     ]
     coord.call("POST", "/v1/events", admin, encode(EventBatch(events=prints)).encode())
     token = tmp_path / "operator.token"
@@ -145,6 +156,7 @@ def test_status_as_json(busy: tuple[Coordinator, Path]) -> None:
     assert inc["target"] == "node-1" and inc["runs"][0]["playbook"] == inc["playbook"]
     assert inc["runs"][0]["steps"], inc
     assert doc["drift"] == {"nodes": 3, "drifted": {"spare-0": ["gpu.0.vbios"]}}
+    assert doc["fleet"]["nvlink_domains"] == {DOMAIN_A: 2, DOMAIN_B: 1}
 
 
 def test_status_refuses_a_bad_token_and_an_absent_coordinator(
@@ -187,6 +199,7 @@ def test_status_is_one_screen_in_a_terminal(busy: tuple[Coordinator, Path]) -> N
     assert "job1" in screen and "gpu_hardware" in screen and "evict_node:done" in screen
     assert "node-1 │ evicted" in screen
     assert "configuration drift: spare-0 (gpu.0.vbios)" in screen
+    assert "NVLink domains: 2 (nodes in each: 3c5b9a01/7: 2, 3c5b9a01/8: 1)" in screen
     assert len(screen.rstrip().splitlines()) < 40  # all of it on one 120x40 screen
 
 

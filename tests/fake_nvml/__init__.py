@@ -109,6 +109,11 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)  # error.<key> = NVML code
     missing_fields: list[int] = field(default_factory=list)  # field ids the driver lacks
     lost: bool = False
+    # The NVLink fabric (NVL72-like): its cluster UUID and the GPU's clique; "" serves a GPU on
+    # no fabric (NOT_SUPPORTED). fabric_state: nvmlGpuFabricState_t, 3 once registered.
+    fabric_cluster: str = ""
+    fabric_clique: int = 0
+    fabric_state: int = 3
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-{self.index:08x}-fake-4b1d-9c2e-{self.index:012x}"
@@ -126,6 +131,10 @@ class FakeGpu:
         lines.append(f"pci_bus_id = {self.pci_bus_id}")
         lines.append(f"vbios = {self.vbios}")
         lines.append(f"inforom = {self.inforom}")
+        if self.fabric_cluster:
+            lines.append(f"fabric_cluster = {self.fabric_cluster}")
+            lines.append(f"fabric_clique = {self.fabric_clique}")
+            lines.append(f"fabric_state = {self.fabric_state}")
         for key in _NUMBER_KEYS:
             lines.append(f"{key} = {getattr(self, key)}")
         lines.append(f"fb_free = {self.fb_free}")
@@ -281,6 +290,15 @@ def expected_fingerprint(
         }
         if mode(gpu.ecc_mode_pending) != mode(gpu.ecc_mode):
             fields[at + "ecc_pending"] = mode(gpu.ecc_mode_pending)
+    domains = sorted(
+        {
+            f"{g.fabric_cluster.lower()}/{g.fabric_clique}"
+            for g in gpus
+            if g.fabric_cluster and g.fabric_state == 3
+        }
+    )
+    if domains:
+        fields["nvlink_domain"] = ",".join(domains)
     return fields
 
 

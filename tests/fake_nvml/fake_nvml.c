@@ -17,6 +17,9 @@
  *                             (no_dbe_events = 1: a GPU that raises none)
  *   [gpu 0]                   one section per GPU, indices 0..N-1 in order
  *   uuid = GPU-...            strings: uuid, name, pci_bus_id, vbios, inforom
+ *   fabric_cluster = 3c5b...  the NVLink fabric's cluster UUID (32 hex digits, dashes allowed),
+ *   fabric_clique = 7         its clique, and fabric_state (nvmlGpuFabricState_t; 0, the
+ *   fabric_state = 3          default: a GPU on no NVLink fabric, NOT_SUPPORTED)
  *   persistence_mode = 1      nvmlEnableState_t numbers: persistence_mode, ecc_mode (current),
  *                             ecc_mode_pending (after the next reset)
  *   temp_gpu = 41             numbers (decimal or 0x hex): see NUMBER_KEYS below
@@ -93,6 +96,18 @@ typedef struct {
 } nvmlEventData_t;
 typedef struct { unsigned int version, isSupportedDevice; } nvmlGpmSupport_t;
 typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId, state;
+} nvmlGpuFabricInfo_t;
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId, state, healthMask;
+} nvmlGpuFabricInfoV_t;
+#define NVML_GPU_FABRIC_INFO_V2 0x02000024u
+typedef struct {
     unsigned int metricId;
     nvmlReturn_t nvmlReturn;
     double value;
@@ -144,7 +159,7 @@ enum value_key {
     V_RETIRED_SBE, V_RETIRED_DBE, V_RETIRED_PENDING,
     V_REMAP_CORRECTABLE, V_REMAP_UNCORRECTABLE, V_REMAP_PENDING, V_REMAP_FAILURE,
     V_CLOCKS_EVENT_REASONS, V_PCIE_REPLAY, V_GPM_SUPPORTED, V_RECOVERY_ACTION, V_NO_DBE_EVENTS,
-    V_PERSISTENCE_MODE, V_ECC_MODE, V_ECC_MODE_PENDING, V_COUNT
+    V_PERSISTENCE_MODE, V_ECC_MODE, V_ECC_MODE_PENDING, V_FABRIC_CLIQUE, V_FABRIC_STATE, V_COUNT
 };
 static const char *const NUMBER_KEYS[V_COUNT] = {
     "temp_gpu", "temp_mem", "power_mw", "power_limit_mw", "energy_mj", "clock_sm", "clock_mem",
@@ -153,7 +168,7 @@ static const char *const NUMBER_KEYS[V_COUNT] = {
     "retired_sbe", "retired_dbe", "retired_pending",
     "remap_correctable", "remap_uncorrectable", "remap_pending", "remap_failure",
     "clocks_event_reasons", "pcie_replay", "gpm_supported", "recovery_action", "no_dbe_events",
-    "persistence_mode", "ecc_mode", "ecc_mode_pending",
+    "persistence_mode", "ecc_mode", "ecc_mode_pending", "fabric_clique", "fabric_state",
 };
 
 enum error_key {
@@ -162,7 +177,7 @@ enum error_key {
     E_ECC_DBE_AGGREGATE, E_RETIRED_PAGES, E_RETIRED_PENDING, E_REMAPPED_ROWS, E_CLOCKS_EVENT,
     E_PCIE_REPLAY, E_NVLINK_STATE, E_NVLINK_CRC_FLIT, E_NVLINK_CRC_DATA, E_NVLINK_REPLAY,
     E_NVLINK_RECOVERY, E_NVLINK_FIELDS, E_GPM, E_PROCESSES, E_EVENTS, E_RECOVERY_ACTION,
-    E_VBIOS, E_INFOROM, E_PERSISTENCE, E_ECC_MODE, E_COUNT
+    E_VBIOS, E_INFOROM, E_PERSISTENCE, E_ECC_MODE, E_FABRIC, E_COUNT
 };
 static const char *const ERROR_KEYS[E_COUNT] = {
     "handle", "uuid", "name", "pci", "temp_gpu", "temp_mem", "power", "power_limit", "energy", "clock_sm",
@@ -170,7 +185,7 @@ static const char *const ERROR_KEYS[E_COUNT] = {
     "ecc_dbe_aggregate", "retired_pages", "retired_pending", "remapped_rows", "clocks_event",
     "pcie_replay", "nvlink_state", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
     "nvlink_recovery", "nvlink_fields", "gpm", "processes", "events", "recovery_action",
-    "vbios", "inforom", "persistence", "ecc_mode",
+    "vbios", "inforom", "persistence", "ecc_mode", "fabric",
 };
 
 /* The system-wide calls that can be told to fail with a top-level error.<key>. */
@@ -188,6 +203,7 @@ static const int LINK_ERRORS[LINK_COUNTERS] = {
 
 struct nvml_gpu {
     char uuid[96], name[96], pci_bus_id[32], vbios[96], inforom[96];
+    unsigned char fabric_cluster[16];
     unsigned long long v[V_COUNT];
     int err[E_COUNT];
     int lost;
@@ -265,6 +281,20 @@ static int parse_processes(struct nvml_gpu *g, const char *value) {
     return 0;
 }
 
+/* 32 hex digits (dashes skipped) into 16 bytes. */
+static int parse_uuid(const char *value, unsigned char out[16]) {
+    int n = 0;
+    unsigned int byte;
+    for (; *value && n < 16; value++) {
+        if (*value == '-') continue;
+        if (sscanf(value, "%2x", &byte) != 1) return -1;
+        out[n++] = (unsigned char)byte;
+        value++;
+        if (!*value) break;
+    }
+    return n == 16 ? 0 : -1;
+}
+
 static int parse_gpu_key(struct nvml_gpu *g, const char *key, const char *value) {
     int i;
     if (strcmp(key, "uuid") == 0) snprintf(g->uuid, sizeof g->uuid, "%s", value);
@@ -273,6 +303,7 @@ static int parse_gpu_key(struct nvml_gpu *g, const char *key, const char *value)
         snprintf(g->pci_bus_id, sizeof g->pci_bus_id, "%s", value);
     else if (strcmp(key, "vbios") == 0) snprintf(g->vbios, sizeof g->vbios, "%s", value);
     else if (strcmp(key, "inforom") == 0) snprintf(g->inforom, sizeof g->inforom, "%s", value);
+    else if (strcmp(key, "fabric_cluster") == 0) return parse_uuid(value, g->fabric_cluster);
     else if (strcmp(key, "lost") == 0) g->lost = atoi(value);
     else if (strcmp(key, "tensor_util") == 0) g->tensor_util = strtod(value, NULL);
     else if (strcmp(key, "processes") == 0) return parse_processes(g, value);
@@ -523,6 +554,35 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
     memcpy(pci->busIdLegacy, g->pci_bus_id, sizeof pci->busIdLegacy - 1);
     return NVML_SUCCESS;
 }
+
+/* The NVLink fabric (NVL72 and the like): the cluster and clique the fabric manager put the GPU
+ * in. A GPU on no fabric answers NOT_SUPPORTED, as NVML does. */
+static nvmlReturn_t fabric(nvmlDevice_t d, unsigned char cluster[16], nvmlReturn_t *status,
+                           unsigned int *clique, unsigned int *state) {
+    GPU_OR_RETURN(g, d, E_FABRIC);
+    if (!g->v[V_FABRIC_STATE]) return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(cluster, g->fabric_cluster, 16);
+    *status = NVML_SUCCESS;
+    *clique = (unsigned int)g->v[V_FABRIC_CLIQUE];
+    *state = (unsigned int)g->v[V_FABRIC_STATE];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo_t *info) {
+    ENTER();
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    return fabric(d, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+}
+
+#ifndef FAKE_NVML_OLD_DRIVER /* the versioned call came with R550 */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfoV_t *info) {
+    ENTER();
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != NVML_GPU_FABRIC_INFO_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    info->healthMask = 0;
+    return fabric(d, info->clusterUuid, &info->status, &info->cliqueId, &info->state);
+}
+#endif
 
 /* ---- configuration: firmware and modes ---------------------------------------------------- */
 

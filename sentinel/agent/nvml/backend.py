@@ -24,6 +24,7 @@ import ctypes
 import logging
 import math
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ UNSUPPORTED_CODES = frozenset(
     }
 )
 GPU_IS_LOST = nvml.NVML_ERROR_GPU_IS_LOST
+FABRIC_COMPLETED = compat.GPU_FABRIC_STATE_COMPLETED
 RESET_REQUIRED = nvml.NVML_ERROR_RESET_REQUIRED
 
 _NVLINK_DL_FIELDS = (  # (reading field, NVML field id), per link through scopeId
@@ -104,6 +106,7 @@ class _Gpu:
     uuid: str | None = None
     name: str | None = None
     pci_bus_id: str | None = None
+    nvlink_domain: str | None = None  # `<fabric cluster uuid>/<clique>`: None, on no fabric
     lost: bool = False
     skip: set[str] = field(default_factory=set)  # unsupported: never asked again
     logged: set[str] = field(default_factory=set)  # failures already logged once
@@ -124,6 +127,13 @@ class _Gpu:
     reset_required: bool = False  # a call of this sweep answered NVML_ERROR_RESET_REQUIRED
     dbe_events: bool = False  # double-bit ECC errors arrive as events: not polled in `urgent`
     gpm: _Gpm | None = None
+
+
+def _domain(info: Any) -> str | None:
+    """`<cluster uuid>/<clique>` of a fabric answer, once registered (state COMPLETED)."""
+    if int(info.state) != FABRIC_COMPLETED or int(info.status) != nvml.NVML_SUCCESS:
+        return None
+    return f"{uuid.UUID(bytes=bytes(info.clusterUuid))}/{int(info.cliqueId)}"
 
 
 def _text(value: str | bytes) -> str:
@@ -242,11 +252,37 @@ class NvmlBackend(GpuBackend):
         gpu.name = self._call(gpu, "name", nvml.nvmlDeviceGetName, handle)
         pci = self._call(gpu, "pci_bus_id", nvml.nvmlDeviceGetPciInfo, handle)
         gpu.pci_bus_id = None if pci is None else _text(pci.busId)
+        gpu.nvlink_domain = self._nvlink_domain(gpu, handle)
         self._find_links(gpu, handle)
         self._setup_gpm(gpu, handle)
         gpu.handle = handle
         gpu.address = ctypes.cast(handle, ctypes.c_void_p).value
         return True
+
+    def _nvlink_domain(self, gpu: _Gpu, handle: Any) -> str | None:
+        """The GPU's NVLink domain (an NVL72 rack's, say): its fabric's cluster UUID and its
+        clique there, once the fabric manager has registered it. None on a GPU with no NVLink
+        fabric (NVML answers NOT_SUPPORTED: the usual node, not a missing reading) or not
+        registered yet. The versioned call where this pynvml and driver have it, else the
+        first (R525 on)."""
+        for call, kind in (
+            ("nvmlDeviceGetGpuFabricInfoV", getattr(nvml, "c_nvmlGpuFabricInfoV_t", None)),
+            ("nvmlDeviceGetGpuFabricInfo", compat.GpuFabricInfo),
+        ):
+            fn = getattr(nvml, call, None)
+            if fn is None or kind is None:
+                continue
+            info = kind()
+            try:
+                fn(handle, ctypes.byref(info))  # pynvml passes the pointer on as given
+            except nvml.NVMLError as exc:
+                if exc.value == GPU_IS_LOST:
+                    raise _GpuLost from exc
+                if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+                    return None
+                continue  # a driver older than this call or its version: the next one says
+            return _domain(info)
+        return None
 
     def _find_links(self, gpu: _Gpu, handle: Any) -> None:
         gpu.links = []
@@ -355,6 +391,9 @@ class NvmlBackend(GpuBackend):
                 fields |= self._gpu_fingerprint(gpu)
             finally:
                 self.watch.gpu = None
+        domains = sorted({g.nvlink_domain for g in self._gpus if g.nvlink_domain})
+        if domains:  # the node's NVLink domain: its identity, never judged as drift
+            fields["nvlink_domain"] = ",".join(domains)
         return fields
 
     def _gpu_fingerprint(self, gpu: _Gpu) -> dict[str, str]:

@@ -62,7 +62,12 @@ def as_json(value: Any) -> Any:
 
 
 def nodes(store: SqlStore, q: NodeListing) -> Any:
-    return as_json(store.nodes(q.limit))
+    """The nodes, each with its NVLink domain (from its latest fingerprint; None: none)."""
+    prints = store.fingerprints()
+    return [
+        {**row, "nvlink_domain": prints.get(row["name"], {}).get("nvlink_domain")}
+        for row in as_json(store.nodes(q.limit))
+    ]
 
 
 def fleet_drift(store: SqlStore, allowed: list[str]) -> dict[str, Any]:
