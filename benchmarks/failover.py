@@ -63,8 +63,8 @@ def server_cpu_s(pid: int | None) -> float:
 
 
 class Replica:
-    def __init__(self, dsn: str) -> None:
-        self.dsn, self.port = dsn, free_port()
+    def __init__(self, dsn: str, env: dict[str, str] | None = None) -> None:
+        self.dsn, self.port, self.env = dsn, free_port(), env or {}
         self.state = Path(tempfile.mkdtemp(prefix="sentinel-replica-"))
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -84,7 +84,7 @@ class Replica:
             "--store",
             self.dsn,
         ]
-        self.proc = subprocess.Popen(argv)
+        self.proc = subprocess.Popen(argv, env={**os.environ, **self.env})
         deadline = time.monotonic() + 30
         while self.role() is None and time.monotonic() < deadline:
             time.sleep(0.05)
