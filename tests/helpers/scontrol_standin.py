@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A stand-in `scontrol` (no Slurm controller runs in these tests): `update NodeName=N
-State=DRAIN ...` and `show node N`, with the node states kept in a JSON file.
+State=DRAIN ...`, `show node N` and `show node --oneliner` (every node it drained), with the
+node states kept in a JSON file.
 
 It is the backend's own record, the witness a test reads: every call is appended to
-`$SCONTROL_STATE.log` ("update N", "drained N", "show N"). `SCONTROL_UPDATE_SLEEP_S` makes an
+`$SCONTROL_STATE.log` ("update N", "drained N", "show N", "show all"). `SCONTROL_UPDATE_SLEEP_S` makes an
 update take that long before the drain lands, as a slow controller would.
 """
 
@@ -26,12 +27,18 @@ def log(line: str) -> None:
         os.fsync(f.fileno())
 
 
-def drain(node: str) -> None:
+REASONS = Path(f"{STATE}.reasons")
+
+
+def drain(node: str, reason: str) -> None:
     with open(f"{STATE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         states = json.loads(STATE.read_text()) if STATE.exists() else {}
         states[node] = "IDLE+DRAIN"
         STATE.write_text(json.dumps(states))
+        reasons = json.loads(REASONS.read_text()) if REASONS.exists() else {}
+        reasons[node] = reason
+        REASONS.write_text(json.dumps(reasons))
 
 
 def main(argv: list[str]) -> int:
@@ -40,8 +47,15 @@ def main(argv: list[str]) -> int:
         node = args["NodeName"]
         log(f"update {node}")
         time.sleep(float(os.environ.get("SCONTROL_UPDATE_SLEEP_S", "0")))
-        drain(node)
+        drain(node, args.get("Reason", ""))
         log(f"drained {node}")
+        return 0
+    if argv == ["show", "node", "--oneliner"]:  # every node it holds (the scheduler bridge)
+        log("show all")
+        states = json.loads(STATE.read_text()) if STATE.exists() else {}
+        reasons = json.loads(REASONS.read_text()) if REASONS.exists() else {}
+        for node, state in sorted(states.items()):
+            print(f"NodeName={node} Arch=x86_64 State={state} Reason={reasons.get(node, '')}")
         return 0
     if argv[:2] == ["show", "node"] and len(argv) == 3:
         node = argv[2]
