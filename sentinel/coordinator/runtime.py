@@ -285,7 +285,8 @@ class Service:
         """Ingest what the scheduler says that Sentinel does not know; whether that opened or
         joined an incident."""
         now = self.clock()
-        events = scheduler.disagreements(seen, self.store.nodes(scheduler.MAX_NODES), now)
+        nodes, settle = self.store.nodes(scheduler.MAX_NODES), self.cfg.scheduler_poll_s
+        events = scheduler.disagreements(seen, nodes, now, settle)
         if not events:
             return False
         result = self.ingestor.ingest(EventBatch(events=events), now)

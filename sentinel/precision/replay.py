@@ -242,9 +242,8 @@ class Replay:
                     events.append(agent.heartbeat())
             if poll and _due(elapsed, poll, interval):  # the scheduler bridge
                 seen = self.backend.scheduler_nodes()
-                events += scheduler.disagreements(
-                    seen, self.store.nodes(scheduler.MAX_NODES), self.clock.t
-                )
+                nodes = self.store.nodes(scheduler.MAX_NODES)
+                events += scheduler.disagreements(seen, nodes, self.clock.t, poll)
             self._note_firings(events, elapsed)
             if events:
                 self.ingestor.ingest(EventBatch(events=events), self.clock.t)

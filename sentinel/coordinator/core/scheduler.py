@@ -61,13 +61,19 @@ def incident_of(reason: str) -> int | None:
 
 
 def disagreements(
-    scheduler: Mapping[str, SchedulerNode], nodes: Iterable[NodeRow], now: float
+    scheduler: Mapping[str, SchedulerNode],
+    nodes: Iterable[NodeRow],
+    now: float,
+    settle_s: float = 0.0,
 ) -> list[Event]:
-    """The events one poll of the scheduler makes, against the nodes Sentinel knows."""
+    """The events one poll of the scheduler makes, against the nodes Sentinel knows. A node
+    whose state moved less than `settle_s` ago is left to the next poll: Sentinel's own move
+    may not have reached the scheduler yet (a node kept out after a failed validation is
+    `evicted` here a moment before its drain lands there)."""
     out: list[Event] = []
     for node in nodes:
         seen = scheduler.get(node.name)
-        if seen is None:
+        if seen is None or now - (node.state_changed_at or 0.0) < settle_s:
             continue
         since = round((node.state_changed_at or 0.0) * 1000)
         source = Source(node=node.name)
