@@ -15,8 +15,8 @@ The archive (a tar.gz) holds:
   began, when the ranks' part was in, when it was sealed.
 The engine seals an incident's bundle once every part asked for is in, or `bundle_s` after the
 evidence step began, whichever comes first; what is missing then is named, never waited for. A
-capture its run's close cut short (an operator resolved the incident mid-capture) is sealed at
-once with what came, `capture` named among the missing.
+capture cut short (its run closed while the `evidence` step still waited) is sealed at once
+with what came, `capture` named among the missing.
 The archive's bytes are reproducible from its files (fixed order, owner and times), and its
 sha256 names it: `GET /v1/incidents/{id}/bundle`, `sentinel incident bundle ID`.
 """
