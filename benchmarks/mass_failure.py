@@ -177,14 +177,15 @@ def measure(budget: int) -> dict[str, Any]:
         "budget": {
             "max_per_window": budget,
             "evicted_exactly_the_budget": len(drains.seen) == min(budget, FAILING),
-            "escalated_the_rest": counts["escalated"] >= FAILING - min(budget, FAILING),
+            "escalated_the_rest": counts["escalated"] == len(acked) - min(budget, len(acked)),
         },
         "leader_killed_at_s": round(killed_at, 2),
         "targets": TARGETS,
         "met": all(figures[k] is not None and figures[k] <= v for k, v in TARGETS.items())  # type: ignore[operator]
         and counts["actions_repeated"] == 0
         and counts["events_lost"] == 0
-        and len(drains.seen) == min(budget, FAILING),
+        and len(drains.seen) == min(budget, FAILING)
+        and counts["escalated"] == len(acked) - min(budget, len(acked)),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
     }
 

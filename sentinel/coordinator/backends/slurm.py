@@ -63,14 +63,8 @@ class SlurmBackend(EvictionBackend):
 
     def restore(self, node: str, reason: str) -> str:
         """Resume the node if Slurm still holds it drained, and end its validation's hold."""
-        did = []
-        if self.is_evicted(node):
-            self._scontrol("update", f"NodeName={node}", "State=RESUME")
-            did.append(f"resumed {node} through scontrol")
-        if self._held(node):
-            self._scontrol("delete", f"ReservationName={reservation_of(node)}")
-            did.append(f"ended reservation {reservation_of(node)}")
-        return "; ".join(did) or f"{node} already in service"
+        did = [self._resume(node), self._end_hold(node)]
+        return "; ".join(d for d in did if d) or f"{node} already in service"
 
     def hold_for_validation(self, node: str) -> tuple[str, dict[str, str]]:
         name = reservation_of(node)
@@ -85,16 +79,28 @@ class SlurmBackend(EvictionBackend):
                 f"Users={self.validation_user}",
                 "Flags=MAINT,IGNORE_JOBS",
             )
-        if self.is_evicted(node):
-            self._scontrol("update", f"NodeName={node}", "State=RESUME")
+        self._resume(node)
         return f"{node} resumed into reservation {name} for its validation", {"reservation": name}
 
     def release_validation(self, node: str, reason: str) -> str:
         """Drain first, then end the reservation: the node is never free in between."""
         self.evict(node, reason)
-        if self._held(node):
-            self._scontrol("delete", f"ReservationName={reservation_of(node)}")
+        self._end_hold(node)
         return f"drained {node} again and ended reservation {reservation_of(node)}"
+
+    def _resume(self, node: str) -> str:
+        """Resume the node if Slurm holds it drained (resuming an idle node is an error)."""
+        if not self.is_evicted(node):
+            return ""
+        self._scontrol("update", f"NodeName={node}", "State=RESUME")
+        return f"resumed {node} through scontrol"
+
+    def _end_hold(self, node: str) -> str:
+        """Delete the node's validation reservation, if it has one."""
+        if not self._held(node):
+            return ""
+        self._scontrol("delete", f"ReservationName={reservation_of(node)}")
+        return f"ended reservation {reservation_of(node)}"
 
     def _held(self, node: str) -> bool:
         """Whether the node's validation reservation exists (scontrol says "not found" else)."""

@@ -73,11 +73,11 @@ class EvictionBackend(ABC):
         """Undo `hold_for_validation` for a node that stays out: out of service again."""
         return f"{node} was not held ({self.name})"
 
-    def scheduler_nodes(self) -> dict[str, SchedulerNode] | None:
+    def scheduler_nodes(self) -> dict[str, SchedulerNode]:
         """Every node the scheduler knows, as it sees it (the scheduler bridge's poll,
-        `core/scheduler.py`); None: this backend cannot tell, and there is nothing to poll.
-        Raises EvictionError when the scheduler cannot be read: never an empty answer."""
-        return None
+        `core/scheduler.py`), where `polls_scheduler` says the backend can tell. Raises
+        EvictionError when the scheduler cannot be read: never an empty answer."""
+        raise EvictionError(f"the {self.name} backend cannot tell the scheduler's node states")
 
     def is_evicted(self, node: str) -> bool:
         """Whether the scheduler holds `node` out of service now: what a coordinator that
